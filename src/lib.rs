@@ -1,1 +1,61 @@
-//! fibra
+//! # fibra — an N:M scheduler of stackful fibers
+//!
+//! N OS threads run M fibers, each on its own guarded stack ([corosensei] coroutines). Code in
+//! a fiber is plain blocking-style Rust — `join` a task, [`sleep`], wait on a lock — and only
+//! the fiber waits, never the thread.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! let sched = Arc::new(fibra::Scheduler::builder().threads(2).build()?);
+//! sched.start();
+//!
+//! // Pinned and unpinned tasks; a fiber can submit more work and join it.
+//! let s = sched.clone();
+//! let total = sched.block_on(move || {
+//!     let parts: Vec<_> = (0..10u64)
+//!         .map(|i| s.submit(move || { fibra::sleep(Duration::from_millis(1)); i * i }, None).unwrap())
+//!         .collect();
+//!     parts.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+//! });
+//! assert_eq!(total, 285);
+//!
+//! let on_one = sched.submit(fibra::current_worker, Some(1)).unwrap();
+//! assert_eq!(on_one.join().unwrap(), Some(1));
+//! sched.stop();
+//! # Ok::<(), fibra::Error>(())
+//! ```
+//!
+//! ## Guarantees
+//! - **A started fiber never changes thread.** Unstarted tasks balance across workers; once
+//!   a fiber has run, it resumes only on the worker that started it, so `thread_local!`s and
+//!   `Rc`s held across a suspension are sound.
+//! - **Publish after suspend.** A waiting fiber becomes visible to its waker only after it has
+//!   switched out ([`park`]); a wake never finds it still running.
+//! - **No busy waiting.** Idle workers spin briefly, then sleep on a futex until work or the
+//!   next timer deadline arrives.
+//! - **Nothing lost.** A refused closure comes back in [`SubmitError`]; a panic reaches the
+//!   task's [`JoinHandle`]; a worker never dies; a stack overflow names the fiber and aborts.
+//!
+//! [corosensei]: https://docs.rs/corosensei
+
+#![deny(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod error;
+mod fiber;
+mod join;
+mod park;
+mod sched;
+mod stack;
+mod sys;
+pub mod time;
+
+pub use error::{Error, SubmitError};
+pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
+pub use join::{JoinError, JoinHandle};
+pub use park::{park, park_timeout, ParkResult, Unparker};
+pub use sched::{current_worker, Builder, Scheduler, MAX_THREADS};
+pub use stack::{guard_kind, DEFAULT_STACK_SIZE, MIN_STACK_SIZE};
+pub use time::{sleep, sleep_until};

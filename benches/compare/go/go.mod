@@ -1,0 +1,3 @@
+module fibracompare
+
+go 1.19

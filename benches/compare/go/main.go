@@ -1,0 +1,40 @@
+// Command go-bench is Go's side of fibra-compare: it runs one BENCH.md workload with the
+// GOMAXPROCS it is given and prints one "value <figure>" line per repetition (the same
+// protocol as the Rust children), or serves the http workload until it is killed.
+//
+//	go-bench -w skynet -reps 5 [-warmup=false]
+//	go-bench -w http -port 8080
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+)
+
+func main() {
+	workload := flag.String("w", "", "workload name")
+	reps := flag.Int("reps", 5, "repetitions")
+	warmup := flag.Bool("warmup", true, "run once untimed first")
+	port := flag.Int("port", 0, "http: port on 127.0.0.1")
+	flag.Parse()
+
+	if *workload == "http" {
+		if err := serveHTTP(*port); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	run, ok := workloads[*workload]
+	if !ok {
+		fmt.Printf("skip no Go version of workload %q\n", *workload)
+		return
+	}
+	if *warmup {
+		run()
+	}
+	for i := 0; i < *reps; i++ {
+		fmt.Printf("value %g\n", run())
+	}
+}

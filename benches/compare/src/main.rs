@@ -1,0 +1,252 @@
+//! `fibra-compare`: runs BENCH.md's workloads for fibra and its peers (tokio, may, Go, std
+//! threads) with the same number of worker threads, prints a table of medians and fibra/peer
+//! ratios, and writes `target/bench-report/report.md` and `report.svg`.
+//!
+//! ```text
+//! cargo run --release -p fibra-compare -- [--threads N] [--reps R] [--only w1,w2] [--install]
+//! ```
+//!
+//! Every (workload, peer) runs in a fresh child process (this binary re-executed with the hidden
+//! `__run` subcommand, or the Go program), so runtimes are torn down between workloads, may's
+//! process-global runtime can be configured each time, a crash or hang costs one cell of the
+//! table (each child has a time limit), and memory/CPU figures start clean. `idle_cpu` and
+//! `park_memory` even use a fresh process per repetition. http servers run as `__serve`
+//! children loaded by `wrk`.
+
+mod cli;
+mod driver;
+mod fibra_oneshot;
+mod measure;
+mod plot;
+mod report;
+mod rt;
+mod workloads;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::SystemTime;
+
+use cli::Args;
+use driver::Env;
+use report::{Meta, Row};
+use workloads::{Peer, WORKLOADS};
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    let args = match cli::parse(&argv[1..]) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("fibra-compare: {e}\n\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    match args {
+        Args::Help => {
+            println!("{}", cli::USAGE);
+            ExitCode::SUCCESS
+        }
+        Args::Child {
+            peer,
+            workload,
+            cfg,
+        } => child(peer, &workload, cfg),
+        Args::Serve {
+            peer,
+            port,
+            threads,
+        } => match workloads::http::serve(peer, port, threads) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("serve: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Args::Compare(opts) => compare(&opts, &argv),
+    }
+}
+
+/// Hidden `__run` mode: runs one workload for one peer in this process, printing `value <f>`
+/// per repetition or `skip <reason>`.
+fn child(peer: Peer, workload: &str, cfg: workloads::Cfg) -> ExitCode {
+    match workloads::run(peer, workload, cfg) {
+        Ok(values) => {
+            for v in values {
+                println!("value {v}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            println!("skip {why}");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
+    if opts.install {
+        install_peers();
+    }
+    let target = target_dir();
+    let report_dir = target.join("bench-report");
+    let scratch = target.join("bench-compare");
+    for dir in [&report_dir, &scratch] {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("cannot create {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let env = Env {
+        threads: opts.threads,
+        reps: opts.reps,
+        self_exe: std::env::current_exe().expect("path of this executable"),
+        go: driver::build_go(&scratch),
+        wrk: driver::which("wrk").ok_or_else(|| "`wrk` is not on PATH (install with --install)".into()),
+        scratch,
+    };
+    if let Err(why) = &env.go {
+        eprintln!("go: skipped: {why}");
+    }
+
+    let mut rows = Vec::new();
+    for w in WORKLOADS
+        .iter()
+        .filter(|w| opts.only.as_ref().is_none_or(|o| o.iter().any(|n| n == w.name)))
+    {
+        let mut runs = Vec::new();
+        for peer in Peer::ALL {
+            let run = driver::run(&env, w, peer);
+            eprintln!("{:<14} {:<6} {}", w.name, peer.name(), progress(&run, w.unit));
+            runs.push(run);
+        }
+        rows.push(Row { workload: w, runs });
+    }
+
+    println!();
+    print!("{}", report::text_table(&rows));
+    println!("\n{}\n", report::LEGEND);
+    for r in report::remarks(&rows) {
+        println!("  {r}");
+    }
+
+    let meta = Meta {
+        date: report::utc(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        ),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "?".into()),
+        cpu_model: cpu_model(),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into()),
+        command: argv.join(" "),
+        threads: opts.threads,
+        reps: opts.reps,
+        tools: tool_versions(&env),
+    };
+    let md_path = report_dir.join("report.md");
+    let svg_path = report_dir.join("report.svg");
+    let mut ok = true;
+    if let Err(e) = std::fs::write(&md_path, report::markdown(&rows, &meta)) {
+        eprintln!("cannot write {}: {e}", md_path.display());
+        ok = false;
+    }
+    if let Err(e) = plot::draw(&rows, &svg_path) {
+        eprintln!("cannot draw {}: {e}", svg_path.display());
+        ok = false;
+    }
+    println!("\nwrote {} and {}", md_path.display(), svg_path.display());
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// One progress line on stderr per finished cell.
+fn progress(run: &driver::PeerRun, unit: &str) -> String {
+    match &run.status {
+        driver::Status::Ok => format!(
+            "{} {unit}  (samples: {})",
+            run.median().map(report::fmt_value).unwrap_or_default(),
+            run.samples
+                .iter()
+                .map(|&v| report::fmt_value(v))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        driver::Status::Skipped(why) => format!("skipped: {why}"),
+        driver::Status::Failed(why) => format!("FAILED: {why}"),
+    }
+}
+
+/// `--install`: Debian's Go toolchain and wrk, as in `ci/install-bench-peers.sh`.
+fn install_peers() {
+    eprintln!("installing golang-go and wrk with apt-get");
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "apt-get update && apt-get install -y golang-go wrk",
+        ])
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => eprintln!("install failed ({s}); missing peers will be reported as skipped"),
+        Err(e) => eprintln!("cannot run apt-get: {e}; missing peers will be reported as skipped"),
+    }
+}
+
+/// `CARGO_TARGET_DIR` (relative paths taken from the workspace root) or `<workspace>/target`.
+fn target_dir() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = workspace.canonicalize().unwrap_or(workspace);
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => workspace.join(dir),
+        None => workspace.join("target"),
+    }
+}
+
+/// The first "model name" line of /proc/cpuinfo.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// Versions of the external peers, for the report.
+fn tool_versions(env: &Env) -> Vec<String> {
+    let first_line = |prog: &Path, arg: &str| {
+        Command::new(prog)
+            .arg(arg)
+            .output()
+            .ok()
+            .map(|o| {
+                let text = String::from_utf8_lossy(if o.stdout.is_empty() { &o.stderr } else { &o.stdout })
+                    .into_owned();
+                text.lines().next().unwrap_or("").trim().to_string()
+            })
+            .unwrap_or_default()
+    };
+    let mut tools = vec![format!(
+        "Rust peers: versions pinned in the workspace Cargo.lock (tokio 1.x, may 0.3.x)"
+    )];
+    match (&env.go, driver::which("go")) {
+        (Ok(_), Some(go)) => tools.push(format!("Go: {}", first_line(&go, "version"))),
+        (Err(why), _) => tools.push(format!("Go: skipped ({why})")),
+        _ => {}
+    }
+    match &env.wrk {
+        Ok(wrk) => tools.push(format!("wrk: {}", first_line(wrk, "--version"))),
+        Err(why) => tools.push(format!("wrk: skipped ({why})")),
+    }
+    tools
+}

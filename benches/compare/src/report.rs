@@ -1,0 +1,254 @@
+//! The results table: medians per peer and fibra/peer ratios, printed as text on stdout and
+//! written with the run's context (date, machine, command line, raw samples, skip reasons) to
+//! `report.md`.
+
+use std::fmt::Write as _;
+
+use crate::driver::{PeerRun, Status};
+use crate::workloads::{Peer, Workload};
+
+/// One workload's results, one [`PeerRun`] per peer in [`Peer::ALL`] order.
+pub struct Row {
+    pub workload: &'static Workload,
+    pub runs: Vec<PeerRun>,
+}
+
+impl Row {
+    fn run(&self, peer: Peer) -> Option<&PeerRun> {
+        self.runs.iter().find(|r| r.peer == peer)
+    }
+
+    fn median(&self, peer: Peer) -> Option<f64> {
+        self.run(peer).and_then(PeerRun::median)
+    }
+}
+
+/// fibra's median divided by `peer`'s, when both exist and the peer's is not zero.
+pub fn ratio(row: &Row, peer: Peer) -> Option<f64> {
+    let (f, p) = (row.median(Peer::Fibra)?, row.median(peer)?);
+    (p != 0.0).then(|| f / p)
+}
+
+/// fibra's cost relative to `peer` (below 1 = fibra ahead): fibra/peer for lower-is-better
+/// figures, peer/fibra for throughput.
+pub fn cost_ratio(row: &Row, peer: Peer) -> Option<f64> {
+    let r = ratio(row, peer)?;
+    if row.workload.lower_is_better {
+        Some(r)
+    } else {
+        (r != 0.0).then(|| 1.0 / r)
+    }
+}
+
+/// A figure with about three significant digits.
+pub fn fmt_value(v: f64) -> String {
+    let a = v.abs();
+    if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn cell(row: &Row, peer: Peer) -> String {
+    match row.run(peer) {
+        Some(run) => match &run.status {
+            Status::Ok => run.median().map(fmt_value).unwrap_or_else(|| "-".into()),
+            Status::Skipped(_) => "skip".into(),
+            Status::Failed(_) => "FAIL".into(),
+        },
+        None => "-".into(),
+    }
+}
+
+const OTHERS: [Peer; 4] = [Peer::Tokio, Peer::May, Peer::Go, Peer::Std];
+
+fn header() -> Vec<String> {
+    let mut h = vec!["workload".to_string(), "unit".to_string()];
+    h.extend(Peer::ALL.iter().map(|p| p.name().to_string()));
+    h.extend(OTHERS.iter().map(|p| format!("fibra/{}", p.name())));
+    h
+}
+
+fn cells(row: &Row) -> Vec<String> {
+    let unit = if row.workload.lower_is_better {
+        row.workload.unit.to_string()
+    } else {
+        format!("{} (higher better)", row.workload.unit)
+    };
+    let mut c = vec![row.workload.name.to_string(), unit];
+    c.extend(Peer::ALL.iter().map(|&p| cell(row, p)));
+    c.extend(
+        OTHERS
+            .iter()
+            .map(|&p| ratio(row, p).map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".into())),
+    );
+    c
+}
+
+/// How to read the ratio columns.
+pub const LEGEND: &str = "Ratios are fibra's median divided by the peer's. For times, CPU and \
+memory lower is better, so below 1.00 means fibra is ahead; for http (req/s) higher is better, \
+so above 1.00 means fibra is ahead. \"-\": no ratio (a side is missing, or the peer's figure \
+is 0).";
+
+/// The table as aligned plain text.
+pub fn text_table(rows: &[Row]) -> String {
+    let mut table = vec![header()];
+    table.extend(rows.iter().map(cells));
+    let widths: Vec<usize> = (0..table[0].len())
+        .map(|i| table.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (n, r) in table.iter().enumerate() {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i < 2 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        if n == 0 {
+            let total = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+            let _ = writeln!(out, "{}", "-".repeat(total));
+        }
+    }
+    out
+}
+
+/// Skip/failure reasons and notes, one line each.
+pub fn remarks(rows: &[Row]) -> Vec<String> {
+    let mut out = Vec::new();
+    for row in rows {
+        for run in &row.runs {
+            let who = format!("{} / {}", row.workload.name, run.peer.name());
+            match &run.status {
+                Status::Skipped(why) => out.push(format!("{who}: skipped: {why}")),
+                Status::Failed(why) => out.push(format!("{who}: FAILED: {why}")),
+                Status::Ok => {}
+            }
+            out.extend(run.notes.iter().map(|n| format!("{who}: note: {n}")));
+        }
+    }
+    out
+}
+
+/// The run's context, shown at the top of `report.md`.
+pub struct Meta {
+    pub date: String,
+    pub cpus: String,
+    pub cpu_model: String,
+    pub kernel: String,
+    pub command: String,
+    pub threads: usize,
+    pub reps: usize,
+    pub tools: Vec<String>,
+}
+
+/// The whole `report.md`.
+pub fn markdown(rows: &[Row], meta: &Meta) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# fibra side-by-side benchmark report\n");
+    let _ = writeln!(md, "- date: {}", meta.date);
+    let _ = writeln!(
+        md,
+        "- machine: {} CPUs, {}, Linux {}",
+        meta.cpus, meta.cpu_model, meta.kernel
+    );
+    let _ = writeln!(md, "- command: `{}`", meta.command);
+    let _ = writeln!(
+        md,
+        "- worker threads per runtime: {}; repetitions: {} (medians shown)",
+        meta.threads, meta.reps
+    );
+    for t in &meta.tools {
+        let _ = writeln!(md, "- {t}");
+    }
+    let _ = writeln!(md, "\n## Medians\n");
+    let h = header();
+    let _ = writeln!(md, "| {} |", h.join(" | "));
+    let align: Vec<&str> = (0..h.len())
+        .map(|i| if i < 2 { "---" } else { "---:" })
+        .collect();
+    let _ = writeln!(md, "| {} |", align.join(" | "));
+    for row in rows {
+        let _ = writeln!(md, "| {} |", cells(row).join(" | "));
+    }
+    let _ = writeln!(md, "\n{LEGEND}\n");
+    let _ = writeln!(md, "![fibra / peer cost ratios](report.svg)\n");
+    let remarks = remarks(rows);
+    if !remarks.is_empty() {
+        let _ = writeln!(md, "## Skipped, failed and notes\n");
+        for r in remarks {
+            let _ = writeln!(md, "- {r}");
+        }
+    }
+    let _ = writeln!(md, "\n## Every repetition\n");
+    let _ = writeln!(md, "| workload | peer | samples |");
+    let _ = writeln!(md, "| --- | --- | --- |");
+    for row in rows {
+        for run in row.runs.iter().filter(|r| !r.samples.is_empty()) {
+            let s: Vec<String> = run.samples.iter().map(|&v| fmt_value(v)).collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} |",
+                row.workload.name,
+                run.peer.name(),
+                s.join(", ")
+            );
+        }
+    }
+    md
+}
+
+/// "YYYY-MM-DD HH:MM:SS UTC" for a Unix time in seconds (proleptic Gregorian calendar).
+pub fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Convert days since 1970-01-01 to a civil date, counting in 400-year eras from 0000-03-01.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_700_000_000), "2023-11-14 22:13:20 UTC");
+    }
+
+    #[test]
+    fn values_keep_three_digits() {
+        assert_eq!(fmt_value(12345.6), "12346");
+        assert_eq!(fmt_value(12.345), "12.3");
+        assert_eq!(fmt_value(1.2345), "1.23");
+        assert_eq!(fmt_value(0.12345), "0.123");
+    }
+}

@@ -1,0 +1,183 @@
+//! The workload catalogue (BENCH.md's table), the peers, which peer runs which workload (and why
+//! not, when it does not), and the in-process dispatch used by a `__run` child process.
+//!
+//! Each workload lives in its own file with one function per peer side by side, so that the code
+//! being compared can be read together. Go's versions are in `benches/compare/go/`.
+
+pub mod chained_spawn;
+pub mod http;
+pub mod idle_cpu;
+pub mod park_memory;
+pub mod ping_pong;
+pub mod skynet;
+pub mod sleep_storm;
+pub mod spawn_many;
+pub mod spawn_remote;
+pub mod yield_many;
+
+use std::time::Duration;
+
+/// A runtime compared against fibra.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Fibra,
+    Tokio,
+    May,
+    Go,
+    Std,
+}
+
+impl Peer {
+    /// All peers, in table order (fibra first).
+    pub const ALL: [Peer; 5] = [Peer::Fibra, Peer::Tokio, Peer::May, Peer::Go, Peer::Std];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Fibra => "fibra",
+            Peer::Tokio => "tokio",
+            Peer::May => "may",
+            Peer::Go => "go",
+            Peer::Std => "std",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Peer> {
+        Peer::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// How a workload is run by the parent process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One child process per peer: one warm-up, then all repetitions on one runtime.
+    Timed,
+    /// One fresh child process per repetition, no warm-up (memory and CPU figures must not see
+    /// what an earlier repetition left behind).
+    FreshPerRep,
+    /// A server child per peer, loaded by `wrk` from the parent.
+    Http,
+}
+
+/// One row of BENCH.md's workload table.
+#[derive(Debug)]
+pub struct Workload {
+    pub name: &'static str,
+    pub unit: &'static str,
+    /// `true` for times, CPU and memory; `false` for throughput (http).
+    pub lower_is_better: bool,
+    pub mode: Mode,
+    /// Wall-clock limit for one child process; past it the child is killed and the peer is
+    /// reported as failed (a hang becomes a finding, not a stuck run).
+    pub limit: Duration,
+}
+
+pub const WORKLOADS: &[Workload] = &[
+    timed("spawn_many", "ns/task", 60),
+    timed("spawn_remote", "ns/task", 60),
+    timed("yield_many", "ns/yield", 60),
+    timed("ping_pong", "ns/round trip", 60),
+    timed("chained_spawn", "ns/hop", 60),
+    timed("skynet", "ms", 120),
+    timed("sleep_storm", "ms over 50", 60),
+    Workload {
+        name: "idle_cpu",
+        unit: "CPU ms in 2 s",
+        lower_is_better: true,
+        mode: Mode::FreshPerRep,
+        limit: Duration::from_secs(20),
+    },
+    Workload {
+        name: "park_memory",
+        unit: "KiB/fiber",
+        lower_is_better: true,
+        mode: Mode::FreshPerRep,
+        limit: Duration::from_secs(60),
+    },
+    Workload {
+        name: "http",
+        unit: "req/s",
+        lower_is_better: false,
+        mode: Mode::Http,
+        limit: Duration::from_secs(30),
+    },
+];
+
+const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload {
+    Workload {
+        name,
+        unit,
+        lower_is_better: true,
+        mode: Mode::Timed,
+        limit: Duration::from_secs(limit_s),
+    }
+}
+
+pub fn find(name: &str) -> Option<&'static Workload> {
+    WORKLOADS.iter().find(|w| w.name == name)
+}
+
+/// Why `peer` does not run `workload`, when that is decided by design rather than by what is
+/// installed on the machine (Go and wrk availability is checked by the parent).
+pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
+    match (peer, workload) {
+        (Peer::Fibra, "http") => Some(
+            "needs fibra::net (a later issue); examples/http_hello is not written yet",
+        ),
+        (Peer::Std, "yield_many") => {
+            Some("thread::yield_now is only a hint to the OS scheduler: no like-for-like meaning")
+        }
+        (Peer::Std, "skynet") => Some("1 111 111 OS threads: not a thread workload"),
+        (Peer::Std, "sleep_storm") => Some("10 000 sleeping OS threads: not a thread workload"),
+        (Peer::Std, "idle_cpu") => Some("plain threads have no runtime that could idle"),
+        (Peer::Std, "park_memory") => Some("100 000 parked OS threads: not a thread workload"),
+        (Peer::Std, "http") => Some("thread-per-connection server is not part of this comparison"),
+        _ => None,
+    }
+}
+
+/// How `peer`'s figure for `workload` is obtained, where that differs from the other peers.
+pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
+    match (peer, workload) {
+        (Peer::Fibra, "ping_pong") => Some(
+            "fibra: pairs use the harness's oneshot on fibra::park/Unparker \
+             (fibra::sync::oneshot does not exist yet)",
+        ),
+        (Peer::Go, "spawn_remote") => {
+            Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
+        }
+        (Peer::Go, "ping_pong") => Some("go: channels of capacity 1 as oneshots"),
+        (Peer::Go, "http") => Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)"),
+        (Peer::Std, _) => Some("std: one OS thread per task; --threads does not apply"),
+        _ => None,
+    }
+}
+
+/// Parameters of one child run.
+#[derive(Clone, Copy, Debug)]
+pub struct Cfg {
+    pub threads: usize,
+    pub reps: usize,
+    pub warmup: bool,
+}
+
+/// Runs `workload` for `peer` inside this process and returns one figure per repetition.
+/// Go is never run in-process (its programs are separate binaries) and `http` is driven by the
+/// parent through [`http::serve`].
+pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
+    if let Some(reason) = skip_reason(peer, workload) {
+        return Err(reason.to_string());
+    }
+    let f = match workload {
+        "spawn_many" => spawn_many::run,
+        "spawn_remote" => spawn_remote::run,
+        "yield_many" => yield_many::run,
+        "ping_pong" => ping_pong::run,
+        "chained_spawn" => chained_spawn::run,
+        "skynet" => skynet::run,
+        "sleep_storm" => sleep_storm::run,
+        "idle_cpu" => idle_cpu::run,
+        "park_memory" => park_memory::run,
+        other => return Err(format!("workload {other} cannot run in-process")),
+    };
+    f(peer, cfg)
+}

@@ -1,0 +1,94 @@
+//! Errors of fibra's public API: configuration errors from `Builder::build`, and the
+//! refusal of `submit`, which always hands the closure back.
+
+use std::fmt;
+
+/// A scheduler configuration that cannot work, reported by [`Builder::build`](crate::Builder::build).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// `threads(0)`: a scheduler needs at least one worker.
+    NoThreads,
+    /// More workers than fibra supports.
+    TooManyThreads {
+        /// What was asked for.
+        requested: usize,
+        /// The largest supported count.
+        maximum: usize,
+    },
+    /// A stack size below [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE).
+    StackTooSmall {
+        /// What was asked for, in bytes.
+        requested: usize,
+        /// The smallest allowed size, in bytes.
+        minimum: usize,
+    },
+    /// A stack size so large it cannot be mapped on this machine.
+    StackTooLarge {
+        /// What was asked for, in bytes.
+        requested: usize,
+    },
+    /// A thread name containing a NUL byte, which OS thread names cannot hold.
+    InvalidName(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoThreads => f.write_str("a scheduler needs at least one thread (threads(0) given)"),
+            Error::TooManyThreads { requested, maximum } => {
+                write!(f, "{requested} threads requested; fibra supports at most {maximum}")
+            }
+            Error::StackTooSmall { requested, minimum } => write!(
+                f,
+                "stack size {requested} bytes is below the minimum of {minimum} bytes"
+            ),
+            Error::StackTooLarge { requested } => {
+                write!(f, "stack size {requested} bytes is too large to map")
+            }
+            Error::InvalidName(name) => write!(f, "thread name {name:?} contains a NUL byte"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Why [`Scheduler::submit`](crate::Scheduler::submit) refused a closure. Either way the
+/// closure comes back, unrun, through [`into_inner`](SubmitError::into_inner).
+pub enum SubmitError<F> {
+    /// The scheduler is stopping or stopped.
+    Stopped(F),
+    /// The requested worker index is not below [`Scheduler::threads`](crate::Scheduler::threads).
+    NoSuchThread(F),
+}
+
+impl<F> SubmitError<F> {
+    /// Gives the refused closure back.
+    pub fn into_inner(self) -> F {
+        match self {
+            SubmitError::Stopped(f) | SubmitError::NoSuchThread(f) => f,
+        }
+    }
+}
+
+impl<F> fmt::Debug for SubmitError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::Stopped(_) => f.write_str("Stopped(..)"),
+            SubmitError::NoSuchThread(_) => f.write_str("NoSuchThread(..)"),
+        }
+    }
+}
+
+impl<F> fmt::Display for SubmitError<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::Stopped(_) => f.write_str("the scheduler is stopped; the task was not run"),
+            SubmitError::NoSuchThread(_) => {
+                f.write_str("no worker thread with that index; the task was not run")
+            }
+        }
+    }
+}
+
+impl<F> std::error::Error for SubmitError<F> {}

@@ -1,0 +1,424 @@
+//! Fibers: corosensei coroutines with an identity, and the suspend protocol every waiting
+//! operation goes through.
+//!
+//! A fiber never publishes itself to a waker. It *suspends with a request* ([`Suspend`]):
+//! `Yield` (put me at the back of the queue) or `Park` (here is a closure that registers me
+//! somewhere). Whoever resumed it — a scheduler worker, or the caller of [`Fiber::resume`] —
+//! acts on the request only after the switch, on its own stack (DESIGN principle 1). So no
+//! waker can ever see a fiber that is still running.
+//!
+//! This module owns the thread-local "current fiber" pointer, fiber ids and the standalone
+//! [`Fiber`]. It knows nothing of schedulers beyond the `Suspend` values it hands them.
+
+mod panic;
+
+pub(crate) use panic::install_panic_hook;
+
+use crate::park::Unparker;
+use crate::stack::{round_size, FiberStack, StackPool, DEFAULT_STACK_SIZE};
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What a resumer passes into a fiber.
+pub(crate) enum Resume {
+    /// Carry on.
+    Run,
+    /// Unwind: the fiber is being cancelled (`stop_timeout`, or a dropped standalone fiber).
+    Cancel,
+    /// The park registration closure panicked; the panic continues in the fiber.
+    Panic(Box<dyn Any + Send>),
+}
+
+/// What a fiber asks of its resumer when it suspends.
+pub(crate) enum Suspend {
+    /// Requeue me at the back of my worker's queue.
+    Yield,
+    /// Call this registration closure (it lives on my suspended stack) with my `Unparker`;
+    /// wake me at the deadline if nobody else does first.
+    Park(*mut (dyn FnMut(Unparker) + 'static), Option<std::time::Instant>),
+}
+
+/// How a fiber's root function ended.
+pub(crate) enum Outcome {
+    Done,
+    Panicked(Box<dyn Any + Send>),
+    Cancelled,
+}
+
+/// The panic payload that unwinds a cancelled fiber. It goes through `resume_unwind`, so the
+/// panic hook never prints it.
+pub(crate) struct Cancelled;
+
+pub(crate) type Yielder = corosensei::Yielder<Resume, Suspend>;
+pub(crate) type Coro = corosensei::Coroutine<Resume, Suspend, Outcome, FiberStack>;
+
+/// A fiber's unique id, never reused within a process.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct FiberId(u64);
+
+impl FiberId {
+    /// The id as a number.
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// A fresh id. Threads take ids from the global counter in blocks, so creating a fiber
+    /// does not touch a shared cache line.
+    pub(crate) fn next() -> FiberId {
+        const BLOCK: u64 = 1024;
+        static NEXT_BLOCK: AtomicU64 = AtomicU64::new(1);
+        thread_local! {
+            static RANGE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+        }
+        RANGE.with(|r| {
+            let (mut next, mut end) = r.get();
+            if next == end {
+                next = NEXT_BLOCK.fetch_add(BLOCK, Ordering::Relaxed);
+                end = next + BLOCK;
+            }
+            r.set((next + 1, end));
+            FiberId(next)
+        })
+    }
+}
+
+impl fmt::Display for FiberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// The identity of the running fiber, from [`Fiber::current`].
+#[derive(Clone, Debug)]
+pub struct FiberInfo {
+    id: FiberId,
+    name: Option<Arc<str>>,
+}
+
+impl FiberInfo {
+    /// The fiber's id.
+    pub fn id(&self) -> FiberId {
+        self.id
+    }
+
+    /// The fiber's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+}
+
+/// Everything the running code, the panic hook and the overflow handler need to know about a
+/// fiber. Lives at a stable address (inside a scheduled task or a standalone fiber's box) for
+/// as long as the fiber can run.
+pub(crate) struct FiberMeta {
+    pub(crate) id: FiberId,
+    pub(crate) name: Option<Arc<str>>,
+    /// Guard page range of the fiber's stack.
+    pub(crate) guard: (usize, usize),
+    /// Usable stack bytes.
+    pub(crate) stack_size: usize,
+    /// Home worker index; `None` for a standalone fiber.
+    pub(crate) worker: Option<usize>,
+    /// Set by the fiber itself when it first runs.
+    pub(crate) yielder: Cell<*const Yielder>,
+    /// Set by the home worker when a timed park ended by its deadline.
+    pub(crate) timed_out: Cell<bool>,
+}
+
+impl FiberMeta {
+    pub(crate) fn new(id: FiberId, name: Option<Arc<str>>, worker: Option<usize>) -> Self {
+        FiberMeta {
+            id,
+            name,
+            guard: (0, 0),
+            stack_size: 0,
+            worker,
+            yielder: Cell::new(std::ptr::null()),
+            timed_out: Cell::new(false),
+        }
+    }
+
+    pub(crate) fn set_stack(&mut self, stack: &FiberStack) {
+        self.guard = stack.guard_range();
+        self.stack_size = stack.size();
+    }
+}
+
+thread_local! {
+    /// The fiber running on this thread, or null. Const-initialised and without destructor,
+    /// so the signal handler may read it.
+    static CURRENT: Cell<*const FiberMeta> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The running fiber's metadata, if any.
+pub(crate) fn current_meta() -> Option<&'static FiberMeta> {
+    let p = CURRENT.with(|c| c.get());
+    // SAFETY: CURRENT is only non-null between `enter` and the matching restore, during which
+    // the meta it points to is kept alive by whoever resumed the fiber. The 'static is a lie we
+    // never let escape a fiber's own execution: callers use it immediately.
+    unsafe { p.as_ref() }
+}
+
+/// Whether the calling code runs inside a fiber (scheduled or standalone).
+pub(crate) fn in_fiber() -> bool {
+    CURRENT.with(|c| !c.get().is_null())
+}
+
+/// Marks `meta` as the running fiber for the duration of a resume; returns the previous one.
+pub(crate) fn enter(meta: *const FiberMeta) -> *const FiberMeta {
+    CURRENT.with(|c| c.replace(meta))
+}
+
+/// Restores the running-fiber pointer saved by [`enter`].
+pub(crate) fn leave(prev: *const FiberMeta) {
+    CURRENT.with(|c| c.set(prev));
+}
+
+/// Suspends the running fiber with `req` and returns what its resumer passed back, after
+/// acting on cancellation and forwarded panics. Must only be called inside a fiber.
+pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) {
+    let y = meta.yielder.get();
+    // SAFETY: the yielder was stored by this fiber's root function and lives on this fiber's
+    // stack, which is the stack we are running on.
+    let resumed = unsafe { (*y).suspend(req) };
+    match resumed {
+        Resume::Run => {}
+        Resume::Cancel => std::panic::resume_unwind(Box::new(Cancelled)),
+        Resume::Panic(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// The root of every fiber: records the yielder, runs `body` and turns its end into an
+/// [`Outcome`]. A cancellation arriving before the first run skips the body entirely.
+pub(crate) fn fiber_root<F: FnOnce()>(meta: *const FiberMeta, y: &Yielder, first: Resume, body: F) -> Outcome {
+    // SAFETY: the meta outlives the fiber (see FiberMeta); only this fiber writes `yielder`.
+    unsafe { (*meta).yielder.set(y) };
+    match first {
+        Resume::Run => {}
+        Resume::Cancel => return Outcome::Cancelled,
+        Resume::Panic(p) => return Outcome::Panicked(p),
+    }
+    match std::panic::catch_unwind(AssertUnwindSafe(body)) {
+        Ok(()) => Outcome::Done,
+        Err(p) if p.is::<Cancelled>() => Outcome::Cancelled,
+        Err(p) => Outcome::Panicked(p),
+    }
+}
+
+/// The state of a standalone [`Fiber`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum FiberState {
+    /// Created, never resumed.
+    Ready,
+    /// Running right now (only observable from inside the fiber).
+    Running,
+    /// Suspended in [`Fiber::yield_now`]; `resume` continues it.
+    Suspended,
+    /// Returned normally.
+    Done,
+    /// Ended by a panic; the payload is available from [`Fiber::take_panic`].
+    Panicked,
+}
+
+thread_local! {
+    static STANDALONE_STACKS: RefCell<StackPool> = RefCell::new(StackPool::default());
+}
+
+/// How many times dropping a suspended fiber asks it to unwind before giving up on it.
+const DROP_CANCEL_ATTEMPTS: usize = 16;
+
+/// A stackful coroutine: a closure with its own stack that can suspend itself with
+/// [`Fiber::yield_now`] and be continued with [`Fiber::resume`].
+///
+/// On its own (this type), a fiber is an asymmetric coroutine driven by the thread that owns
+/// it; it is `!Send` because values on its stack may be `!Send`. Inside a [`Scheduler`]
+/// (`crate::Scheduler`), fibers are created for you by `submit`.
+///
+/// Blocking fibra calls inside a standalone fiber (join, park, sleep) block the owning thread:
+/// a standalone fiber has no scheduler to switch to.
+///
+/// ```
+/// use fibra::{Fiber, FiberState};
+/// use std::{cell::RefCell, rc::Rc};
+///
+/// let log = Rc::new(RefCell::new(Vec::new()));
+/// let l = log.clone();
+/// let mut fiber = Fiber::new(move || {
+///     l.borrow_mut().push(1);
+///     Fiber::yield_now();
+///     l.borrow_mut().push(3);
+/// });
+/// assert_eq!(fiber.resume(), FiberState::Suspended);
+/// log.borrow_mut().push(2);
+/// assert_eq!(fiber.resume(), FiberState::Done);
+/// assert_eq!(*log.borrow(), [1, 2, 3]);
+/// ```
+pub struct Fiber {
+    coro: Option<Coro>,
+    meta: Box<FiberMeta>,
+    state: FiberState,
+    panic: Option<Box<dyn Any + Send>>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Fiber {
+    /// Creates a fiber that will run `f` on a stack of the default size when first resumed.
+    ///
+    /// # Panics
+    /// If no stack can be mapped (the address space or `vm.max_map_count` is exhausted).
+    /// Use [`Fiber::try_new`] to get that as an error.
+    pub fn new<F: FnOnce() + 'static>(f: F) -> Fiber {
+        match Fiber::try_new(f) {
+            Ok(fiber) => fiber,
+            Err(e) => panic!("fibra: cannot allocate a fiber stack: {e}"),
+        }
+    }
+
+    /// Creates a fiber, or returns the error that prevented allocating its stack.
+    pub fn try_new<F: FnOnce() + 'static>(f: F) -> std::io::Result<Fiber> {
+        Fiber::build(f, None, DEFAULT_STACK_SIZE)
+    }
+
+    /// Creates a fiber with a name (shown by [`Fiber::current`], in panic and overflow
+    /// messages) and a stack size (rounded up to whole pages, at least
+    /// [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE)).
+    pub fn with_options<F: FnOnce() + 'static>(
+        f: F,
+        name: Option<&str>,
+        stack_size: usize,
+    ) -> std::io::Result<Fiber> {
+        Fiber::build(f, name.map(Arc::from), stack_size)
+    }
+
+    fn build<F: FnOnce() + 'static>(
+        f: F,
+        name: Option<Arc<str>>,
+        stack_size: usize,
+    ) -> std::io::Result<Fiber> {
+        install_panic_hook();
+        crate::stack::overflow::install_handler();
+        let size = round_size(stack_size.max(crate::stack::MIN_STACK_SIZE));
+        let stack = STANDALONE_STACKS.with(|p| p.borrow_mut().take(size))?;
+        let mut meta = Box::new(FiberMeta::new(FiberId::next(), name, None));
+        meta.set_stack(&stack);
+        let meta_ptr: *const FiberMeta = &*meta;
+        let coro = Coro::with_stack(stack, move |y: &Yielder, first: Resume| {
+            fiber_root(meta_ptr, y, first, f)
+        });
+        Ok(Fiber {
+            coro: Some(coro),
+            meta,
+            state: FiberState::Ready,
+            panic: None,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Runs the fiber until it yields or ends, and returns its new state. Resuming a fiber
+    /// that has ended does nothing and returns its final state.
+    pub fn resume(&mut self) -> FiberState {
+        self.drive(Resume::Run)
+    }
+
+    fn drive(&mut self, input: Resume) -> FiberState {
+        let Some(coro) = self.coro.as_mut() else {
+            return self.state;
+        };
+        crate::stack::overflow::ensure_alt_stack();
+        self.state = FiberState::Running;
+        let prev = enter(&*self.meta);
+        let result = coro.resume(input);
+        leave(prev);
+        match result {
+            corosensei::CoroutineResult::Yield(Suspend::Yield) => {
+                self.state = FiberState::Suspended;
+            }
+            corosensei::CoroutineResult::Yield(Suspend::Park(..)) => {
+                // `park` never suspends a standalone fiber (it blocks the thread instead).
+                unreachable!("standalone fibers do not park by switching");
+            }
+            corosensei::CoroutineResult::Return(outcome) => {
+                self.state = match outcome {
+                    Outcome::Done | Outcome::Cancelled => FiberState::Done,
+                    Outcome::Panicked(p) => {
+                        self.panic = Some(p);
+                        FiberState::Panicked
+                    }
+                };
+                if let Some(coro) = self.coro.take() {
+                    let stack = coro.into_stack();
+                    let _ = STANDALONE_STACKS.try_with(|p| p.borrow_mut().give(stack));
+                }
+            }
+        }
+        self.state
+    }
+
+    /// The fiber's current state.
+    pub fn state(&self) -> FiberState {
+        self.state
+    }
+
+    /// The fiber's id.
+    pub fn id(&self) -> FiberId {
+        self.meta.id
+    }
+
+    /// Takes the payload of the panic that ended the fiber, if it panicked (once).
+    pub fn take_panic(&mut self) -> Option<Box<dyn Any + Send>> {
+        self.panic.take()
+    }
+
+    /// Suspends the running fiber.
+    ///
+    /// In a standalone fiber, control returns to the caller of [`Fiber::resume`]. In a
+    /// scheduled fiber, the fiber goes to the back of its worker's run queue and other fibers
+    /// run. Outside any fiber this is [`std::thread::yield_now`].
+    pub fn yield_now() {
+        match current_meta() {
+            Some(meta) => suspend(meta, Suspend::Yield),
+            None => std::thread::yield_now(),
+        }
+    }
+
+    /// The id and name of the running fiber, or `None` outside a fiber.
+    pub fn current() -> Option<FiberInfo> {
+        current_meta().map(|m| FiberInfo {
+            id: m.id,
+            name: m.name.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for Fiber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fiber")
+            .field("id", &self.meta.id)
+            .field("name", &self.meta.name)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl Drop for Fiber {
+    /// Dropping a suspended fiber unwinds its stack, so its destructors run.
+    fn drop(&mut self) {
+        if self.state == FiberState::Suspended {
+            for _ in 0..DROP_CANCEL_ATTEMPTS {
+                if self.drive(Resume::Cancel) != FiberState::Suspended {
+                    return;
+                }
+            }
+            // The fiber keeps catching its cancellation. Leak its stack rather than free
+            // memory that live frames still point into.
+            if let Some(coro) = self.coro.take() {
+                std::mem::forget(coro);
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Stack overflow reporting: a SIGSEGV/SIGBUS handler, running on an alternate signal stack,
+//! that recognises a hit on the running fiber's guard page, names the fiber and aborts.
+//! Any other fault goes to the handler that was installed before ours (std's, which reports
+//! thread overflows, or the default action).
+
+use crate::fiber::current_meta;
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::sync::{Once, OnceLock};
+
+static INSTALL: Once = Once::new();
+static PREV_SEGV: OnceLock<libc::sigaction> = OnceLock::new();
+static PREV_BUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// Size of the alternate signal stack fibra gives a thread that has none.
+const ALT_STACK_SIZE: usize = 64 * 1024;
+
+/// Installs the handler once per process.
+pub(crate) fn install_handler() {
+    INSTALL.call_once(|| {
+        for (sig, slot) in [(libc::SIGSEGV, &PREV_SEGV), (libc::SIGBUS, &PREV_BUS)] {
+            // SAFETY: a zeroed sigaction is a valid "no handler" value; we fill in a handler
+            // with the SA_SIGINFO signature and ask for the alternate stack, which every thread
+            // that runs fibers gets from `ensure_alt_stack`.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_fault as *const () as usize;
+                action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut action.sa_mask);
+                let mut prev: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &action, &mut prev) == 0 {
+                    let _ = slot.set(prev);
+                }
+            }
+        }
+    });
+}
+
+thread_local! {
+    static ALT_STACK: AltStack = const { AltStack { mapping: Cell::new(0) } };
+}
+
+/// An alternate signal stack this module mapped for the current thread, unmapped at exit.
+struct AltStack {
+    mapping: Cell<usize>,
+}
+
+impl Drop for AltStack {
+    fn drop(&mut self) {
+        let addr = self.mapping.get();
+        if addr != 0 {
+            // SAFETY: disable the alternate stack before unmapping it, so no signal can land
+            // on freed memory; both calls only concern this thread and our own mapping.
+            unsafe {
+                let mut ss: libc::stack_t = std::mem::zeroed();
+                ss.ss_flags = libc::SS_DISABLE;
+                libc::sigaltstack(&ss, std::ptr::null_mut());
+                libc::munmap(addr as *mut libc::c_void, ALT_STACK_SIZE);
+            }
+        }
+    }
+}
+
+/// Makes sure this thread has an alternate signal stack, so the handler can run while the
+/// fiber stack is exhausted. std gives one to the threads it spawns; foreign threads may lack it.
+pub(crate) fn ensure_alt_stack() {
+    ALT_STACK.with(|alt| {
+        if alt.mapping.get() != 0 {
+            return;
+        }
+        // SAFETY: querying the current alternate stack only writes to `old`.
+        let mut old: libc::stack_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        unsafe { libc::sigaltstack(std::ptr::null(), &mut old) };
+        if old.ss_flags & libc::SS_DISABLE == 0 {
+            alt.mapping.set(usize::MAX); // someone else's stack: keep it, never unmap it
+            return;
+        }
+        // SAFETY: a fresh anonymous mapping; on success we install it as this thread's
+        // alternate stack and record it so the thread-local destructor unmaps it.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                ALT_STACK_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return;
+            }
+            let ss = libc::stack_t {
+                ss_sp: p,
+                ss_flags: 0,
+                ss_size: ALT_STACK_SIZE,
+            };
+            if libc::sigaltstack(&ss, std::ptr::null_mut()) == 0 {
+                alt.mapping.set(p as usize);
+            } else {
+                libc::munmap(p, ALT_STACK_SIZE);
+            }
+        }
+    });
+}
+
+/// A fixed buffer for formatting inside the signal handler, where allocating is not allowed.
+struct SignalBuf {
+    bytes: [u8; 512],
+    len: usize,
+}
+
+impl std::fmt::Write for SignalBuf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let n = s.len().min(self.bytes.len() - self.len);
+        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    if let Some(meta) = current_meta() {
+        let (lo, hi) = meta.guard;
+        if addr >= lo && addr < hi {
+            let mut buf = SignalBuf {
+                bytes: [0; 512],
+                len: 0,
+            };
+            let name = meta.name.as_deref().unwrap_or("<unnamed>");
+            let _ = write!(buf, "\nfiber '{name}' ({}) ", meta.id);
+            if let Some(w) = meta.worker {
+                let _ = write!(buf, "on worker {w} ");
+            }
+            let _ = writeln!(
+                buf,
+                "overflowed its {} KiB stack\nfatal runtime error: stack overflow, aborting",
+                meta.stack_size / 1024
+            );
+            // SAFETY: write(2) and abort(3) are async-signal-safe; the buffer is ours.
+            unsafe {
+                libc::write(2, buf.bytes.as_ptr().cast(), buf.len);
+                libc::abort();
+            }
+        }
+    }
+    let prev = if sig == libc::SIGBUS {
+        PREV_BUS.get()
+    } else {
+        PREV_SEGV.get()
+    };
+    forward(sig, info, ctx, prev);
+}
+
+/// Hands a fault that is not ours to the previous handler, or restores the default action
+/// and returns so the faulting instruction runs again and the process dies as it would have.
+fn forward(
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+    prev: Option<&libc::sigaction>,
+) {
+    match prev {
+        Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
+            if p.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: the previous handler was installed with the three-argument
+                // signature; we pass on exactly what the kernel gave us.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(p.sa_sigaction) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: likewise, with the one-argument signature.
+                let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(p.sa_sigaction) };
+                f(sig);
+            }
+        }
+        _ => {
+            // SAFETY: restoring the default disposition of a signal is always allowed.
+            unsafe {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigemptyset(&mut dfl.sa_mask);
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+    }
+}

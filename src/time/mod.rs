@@ -1,0 +1,50 @@
+//! Time: [`sleep`] and [`sleep_until`] that suspend only the calling fiber. The timers live
+//! on the fiber's home worker (`sched/timers.rs`), so expiry never moves a fiber.
+
+use crate::fiber::{current_meta, Fiber};
+use crate::join::far_future;
+use crate::park::park_timeout;
+use std::time::{Duration, Instant};
+
+/// Sleeps for `duration`. Inside a scheduled fiber only the fiber sleeps and its worker runs
+/// other fibers; elsewhere the thread sleeps. Never returns early. `Duration::ZERO` yields
+/// once; huge durations saturate (effectively forever, still cancellable by `stop_timeout`).
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// let start = Instant::now();
+/// fibra::sleep(Duration::from_millis(5));
+/// assert!(start.elapsed() >= Duration::from_millis(5));
+/// ```
+pub fn sleep(duration: Duration) {
+    if duration.is_zero() {
+        Fiber::yield_now();
+        return;
+    }
+    let deadline = Instant::now()
+        .checked_add(duration)
+        .unwrap_or_else(far_future);
+    sleep_until(deadline);
+}
+
+/// Sleeps until `deadline`; a deadline in the past yields once and returns.
+pub fn sleep_until(deadline: Instant) {
+    let scheduled = current_meta().is_some_and(|m| m.worker.is_some());
+    if Instant::now() >= deadline {
+        Fiber::yield_now();
+        return;
+    }
+    if !scheduled {
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left);
+        }
+        return;
+    }
+    // Nobody else holds the Unparker, so only the deadline ends the park.
+    while Instant::now() < deadline {
+        park_timeout(deadline, drop);
+    }
+}
