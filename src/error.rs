@@ -35,9 +35,14 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::NoThreads => f.write_str("a scheduler needs at least one thread (threads(0) given)"),
+            Error::NoThreads => {
+                f.write_str("a scheduler needs at least one thread (threads(0) given)")
+            }
             Error::TooManyThreads { requested, maximum } => {
-                write!(f, "{requested} threads requested; fibra supports at most {maximum}")
+                write!(
+                    f,
+                    "{requested} threads requested; fibra supports at most {maximum}"
+                )
             }
             Error::StackTooSmall { requested, minimum } => write!(
                 f,
@@ -83,7 +88,9 @@ impl<F> fmt::Debug for SubmitError<F> {
 impl<F> fmt::Display for SubmitError<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SubmitError::Stopped(_) => f.write_str("the scheduler is stopped; the task was not run"),
+            SubmitError::Stopped(_) => {
+                f.write_str("the scheduler is stopped; the task was not run")
+            }
             SubmitError::NoSuchThread(_) => {
                 f.write_str("no worker thread with that index; the task was not run")
             }

@@ -72,7 +72,8 @@ where
 }
 
 /// Trait object view of a task that yields a `T`, so `JoinHandle<T>` does not name the closure.
-trait Output<T>: Job {
+trait Output<T>: Send + Sync {
+    fn header(&self) -> &Header;
     fn take(&self) -> Option<Result<T, JoinError>>;
 }
 
@@ -81,6 +82,10 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    fn header(&self) -> &Header {
+        &self.header
+    }
+
     fn take(&self) -> Option<Result<T, JoinError>> {
         if !self.header.is_done() {
             return None;
@@ -105,7 +110,9 @@ impl<T: Send + 'static> JoinHandle<T> {
     {
         JoinHandle { cell }
     }
+}
 
+impl<T> JoinHandle<T> {
     /// Waits for the task and returns its value, or why there is none. Inside a fiber this
     /// suspends only the fiber; on a plain thread it blocks the thread.
     pub fn join(self) -> Result<T, JoinError> {
@@ -146,11 +153,12 @@ pub(crate) fn far_future() -> Instant {
         .unwrap_or(now)
 }
 
-impl<T: Send + 'static> fmt::Debug for JoinHandle<T> {
+impl<T> fmt::Debug for JoinHandle<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let h = self.cell.header();
         f.debug_struct("JoinHandle")
             .field("id", &h.id)
+            .field("name", &h.name)
             .field("finished", &h.is_done())
             .finish()
     }

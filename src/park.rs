@@ -37,11 +37,20 @@ pub struct Unparker {
 
 #[derive(Clone)]
 enum Target {
-    Fiber { job: Arc<dyn Job>, gen: u64 },
-    Thread { slot: Arc<ThreadSlot>, gen: u32 },
+    Fiber {
+        job: Arc<dyn Job>,
+        gen: u64,
+    },
+    Thread {
+        slot: Arc<ThreadSlot>,
+        gen: u32,
+    },
     /// Wakes a worker's loop rather than a fiber: a thread driving `use_caller`'s worker 0
     /// inside `block_on` waits for its task this way.
-    Worker { shared: Arc<Shared>, index: usize },
+    Worker {
+        shared: Arc<Shared>,
+        index: usize,
+    },
 }
 
 impl Unparker {
@@ -76,7 +85,9 @@ impl fmt::Debug for Unparker {
                 .field("fiber", &job.header().id)
                 .field("generation", gen)
                 .finish(),
-            Target::Worker { index, .. } => f.debug_struct("Unparker").field("worker", index).finish(),
+            Target::Worker { index, .. } => {
+                f.debug_struct("Unparker").field("worker", index).finish()
+            }
             Target::Thread { gen, .. } => f
                 .debug_struct("Unparker")
                 .field("thread", &"..")
@@ -115,7 +126,6 @@ pub fn park_timeout(deadline: Instant, register: impl FnOnce(Unparker)) -> ParkR
     park_inner(Some(deadline), register)
 }
 
-
 pub(crate) fn park_inner(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
     match current_meta() {
         Some(meta) if meta.worker.is_some() => {
@@ -129,7 +139,8 @@ pub(crate) fn park_inner(deadline: Option<Instant>, register: impl FnOnce(Unpark
             // SAFETY: only the lifetime is erased. The closure lives on this fiber's stack,
             // which stays valid and untouched while the fiber is suspended; the worker calls
             // it exactly once, before the fiber can be resumed.
-            let erased: *mut (dyn FnMut(Unparker) + 'static) = unsafe { std::mem::transmute(erased) };
+            let erased: *mut (dyn FnMut(Unparker) + 'static) =
+                unsafe { std::mem::transmute(erased) };
             meta.timed_out.set(false);
             suspend(meta, Suspend::Park(erased, deadline));
             if meta.timed_out.get() {

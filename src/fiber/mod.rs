@@ -40,7 +40,10 @@ pub(crate) enum Suspend {
     Yield,
     /// Call this registration closure (it lives on my suspended stack) with my `Unparker`;
     /// wake me at the deadline if nobody else does first.
-    Park(*mut (dyn FnMut(Unparker) + 'static), Option<std::time::Instant>),
+    Park(
+        *mut (dyn FnMut(Unparker) + 'static),
+        Option<std::time::Instant>,
+    ),
 }
 
 /// How a fiber's root function ended.
@@ -195,7 +198,12 @@ pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) {
 
 /// The root of every fiber: records the yielder, runs `body` and turns its end into an
 /// [`Outcome`]. A cancellation arriving before the first run skips the body entirely.
-pub(crate) fn fiber_root<F: FnOnce()>(meta: *const FiberMeta, y: &Yielder, first: Resume, body: F) -> Outcome {
+pub(crate) fn fiber_root<F: FnOnce()>(
+    meta: *const FiberMeta,
+    y: &Yielder,
+    first: Resume,
+    body: F,
+) -> Outcome {
     // SAFETY: the meta outlives the fiber (see FiberMeta); only this fiber writes `yielder`.
     unsafe { (*meta).yielder.set(y) };
     match first {

@@ -68,7 +68,9 @@ pub(crate) struct IdleSet {
 impl IdleSet {
     pub(crate) fn new(workers: usize) -> Self {
         IdleSet {
-            words: (0..workers.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..workers.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
 

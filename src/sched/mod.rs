@@ -283,12 +283,9 @@ impl Scheduler {
         let sh = &self.shared;
         let deadline = timeout.map(|d| Instant::now().checked_add(d).unwrap_or_else(far_future));
         self.start();
-        let _ = sh.state.compare_exchange(
-            RUNNING_STATE,
-            STOPPING,
-            Ordering::SeqCst,
-            Ordering::SeqCst,
-        );
+        let _ =
+            sh.state
+                .compare_exchange(RUNNING_STATE, STOPPING, Ordering::SeqCst, Ordering::SeqCst);
         sh.wake_all();
         if sh.current_worker().is_some() {
             return 0;

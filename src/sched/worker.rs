@@ -349,10 +349,10 @@ impl Worker {
     fn next_task(&self) -> Option<ScheduleTask> {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
-        if tick % TIMER_INTERVAL == 0 {
+        if tick.is_multiple_of(TIMER_INTERVAL) {
             self.fire_timers();
         }
-        if tick % INJECTOR_INTERVAL == 0 {
+        if tick.is_multiple_of(INJECTOR_INTERVAL) {
             if let Some(job) = self.shared.injector.pop() {
                 return Some(ScheduleTask::Closure(job));
             }
@@ -500,8 +500,7 @@ impl Worker {
         }
         sh.idle.insert(self.index);
         fence(Ordering::SeqCst);
-        let cancel_pending =
-            sh.state.load(Ordering::SeqCst) == CANCEL && !self.cancelled_all.get();
+        let cancel_pending = sh.state.load(Ordering::SeqCst) == CANCEL && !self.cancelled_all.get();
         if self.has_work() || until() || self.should_exit() || cancel_pending {
             sh.idle.remove(self.index);
             return;
@@ -588,8 +587,10 @@ impl Worker {
         };
         // A new generation: every Unparker of an earlier park is now stale.
         let s = h.park.load(Ordering::Relaxed);
-        h.park
-            .store((((s >> STATE_BITS) + 1) << STATE_BITS) | RUNNING, Ordering::Relaxed);
+        h.park.store(
+            (((s >> STATE_BITS) + 1) << STATE_BITS) | RUNNING,
+            Ordering::Relaxed,
+        );
         // SAFETY: as above; the coroutine is only ever resumed from this thread.
         let coro = unsafe { (*home).fiber.as_mut() }.expect("a queued fiber has a coroutine");
         // SAFETY: as above.

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The checks every submission must pass: formatting, lints, the test suite (the README's test
+# command, which includes the doctests) and the benchmarks compiled and run once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo is required (install Rust with rustup)" >&2
+    exit 1
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+
+echo "== cargo test (unit, integration and doc tests)"
+cargo test
+
+echo "== benchmarks compile and run once"
+cargo bench --bench core -- --test
