@@ -310,6 +310,7 @@ impl Fiber {
     ) -> std::io::Result<Fiber> {
         install_panic_hook();
         crate::stack::overflow::install_handler();
+        crate::stack::overflow::ensure_alt_stack();
         let size = round_size(stack_size.max(crate::stack::MIN_STACK_SIZE));
         let stack = STANDALONE_STACKS.with(|p| p.borrow_mut().take(size))?;
         let mut meta = Box::new(FiberMeta::new(FiberId::next(), name, None));
@@ -337,7 +338,6 @@ impl Fiber {
         let Some(coro) = self.coro.as_mut() else {
             return self.state;
         };
-        crate::stack::overflow::ensure_alt_stack();
         self.state = FiberState::Running;
         let prev = enter(&*self.meta);
         let result = coro.resume(input);
