@@ -204,6 +204,28 @@ impl Scheduler {
         self.submit_with(f, thread, None, self.shared.config.stack_size)
     }
 
+    /// Starts a task with options: a name (shown by [`Fiber::current`](crate::Fiber::current),
+    /// in panic and overflow reports) and a stack size. `submit(f, thread)` is the short form.
+    ///
+    /// ```
+    /// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+    /// sched.start();
+    /// let h = sched
+    ///     .task()
+    ///     .name("conn-42")
+    ///     .stack_size(1 << 20)
+    ///     .submit(|| fibra::Fiber::current().unwrap().name().map(String::from), None)
+    ///     .unwrap();
+    /// assert_eq!(h.join().unwrap().as_deref(), Some("conn-42"));
+    /// ```
+    pub fn task(&self) -> TaskBuilder<'_> {
+        TaskBuilder {
+            sched: self,
+            name: None,
+            stack_size: self.shared.config.stack_size,
+        }
+    }
+
     pub(crate) fn submit_with<F, T>(
         &self,
         f: F,
@@ -328,6 +350,40 @@ impl Scheduler {
             worker.run(until, wake_at);
             *self.shared.caller_worker.lock() = Some(worker);
         }
+    }
+}
+
+/// Options for one task; from [`Scheduler::task`].
+#[derive(Debug)]
+pub struct TaskBuilder<'a> {
+    sched: &'a Scheduler,
+    name: Option<Arc<str>>,
+    stack_size: usize,
+}
+
+impl TaskBuilder<'_> {
+    /// The fiber's name.
+    pub fn name(mut self, name: impl AsRef<str>) -> Self {
+        self.name = Some(Arc::from(name.as_ref()));
+        self
+    }
+
+    /// The fiber's stack size in bytes, rounded up to whole pages and to at least
+    /// [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE). If no stack of that size can be mapped, the
+    /// task's [`JoinHandle`] reports [`JoinError::is_no_stack`](crate::JoinError::is_no_stack).
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = round_size(bytes.max(MIN_STACK_SIZE));
+        self
+    }
+
+    /// Submits the task, as [`Scheduler::submit`] does.
+    pub fn submit<F, T>(self, f: F, thread: Option<usize>) -> Result<JoinHandle<T>, SubmitError<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.sched
+            .submit_with(f, thread, self.name, self.stack_size)
     }
 }
 

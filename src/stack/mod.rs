@@ -59,7 +59,9 @@ impl FiberStack {
     /// Maps a new stack of `size` usable bytes (a multiple of the page size) with a guard page.
     pub(crate) fn new(size: usize) -> io::Result<FiberStack> {
         let guard = page_size();
-        let len = size + guard;
+        let Some(len) = size.checked_add(guard) else {
+            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+        };
         // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches
         // no existing memory. MAP_NORESERVE: pages are committed only when touched.
         let ptr = unsafe {
@@ -145,10 +147,12 @@ fn install_guard(addr: usize, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Rounds a requested stack size up to whole pages.
+/// Rounds a requested stack size up to whole pages (saturating: an impossible size stays
+/// impossible and fails to map, rather than wrapping to a small one).
 pub(crate) fn round_size(size: usize) -> usize {
     let page = page_size();
-    size.div_ceil(page) * page
+    size.checked_next_multiple_of(page)
+        .unwrap_or(usize::MAX - (page - 1))
 }
 
 /// A LIFO cache of idle stacks owned by one thread (a worker, or a thread running standalone
