@@ -1,5 +1,10 @@
-//! Time: [`sleep`] and [`sleep_until`] that suspend only the calling fiber. The timers live
+//! Time: [`sleep`] and [`sleep_until`] that suspend only the calling fiber, and the
+//! standalone delayed executor [`Timer`]. The timers live
 //! on the fiber's home worker (`sched/timers.rs`), so expiry never moves a fiber.
+
+mod timer;
+
+pub use timer::{Timer, TimerHandle};
 
 use crate::fiber::{current_meta, Fiber};
 use crate::join::far_future;

@@ -1,0 +1,183 @@
+//! Non-blocking sleep and timed parking: a sleeping fiber frees its worker, sleeps never end
+//! early, extreme durations are safe, and a wake racing a timeout resumes exactly once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn scheduler(threads: usize) -> Arc<fibra::Scheduler> {
+    let s = fibra::Scheduler::builder()
+        .threads(threads)
+        .build()
+        .unwrap();
+    s.start();
+    Arc::new(s)
+}
+
+#[test]
+fn a_sleeping_fiber_does_not_stop_another_on_its_only_worker() {
+    let s = scheduler(1);
+    let sleeper = s
+        .submit(|| fibra::sleep(Duration::from_millis(300)), None)
+        .unwrap();
+    let started = Instant::now();
+    let other = s.submit(|| 7, None).unwrap();
+    assert_eq!(other.join().unwrap(), 7);
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "the other fiber waited for the sleeper: {:?}",
+        started.elapsed()
+    );
+    sleeper.join().unwrap();
+}
+
+#[test]
+fn ten_thousand_sleepers_on_two_workers_overlap() {
+    let s = scheduler(2);
+    let started = Instant::now();
+    let hs: Vec<_> = (0..10_000)
+        .map(|_| {
+            s.submit(|| fibra::sleep(Duration::from_millis(100)), None)
+                .unwrap()
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(100));
+    // Serially this would take 1000 s; overlapped it is ~0.1 s. 2 s is generous for CI.
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+}
+
+#[test]
+fn sleep_never_returns_early_in_fibers_or_threads() {
+    let s = scheduler(2);
+    let hs: Vec<_> = (1..=50u64)
+        .map(|ms| {
+            s.submit(
+                move || {
+                    let d = Duration::from_millis(ms);
+                    let t = Instant::now();
+                    fibra::sleep(d);
+                    (t.elapsed(), d)
+                },
+                None,
+            )
+            .unwrap()
+        })
+        .collect();
+    for h in hs {
+        let (slept, asked) = h.join().unwrap();
+        assert!(slept >= asked, "slept {slept:?} < {asked:?}");
+    }
+    let t = Instant::now();
+    fibra::sleep(Duration::from_millis(20));
+    assert!(t.elapsed() >= Duration::from_millis(20));
+    let deadline = Instant::now() + Duration::from_millis(15);
+    let h = s
+        .submit(move || fibra::sleep_until(deadline), None)
+        .unwrap();
+    h.join().unwrap();
+    assert!(Instant::now() >= deadline);
+}
+
+#[test]
+fn zero_and_past_deadlines_yield_once_and_return() {
+    let s = scheduler(1);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (a, b) = (log.clone(), log.clone());
+    let h1 = s
+        .submit(
+            move || {
+                a.lock().unwrap().push("a1");
+                fibra::sleep(Duration::ZERO);
+                a.lock().unwrap().push("a2");
+            },
+            Some(0),
+        )
+        .unwrap();
+    let h2 = s
+        .submit(
+            move || {
+                b.lock().unwrap().push("b1");
+                fibra::sleep_until(Instant::now() - Duration::from_millis(5));
+                b.lock().unwrap().push("b2");
+            },
+            Some(0),
+        )
+        .unwrap();
+    h1.join().unwrap();
+    h2.join().unwrap();
+    assert_eq!(*log.lock().unwrap(), ["a1", "b1", "a2", "b2"]);
+}
+
+#[test]
+fn sleeping_forever_saturates_and_stop_timeout_cancels_it() {
+    let s = fibra::Scheduler::builder().threads(1).build().unwrap();
+    s.start();
+    let h = s.submit(|| fibra::sleep(Duration::MAX), None).unwrap();
+    assert!(!h.wait_timeout(Duration::from_millis(50)));
+    assert_eq!(s.stop_timeout(Duration::from_millis(50)), 1);
+    assert!(h.join().unwrap_err().is_cancelled());
+}
+
+#[test]
+fn wait_timeout_inside_a_fiber_parks_with_a_deadline() {
+    let s = scheduler(1);
+    let s2 = s.clone();
+    let r = s
+        .submit(
+            move || {
+                let slow = s2
+                    .submit(|| fibra::sleep(Duration::from_millis(200)), None)
+                    .unwrap();
+                let t = Instant::now();
+                let early = slow.wait_timeout(Duration::from_millis(20));
+                let waited = t.elapsed();
+                let late = slow.wait_timeout(Duration::from_secs(30));
+                (early, waited, late)
+            },
+            None,
+        )
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(!r.0, "the slow task cannot have finished in 20 ms");
+    assert!(r.1 >= Duration::from_millis(20));
+    assert!(r.2);
+}
+
+#[test]
+fn a_wake_racing_a_timeout_resumes_exactly_once() {
+    let s = scheduler(2);
+    let resumed = Arc::new(AtomicUsize::new(0));
+    let mut hs = Vec::new();
+    for i in 0..500u64 {
+        let resumed = resumed.clone();
+        hs.push(
+            s.submit(
+                move || {
+                    let deadline = Instant::now() + Duration::from_micros(i % 50);
+                    let r = fibra::park_timeout(deadline, |u| {
+                        // Unpark from another thread at about the deadline.
+                        std::thread::spawn(move || {
+                            std::thread::sleep(Duration::from_micros(i % 50));
+                            u.unpark();
+                        });
+                    });
+                    resumed.fetch_add(1, Ordering::SeqCst);
+                    r
+                },
+                None,
+            )
+            .unwrap(),
+        );
+    }
+    // Either outcome is legal; what matters is that each fiber resumed once (a second
+    // resumption would run past its end and corrupt the count) and said which side won.
+    for h in hs {
+        let _won: fibra::ParkResult = h.join().unwrap();
+    }
+    assert_eq!(resumed.load(Ordering::SeqCst), 500);
+}
