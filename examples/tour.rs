@@ -99,7 +99,74 @@ fn main() -> Result<(), fibra::Error> {
         started.elapsed()
     );
 
-    println!("\n== 6. The CPU an idle scheduler uses over 1 s");
+    println!(
+        "\n== 6. The seed's delayed executor: six jobs given out of order run in deadline order"
+    );
+    let timer = fibra::time::Timer::new();
+    let t0 = Instant::now();
+    for (n, ms) in [
+        (3, 200u64),
+        (1, 50),
+        (6, 1000),
+        (5, 500),
+        (2, 100),
+        (4, 300),
+    ] {
+        let due = Duration::from_millis(ms);
+        timer.schedule(due, move || {
+            let late = t0.elapsed().saturating_sub(due);
+            println!(
+                "   {n} (after {ms:>4} ms, {:.2} ms late)",
+                late.as_secs_f64() * 1e3
+            );
+        });
+    }
+    timer.shutdown();
+
+    println!("\n== 7. Fibers on a one-worker scheduler sleep while others keep running");
+    let one = fibra::Scheduler::builder()
+        .threads(1)
+        .name("solo")
+        .build()?;
+    one.start();
+    let t0 = Instant::now();
+    let sleepers: Vec<_> = [100u64, 500]
+        .into_iter()
+        .map(|ms| {
+            one.submit(
+                move || {
+                    fibra::sleep(Duration::from_millis(ms));
+                    println!(
+                        "   slept {ms} ms, woke at {:>3} ms",
+                        t0.elapsed().as_millis()
+                    );
+                },
+                None,
+            )
+            .expect("running")
+        })
+        .collect();
+    let ticker = one
+        .submit(
+            move || {
+                for i in 0..5 {
+                    println!(
+                        "   tick {i} at {:>3} ms on the same thread",
+                        t0.elapsed().as_millis()
+                    );
+                    fibra::sleep(Duration::from_millis(120));
+                }
+            },
+            None,
+        )
+        .expect("running");
+    for h in sleepers {
+        h.join().expect("no panic");
+    }
+    ticker.join().expect("no panic");
+    one.stop();
+
+    println!("\n== 8. The CPU an idle scheduler uses over 1 s");
     let before = cpu_time();
     std::thread::sleep(Duration::from_secs(1));
     let used = cpu_time() - before;
@@ -108,7 +175,7 @@ fn main() -> Result<(), fibra::Error> {
         used.as_secs_f64() * 1e3
     );
 
-    println!("\n== 7. stop() drains: parked fibers woken later still finish");
+    println!("\n== 9. stop() drains: parked fibers woken later still finish");
     let done = Arc::new(AtomicUsize::new(0));
     for _ in 0..100 {
         let done = done.clone();
