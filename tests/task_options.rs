@@ -15,7 +15,10 @@ fn a_named_task_sees_its_name() {
     let h = s
         .task()
         .name("conn-42")
-        .submit(|| fibra::Fiber::current().map(|f| f.name().map(String::from)), None)
+        .submit(
+            || fibra::Fiber::current().map(|f| f.name().map(String::from)),
+            None,
+        )
         .unwrap();
     assert_eq!(h.join().unwrap(), Some(Some("conn-42".to_string())));
     let unnamed = s.submit(|| fibra::Fiber::current().unwrap().name().is_none(), None);
