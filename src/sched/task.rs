@@ -112,6 +112,18 @@ impl Header {
         }
     }
 
+    /// Moves the park word from "parked in generation `gen`" to "notified". Exactly one of
+    /// the racing wakers (unparker, timer, canceller) wins and must queue the fiber.
+    pub(crate) fn try_notify(&self, gen: u64) -> bool {
+        let parked = (gen << STATE_BITS) | PARKED;
+        let notified = (gen << STATE_BITS) | NOTIFIED;
+        // AcqRel: Acquire pairs with the worker's Release store of PARKED (so `placement` is
+        // visible to the winner); Release publishes the waker's writes to the fiber.
+        self.park
+            .compare_exchange(parked, notified, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// Whether the result has been published.
     pub(crate) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)

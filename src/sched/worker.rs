@@ -39,9 +39,7 @@ use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, 
 use crate::join::JoinError;
 use crate::park::Unparker;
 use crate::sched::idle::{IdleSet, Parker};
-use crate::sched::task::{
-    Job, Placement, ScheduleTask, NOTIFIED, PARKED, RUNNING, STATE_BITS, STATE_MASK,
-};
+use crate::sched::task::{Job, Placement, ScheduleTask, PARKED, RUNNING, STATE_BITS, STATE_MASK};
 use crate::sched::timers::TimerHeap;
 use crate::stack::StackPool;
 use crossbeam_queue::{ArrayQueue, SegQueue};
@@ -248,14 +246,7 @@ pub fn current_worker() -> Option<usize> {
 /// Wakes a parked fiber: the `Unparker` side of the park protocol.
 pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
     let h = job.header();
-    let parked = (gen << STATE_BITS) | PARKED;
-    let notified = (gen << STATE_BITS) | NOTIFIED;
-    // AcqRel: Acquire pairs with the worker's Release store of PARKED (so `placement` is
-    // visible below); Release publishes the waker's writes to the fiber.
-    if h.park
-        .compare_exchange(parked, notified, Ordering::AcqRel, Ordering::Relaxed)
-        .is_err()
-    {
+    if !h.try_notify(gen) {
         return;
     }
     // SAFETY: written before the fiber first parked (see Placement); the fiber is parked, so
@@ -391,12 +382,7 @@ impl Worker {
             let entry = self.timers.borrow_mut().pop_due(now);
             let Some(entry) = entry else { break };
             let h = entry.job.header();
-            let parked = (entry.gen << STATE_BITS) | PARKED;
-            let notified = (entry.gen << STATE_BITS) | NOTIFIED;
-            if h.park
-                .compare_exchange(parked, notified, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
+            if h.try_notify(entry.gen) {
                 // SAFETY: home-worker-only state of a fiber homed here; the fiber is
                 // suspended and only reads this flag after it resumes on this thread.
                 unsafe { (*h.home.get()).meta.timed_out.set(true) };
@@ -642,14 +628,7 @@ impl Worker {
 
     /// Wakes a fiber of this worker from this worker (cancellation, failed registration).
     fn wake_own(&self, job: &Arc<dyn Job>, gen: u64) {
-        let parked = (gen << STATE_BITS) | PARKED;
-        let notified = (gen << STATE_BITS) | NOTIFIED;
-        if job
-            .header()
-            .park
-            .compare_exchange(parked, notified, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
+        if job.header().try_notify(gen) {
             self.ready.borrow_mut().push_back(job.clone());
         }
     }
