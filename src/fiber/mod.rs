@@ -360,7 +360,11 @@ impl Fiber {
                 };
                 if let Some(coro) = self.coro.take() {
                     let stack = coro.into_stack();
-                    let _ = STANDALONE_STACKS.try_with(|p| p.borrow_mut().give(stack));
+                    let _ = STANDALONE_STACKS.try_with(|p| {
+                        let mut pool = p.borrow_mut();
+                        pool.give(stack);
+                        pool.trim();
+                    });
                 }
             }
         }

@@ -491,6 +491,7 @@ impl Worker {
             sh.idle.remove(self.index);
             return;
         }
+        self.stacks.borrow_mut().trim();
         let now = Instant::now();
         let deadline = match (self.timers.borrow().next_deadline(), wake_at) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -23,8 +23,12 @@ pub const MIN_STACK_SIZE: usize = 16 * 1024;
 /// millions of stacks. Use `Builder::stack_size` for deeper recursion.
 pub const DEFAULT_STACK_SIZE: usize = 256 * 1024;
 
-/// How many idle stacks a pool keeps before it returns memory to the kernel.
-const POOL_CAP: usize = 256;
+/// How many idle stacks of one size a pool keeps with their memory once its thread goes idle.
+/// Beyond this, idle stacks give their pages back to the kernel (`MADV_DONTNEED`) but stay
+/// mapped, so a burst of fibers does not pin its peak RSS and the next burst does not pay
+/// for `mmap` again. Trimming waits for idle time so a burst of finishing fibers is not
+/// slowed down by system calls.
+const HOT_CAP: usize = 256;
 
 /// `madvise` advice that installs guard markers in the page tables (Linux 6.13+). The libc
 /// crate does not define it yet.
@@ -84,6 +88,21 @@ impl FiberStack {
         };
         install_guard(stack.limit, guard)?;
         Ok(stack)
+    }
+
+    /// Gives the touched pages back to the kernel; the stack stays mapped and usable (pages
+    /// come back zeroed on the next touch).
+    fn release_memory(&self) {
+        let start = self.limit + self.guard;
+        // SAFETY: the range is inside our own mapping and holds no live data: the fiber that
+        // used it has finished.
+        unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                self.base - start,
+                libc::MADV_DONTNEED,
+            );
+        }
     }
 
     /// Usable bytes above the guard.
@@ -155,27 +174,63 @@ pub(crate) fn round_size(size: usize) -> usize {
         .unwrap_or(usize::MAX - (page - 1))
 }
 
-/// A LIFO cache of idle stacks owned by one thread (a worker, or a thread running standalone
-/// fibers). LIFO so a hot stack, still in cache, is reused first.
+/// The idle stacks of one thread (a worker, or a thread running standalone fibers), by size.
+/// Recently used ("hot") stacks are reused first, LIFO, while their pages are still in cache;
+/// [`StackPool::trim`] turns the oldest beyond [`HOT_CAP`] per size "cold", their memory given
+/// back.
 #[derive(Debug, Default)]
 pub(crate) struct StackPool {
-    free: Vec<FiberStack>,
+    classes: Vec<SizeClass>,
+}
+
+#[derive(Debug)]
+struct SizeClass {
+    size: usize,
+    hot: Vec<FiberStack>,
+    cold: Vec<FiberStack>,
 }
 
 impl StackPool {
+    fn class(&mut self, size: usize) -> &mut SizeClass {
+        let i = match self.classes.iter().position(|c| c.size == size) {
+            Some(i) => i,
+            None => {
+                self.classes.push(SizeClass {
+                    size,
+                    hot: Vec::new(),
+                    cold: Vec::new(),
+                });
+                self.classes.len() - 1
+            }
+        };
+        &mut self.classes[i]
+    }
+
     /// A stack of `size` usable bytes (already rounded), from the pool or freshly mapped.
     pub(crate) fn take(&mut self, size: usize) -> io::Result<FiberStack> {
-        if let Some(i) = self.free.iter().rposition(|s| s.size() == size) {
-            return Ok(self.free.swap_remove(i));
+        let class = self.class(size);
+        if let Some(stack) = class.hot.pop().or_else(|| class.cold.pop()) {
+            return Ok(stack);
         }
         FiberStack::new(size)
     }
 
     /// Returns a stack whose fiber has finished.
     pub(crate) fn give(&mut self, stack: FiberStack) {
-        if self.free.len() < POOL_CAP {
-            self.free.push(stack);
+        self.class(stack.size()).hot.push(stack);
+    }
+
+    /// Gives back the memory of the least recently used idle stacks beyond [`HOT_CAP`] per
+    /// size. Called when the owning thread has nothing else to do.
+    pub(crate) fn trim(&mut self) {
+        for class in &mut self.classes {
+            if class.hot.len() > HOT_CAP {
+                let excess = class.hot.len() - HOT_CAP;
+                for stack in class.hot.drain(..excess) {
+                    stack.release_memory();
+                    class.cold.push(stack);
+                }
+            }
         }
-        // Beyond the cap the stack is unmapped by its Drop.
     }
 }
