@@ -220,7 +220,7 @@ func parkMemory() float64 {
 			wg.Done()
 		}()
 	}
-	deadline := time.Now().Add(40 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for atomic.LoadInt64(&parked) != tasks {
 		if time.Now().After(deadline) {
 			panic("park_memory: goroutines did not all park")

@@ -103,7 +103,10 @@ pub fn run(env: &Env, w: &Workload, peer: Peer) -> PeerRun {
         return PeerRun::skipped(peer, why);
     }
     let mut run = match w.mode {
-        Mode::Timed => collect(peer, std::iter::once(child_run(env, w, peer, env.reps, true))),
+        Mode::Timed => collect(
+            peer,
+            std::iter::once(child_run(env, w, peer, env.reps, true)),
+        ),
         Mode::FreshPerRep => collect(
             peer,
             (0..env.reps).map(|_| child_run(env, w, peer, 1, false)),
@@ -148,9 +151,11 @@ fn child_run(env: &Env, w: &Workload, peer: Peer, reps: usize, warmup: bool) -> 
     let mut values = Vec::new();
     for line in out.stdout.lines() {
         if let Some(v) = line.strip_prefix("value ") {
-            values.push(v.trim().parse::<f64>().map_err(|e| {
-                Status::Failed(format!("bad figure {v:?} from child: {e}"))
-            })?);
+            values.push(
+                v.trim()
+                    .parse::<f64>()
+                    .map_err(|e| Status::Failed(format!("bad figure {v:?} from child: {e}")))?,
+            );
         } else if let Some(why) = line.strip_prefix("skip ") {
             return Err(Status::Skipped(why.to_string()));
         }
@@ -160,13 +165,29 @@ fn child_run(env: &Env, w: &Workload, peer: Peer, reps: usize, warmup: bool) -> 
             Some(code) => format!("exit code {code}"),
             None => describe_signal(out.status),
         };
-        return Err(Status::Failed(format!(
-            "{how} after {}/{reps} reps: {}",
-            values.len(),
-            last_line(&out.stderr)
-        )));
+        return Err(Status::Failed(
+            format!(
+                "{how} after {}/{reps} reps: {}",
+                values.len(),
+                last_line(&out.stderr)
+            ) + &hint(&out.stderr),
+        ));
     }
     Ok(values)
+}
+
+/// An explanation for failures whose cause is known and not obvious from the message.
+fn hint(stderr: &str) -> String {
+    if stderr.contains("failed to alloc sys stack") {
+        let max = std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
+        format!(
+            " (each may stack is its own mmap plus a guard page; vm.max_map_count = {} caps \
+             live coroutines near half of that)",
+            max.trim()
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// Folds the results of one or more children into a cell (the first failure wins).
@@ -265,22 +286,28 @@ fn describe_signal(status: ExitStatus) -> String {
     }
 }
 
-/// The last non-empty line of a process's output (panic messages end up there).
+/// The most telling line of a failed process's output: the first Rust panic's location and
+/// message (the root cause; later panics are usually its consequences),
+/// otherwise the last line that is not one of std's "note: …backtrace" hints.
 pub fn last_line(s: &str) -> String {
-    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    // A Rust panic prints the message then a backtrace hint: show the message.
-    let pick = lines
-        .iter()
-        .rev()
-        .find(|l| !l.starts_with("note: run with `RUST_BACKTRACE"))
-        .copied()
-        .unwrap_or("(no output)");
-    let mut line = pick.trim().to_string();
-    if line.len() > 300 {
-        line.truncate(300);
-        line.push('…');
+    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let is_hint = |l: &&str| l.starts_with("note:") || l.contains("backtrace");
+    let line = match lines.iter().position(|l| l.contains("panicked at")) {
+        Some(i) => {
+            let msg = lines.get(i + 1).filter(|l| !is_hint(l)).unwrap_or(&"");
+            format!("{} {msg}", lines[i])
+        }
+        None => lines
+            .iter()
+            .rev()
+            .find(|l| !is_hint(l))
+            .map(|l| l.to_string())
+            .unwrap_or_else(|| "(no output)".into()),
+    };
+    match line.char_indices().nth(300) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
     }
-    line
 }
 
 /// How long a server gets to start answering.

@@ -68,6 +68,7 @@ fn main() -> ExitCode {
 /// Hidden `__run` mode: runs one workload for one peer in this process, printing `value <f>`
 /// per repetition or `skip <reason>`.
 fn child(peer: Peer, workload: &str, cfg: workloads::Cfg) -> ExitCode {
+    exit_on_panic();
     match workloads::run(peer, workload, cfg) {
         Ok(values) => {
             for v in values {
@@ -80,6 +81,21 @@ fn child(peer: Peer, workload: &str, cfg: workloads::Cfg) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// In a child, any panic (on any thread, in any task) means the figure is lost: print it and
+/// leave at once. Without this a panic on a runtime's worker can leave the process waiting
+/// forever, and the parent would only notice at the time limit.
+fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        // SAFETY: `_exit` ends the process without running atexit handlers or destructors,
+        // which is the point: other threads may hold locks those would need. Nothing here
+        // relies on cleanup (the parent reads our pipes, which the kernel closes).
+        unsafe { libc::_exit(101) };
+    }));
 }
 
 fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
@@ -100,7 +116,8 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         reps: opts.reps,
         self_exe: std::env::current_exe().expect("path of this executable"),
         go: driver::build_go(&scratch),
-        wrk: driver::which("wrk").ok_or_else(|| "`wrk` is not on PATH (install with --install)".into()),
+        wrk: driver::which("wrk")
+            .ok_or_else(|| "`wrk` is not on PATH (install with --install)".into()),
         scratch,
     };
     if let Err(why) = &env.go {
@@ -108,14 +125,20 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
     }
 
     let mut rows = Vec::new();
-    for w in WORKLOADS
-        .iter()
-        .filter(|w| opts.only.as_ref().is_none_or(|o| o.iter().any(|n| n == w.name)))
-    {
+    for w in WORKLOADS.iter().filter(|w| {
+        opts.only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|n| n == w.name))
+    }) {
         let mut runs = Vec::new();
         for peer in Peer::ALL {
             let run = driver::run(&env, w, peer);
-            eprintln!("{:<14} {:<6} {}", w.name, peer.name(), progress(&run, w.unit));
+            eprintln!(
+                "{:<14} {:<6} {}",
+                w.name,
+                peer.name(),
+                progress(&run, w.unit)
+            );
             runs.push(run);
         }
         rows.push(Row { workload: w, runs });
@@ -187,10 +210,7 @@ fn progress(run: &driver::PeerRun, unit: &str) -> String {
 fn install_peers() {
     eprintln!("installing golang-go and wrk with apt-get");
     let status = Command::new("sh")
-        .args([
-            "-c",
-            "apt-get update && apt-get install -y golang-go wrk",
-        ])
+        .args(["-c", "apt-get update && apt-get install -y golang-go wrk"])
         .status();
     match status {
         Ok(s) if s.success() => {}
@@ -230,8 +250,12 @@ fn tool_versions(env: &Env) -> Vec<String> {
             .output()
             .ok()
             .map(|o| {
-                let text = String::from_utf8_lossy(if o.stdout.is_empty() { &o.stderr } else { &o.stdout })
-                    .into_owned();
+                let text = String::from_utf8_lossy(if o.stdout.is_empty() {
+                    &o.stderr
+                } else {
+                    &o.stdout
+                })
+                .into_owned();
                 text.lines().next().unwrap_or("").trim().to_string()
             })
             .unwrap_or_default()

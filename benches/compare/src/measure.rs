@@ -10,7 +10,12 @@ pub fn process_cpu() -> Duration {
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
         let rc = libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        assert_eq!(rc, 0, "getrusage failed: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "getrusage failed: {}",
+            std::io::Error::last_os_error()
+        );
         usage
     };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
@@ -69,7 +74,10 @@ pub fn repeat(warmup: bool, reps: usize, mut rep: impl FnMut() -> f64) -> Vec<f6
 pub fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }

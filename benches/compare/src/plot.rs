@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::report::{cost_ratio, Row};
+use crate::report::{cost_ratio, fmt_value, Row};
 use crate::workloads::Peer;
 
 const PEERS: [Peer; 4] = [Peer::Tokio, Peer::May, Peer::Go, Peer::Std];
@@ -51,7 +51,7 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
         })
         .collect();
     let (lo, hi) = bars.iter().fold((0.5f64, 2.0f64), |(lo, hi), b| {
-        (lo.min(b.ratio / 1.5), hi.max(b.ratio * 1.5))
+        (lo.min(b.ratio / 1.5), hi.max(b.ratio * 3.0))
     });
     let n = rows.len().max(1);
 
@@ -68,7 +68,8 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
         .x_label_area_size(40)
         .y_label_area_size(70)
         .build_cartesian_2d(
-            (0..GROUP * n as u32).with_key_points((0..n as u32).map(|i| i * GROUP + GROUP / 2).collect()),
+            (0..GROUP * n as u32)
+                .with_key_points((0..n as u32).map(|i| i * GROUP + GROUP / 2).collect()),
             (lo..hi).log_scale(),
         )?;
     chart
@@ -80,7 +81,7 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
                 .unwrap_or_default()
         })
         .y_desc("fibra / peer")
-        .y_label_formatter(&|y| format!("{y:.2}"))
+        .y_label_formatter(&|y| fmt_value(*y))
         .draw()?;
 
     let width = GROUP * 4 / 5 / PEERS.len() as u32;
@@ -95,7 +96,7 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
         chart.draw_series(bars.iter().filter(|b| b.slot == slot).map(|b| {
             let x = bar_x(b, width);
-            Text::new(format!("{:.2}", b.ratio), (x, b.ratio * 1.08), ("sans-serif", 11))
+            Text::new(fmt_value(b.ratio), (x, b.ratio * 1.08), ("sans-serif", 11))
         }))?;
     }
     chart.draw_series(DashedLineSeries::new(

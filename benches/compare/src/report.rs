@@ -40,18 +40,13 @@ pub fn cost_ratio(row: &Row, peer: Peer) -> Option<f64> {
     }
 }
 
-/// A figure with about three significant digits.
+/// A figure or ratio with three significant digits (no exponent notation).
 pub fn fmt_value(v: f64) -> String {
-    let a = v.abs();
-    if a >= 100.0 {
-        format!("{v:.0}")
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
     }
+    let decimals = (2 - v.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    format!("{v:.decimals$}")
 }
 
 fn cell(row: &Row, peer: Peer) -> String {
@@ -82,11 +77,11 @@ fn cells(row: &Row) -> Vec<String> {
     };
     let mut c = vec![row.workload.name.to_string(), unit];
     c.extend(Peer::ALL.iter().map(|&p| cell(row, p)));
-    c.extend(
-        OTHERS
-            .iter()
-            .map(|&p| ratio(row, p).map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".into())),
-    );
+    c.extend(OTHERS.iter().map(|&p| {
+        ratio(row, p)
+            .map(|r| format!("{r:.2}"))
+            .unwrap_or_else(|| "-".into())
+    }));
     c
 }
 
@@ -101,7 +96,13 @@ pub fn text_table(rows: &[Row]) -> String {
     let mut table = vec![header()];
     table.extend(rows.iter().map(cells));
     let widths: Vec<usize> = (0..table[0].len())
-        .map(|i| table.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .map(|i| {
+            table
+                .iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for (n, r) in table.iter().enumerate() {
@@ -250,5 +251,7 @@ mod tests {
         assert_eq!(fmt_value(12.345), "12.3");
         assert_eq!(fmt_value(1.2345), "1.23");
         assert_eq!(fmt_value(0.12345), "0.123");
+        assert_eq!(fmt_value(0.0035), "0.00350");
+        assert_eq!(fmt_value(0.0), "0");
     }
 }

@@ -37,7 +37,10 @@ fn fibra(cfg: Cfg) -> Vec<f64> {
             done.send(()).expect("main waits");
         } else {
             let next = s.clone();
-            drop(s.submit(move || hop(next, done, n - 1), None).expect("submit"));
+            drop(
+                s.submit(move || hop(next, done, n - 1), None)
+                    .expect("submit"),
+            );
         }
     }
     let sched = rt::fibra(cfg.threads);

@@ -104,7 +104,9 @@ fn serve_may(port: u16, threads: usize) -> Result<(), String> {
             rt::may_go(move || connection(sock));
         }
     });
-    acceptor.join().map_err(|_| "may acceptor panicked".to_string())
+    acceptor
+        .join()
+        .map_err(|_| "may acceptor panicked".to_string())
 }
 
 #[cfg(test)]

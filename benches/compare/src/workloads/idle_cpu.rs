@@ -30,7 +30,11 @@ fn idle_cpu_ms() -> f64 {
 
 fn fibra(cfg: Cfg) -> f64 {
     let sched = rt::fibra(cfg.threads);
-    sched.submit(|| (), None).expect("submit").join().expect("warm-up fiber");
+    sched
+        .submit(|| (), None)
+        .expect("submit")
+        .join()
+        .expect("warm-up fiber");
     let v = idle_cpu_ms();
     rt::fibra_stop(sched);
     v

@@ -77,21 +77,21 @@ pub const WORKLOADS: &[Workload] = &[
     timed("yield_many", "ns/yield", 60),
     timed("ping_pong", "ns/round trip", 60),
     timed("chained_spawn", "ns/hop", 60),
-    timed("skynet", "ms", 120),
+    timed("skynet", "ms", 60),
     timed("sleep_storm", "ms over 50", 60),
     Workload {
         name: "idle_cpu",
         unit: "CPU ms in 2 s",
         lower_is_better: true,
         mode: Mode::FreshPerRep,
-        limit: Duration::from_secs(20),
+        limit: Duration::from_secs(15),
     },
     Workload {
         name: "park_memory",
         unit: "KiB/fiber",
         lower_is_better: true,
         mode: Mode::FreshPerRep,
-        limit: Duration::from_secs(60),
+        limit: Duration::from_secs(30),
     },
     Workload {
         name: "http",
@@ -120,9 +120,9 @@ pub fn find(name: &str) -> Option<&'static Workload> {
 /// installed on the machine (Go and wrk availability is checked by the parent).
 pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
     match (peer, workload) {
-        (Peer::Fibra, "http") => Some(
-            "needs fibra::net (a later issue); examples/http_hello is not written yet",
-        ),
+        (Peer::Fibra, "http") => {
+            Some("needs fibra::net (a later issue); examples/http_hello is not written yet")
+        }
         (Peer::Std, "yield_many") => {
             Some("thread::yield_now is only a hint to the OS scheduler: no like-for-like meaning")
         }
@@ -146,7 +146,9 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
             Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
         }
         (Peer::Go, "ping_pong") => Some("go: channels of capacity 1 as oneshots"),
-        (Peer::Go, "http") => Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)"),
+        (Peer::Go, "http") => {
+            Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)")
+        }
         (Peer::Std, _) => Some("std: one OS thread per task; --threads does not apply"),
         _ => None,
     }

@@ -18,7 +18,7 @@ use crate::rt;
 
 const TASKS: usize = 100_000;
 /// Bound on waiting for all tasks to park, so a lost task fails the run instead of hanging it.
-const PARK_LIMIT: Duration = Duration::from_secs(40);
+const PARK_LIMIT: Duration = Duration::from_secs(20);
 /// Lets the last tasks that announced themselves actually reach their wait.
 const SETTLE: Duration = Duration::from_millis(20);
 
