@@ -159,6 +159,7 @@ thread_local! {
 }
 
 /// The running fiber's metadata, if any.
+#[inline]
 pub(crate) fn current_meta() -> Option<&'static FiberMeta> {
     let p = CURRENT.with(|c| c.get());
     // SAFETY: CURRENT is only non-null between `enter` and the matching restore, during which
@@ -173,17 +174,20 @@ pub(crate) fn in_fiber() -> bool {
 }
 
 /// Marks `meta` as the running fiber for the duration of a resume; returns the previous one.
+#[inline]
 pub(crate) fn enter(meta: *const FiberMeta) -> *const FiberMeta {
     CURRENT.with(|c| c.replace(meta))
 }
 
 /// Restores the running-fiber pointer saved by [`enter`].
+#[inline]
 pub(crate) fn leave(prev: *const FiberMeta) {
     CURRENT.with(|c| c.set(prev));
 }
 
 /// Suspends the running fiber with `req` and returns what its resumer passed back, after
 /// acting on cancellation and forwarded panics. Must only be called inside a fiber.
+#[inline]
 pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) {
     let y = meta.yielder.get();
     // SAFETY: the yielder was stored by this fiber's root function and lives on this fiber's
@@ -330,10 +334,12 @@ impl Fiber {
 
     /// Runs the fiber until it yields or ends, and returns its new state. Resuming a fiber
     /// that has ended does nothing and returns its final state.
+    #[inline]
     pub fn resume(&mut self) -> FiberState {
         self.drive(Resume::Run)
     }
 
+    #[inline]
     fn drive(&mut self, input: Resume) -> FiberState {
         let Some(coro) = self.coro.as_mut() else {
             return self.state;
@@ -391,6 +397,7 @@ impl Fiber {
     /// In a standalone fiber, control returns to the caller of [`Fiber::resume`]. In a
     /// scheduled fiber, the fiber goes to the back of its worker's run queue and other fibers
     /// run. Outside any fiber this is [`std::thread::yield_now`].
+    #[inline]
     pub fn yield_now() {
         match current_meta() {
             Some(meta) => suspend(meta, Suspend::Yield),

@@ -266,6 +266,29 @@ pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
     target.parker.unpark();
 }
 
+/// Pops from a `SegQueue`, looking first: crossbeam's `pop` issues a SeqCst fence when it
+/// finds the queue empty, and an empty inbox or injector is the common case on the hot path.
+/// A push racing with the look is found on the next pass; sleeping is guarded separately by
+/// the idle protocol's fences.
+#[inline]
+fn pop<T>(q: &SegQueue<T>) -> Option<T> {
+    if q.is_empty() {
+        None
+    } else {
+        q.pop()
+    }
+}
+
+/// [`pop`] for the bounded local queue, whose `pop` fences on empty likewise.
+#[inline]
+fn pop_local<T>(q: &ArrayQueue<T>) -> Option<T> {
+    if q.is_empty() {
+        None
+    } else {
+        q.pop()
+    }
+}
+
 /// One worker's private state. Lives on its thread (or, for `use_caller`'s worker 0, in
 /// `Shared::caller_worker` between drives).
 pub(crate) struct Worker {
@@ -337,6 +360,7 @@ impl Worker {
         self.shared.state.load(Ordering::SeqCst) >= STOPPING && self.shared.live() == 0
     }
 
+    #[inline]
     fn next_task(&self) -> Option<ScheduleTask> {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
@@ -344,15 +368,15 @@ impl Worker {
             self.fire_timers();
         }
         if tick.is_multiple_of(INJECTOR_INTERVAL) {
-            if let Some(job) = self.shared.injector.pop() {
+            if let Some(job) = pop(&self.shared.injector) {
                 return Some(ScheduleTask::Closure(job));
             }
         }
-        if let Some(task) = self.me().inbox.pop() {
+        if let Some(task) = pop(&self.me().inbox) {
             return Some(task);
         }
         let from_ready = || self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
-        let from_local = || self.me().local.pop().map(ScheduleTask::Closure);
+        let from_local = || pop_local(&self.me().local).map(ScheduleTask::Closure);
         let local = if tick & 1 == 0 {
             from_ready().or_else(from_local)
         } else {
@@ -364,9 +388,7 @@ impl Worker {
         if self.fire_timers() {
             return self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
         }
-        self.shared
-            .injector
-            .pop()
+        pop(&self.shared.injector)
             .map(ScheduleTask::Closure)
             .or_else(|| self.steal())
     }
@@ -504,6 +526,7 @@ impl Worker {
         sh.idle.remove(self.index);
     }
 
+    #[inline]
     fn run_task(&self, task: ScheduleTask) {
         match task {
             ScheduleTask::Closure(job) => self.start(job),
@@ -560,6 +583,7 @@ impl Worker {
     }
 
     /// Switches to a fiber homed here and acts on what it asks when it comes back.
+    #[inline]
     fn resume(&self, job: Arc<dyn Job>) {
         let h = job.header();
         let home = h.home.get();
@@ -596,6 +620,7 @@ impl Worker {
     }
 
     /// The worker half of `park`: publish the fiber now that it is off the CPU.
+    #[inline(never)]
     fn park(
         &self,
         job: Arc<dyn Job>,
@@ -635,6 +660,7 @@ impl Worker {
     }
 
     /// A fiber ended: recycle its stack, forget it, publish errors, count it out.
+    #[inline(never)]
     fn finish(&self, job: Arc<dyn Job>, outcome: Outcome) {
         let h = job.header();
         let home = h.home.get();
