@@ -73,6 +73,8 @@ pub(crate) struct Header {
     /// `(generation << 2) | RUNNING | PARKED | NOTIFIED`.
     pub(crate) park: AtomicU64,
     done: AtomicBool,
+    /// Set once a joiner has stored its `Unparker`, so completion skips the lock otherwise.
+    has_waiter: AtomicBool,
     waiter: parking_lot::Mutex<Option<Unparker>>,
     pub(crate) placement: UnsafeCell<Placement>,
     pub(crate) home: UnsafeCell<Home>,
@@ -97,6 +99,7 @@ impl Header {
             pinned,
             park: AtomicU64::new(RUNNING),
             done: AtomicBool::new(false),
+            has_waiter: AtomicBool::new(false),
             waiter: parking_lot::Mutex::new(None),
             placement: UnsafeCell::new(Placement {
                 sched: std::ptr::null(),
@@ -132,22 +135,28 @@ impl Header {
     /// Marks the result published and wakes the joiner, if one waits. The result slot must
     /// be written before this call.
     pub(crate) fn complete(&self) {
-        // Release: the result written before is visible to whoever sees `done`.
-        self.done.store(true, Ordering::Release);
-        let waiter = self.waiter.lock().take();
-        if let Some(u) = waiter {
-            u.unpark();
+        // SeqCst (a Release store at least, so the result written before is visible to
+        // whoever sees `done`): with the SeqCst store of `has_waiter` in `set_waiter`, either
+        // we see the waiter flag or the waiter sees `done` (or both; unpark is idempotent).
+        self.done.store(true, Ordering::SeqCst);
+        if self.has_waiter.load(Ordering::SeqCst) {
+            let waiter = self.waiter.lock().take();
+            if let Some(u) = waiter {
+                u.unpark();
+            }
         }
     }
 
     /// Hands the joiner's `Unparker` to the task, to be used when it completes. Returns
     /// false (and drops it) if the task has already completed.
     pub(crate) fn set_waiter(&self, u: Unparker) -> bool {
-        let mut slot = self.waiter.lock();
-        if self.is_done() {
+        *self.waiter.lock() = Some(u);
+        self.has_waiter.store(true, Ordering::SeqCst);
+        if self.done.load(Ordering::SeqCst) {
+            // Completion may have missed the flag; take the Unparker back ourselves.
+            self.waiter.lock().take();
             return false;
         }
-        *slot = Some(u);
         true
     }
 
@@ -159,12 +168,8 @@ impl Header {
                 return true;
             }
             let r = park_inner(deadline, |u| {
-                let mut slot = self.waiter.lock();
-                if self.is_done() {
-                    drop(slot);
+                if !self.set_waiter(u.clone()) {
                     u.unpark();
-                } else {
-                    *slot = Some(u);
                 }
             });
             if r == ParkResult::TimedOut {

@@ -4,8 +4,14 @@
 //! Each worker owns three queues:
 //! - `ready` — started fibers of this worker that may run (yielded, or woken from this
 //!   thread). Owner only, no synchronisation.
-//! - `local` — unstarted tasks submitted from this worker's fibers. A bounded lock-free queue
-//!   (`ArrayQueue`) so idle peers can steal from it; on overflow half moves to the injector.
+//! - `next` — the task a fiber of this worker spawned last (a LIFO slot, like Go's `runnext`
+//!   and tokio's LIFO slot). It runs as soon as the spawning fiber suspends, while what it
+//!   shares with its parent is still in cache, and a chain of spawns or a ping-pong pair stays
+//!   on one worker instead of bouncing between cores. At most `MAX_NEXT_STREAK` tasks in a
+//!   row come from it, so it cannot starve the other queues. Spinning peers may steal it.
+//! - `local` — unstarted tasks submitted from this worker's fibers (what `next` displaced).
+//!   A bounded lock-free queue (`ArrayQueue`) so idle peers can steal from it; on overflow
+//!   half moves to the injector.
 //! - `inbox` — anything other threads send this worker: wakes of its parked fibers and tasks
 //!   pinned to it (`SegQueue`, any thread pushes). Nothing ever scans for pinned entries.
 //!
@@ -15,8 +21,9 @@
 //!
 //! # One pass of the loop
 //! Fire due timers (every few ticks), look at the injector first every `INJECTOR_INTERVAL`
-//! ticks (so outside work cannot starve), then: inbox → ready/local (alternating, so yielding
-//! fibers and new tasks share the thread fairly) → injector → steal half of a peer's `local`.
+//! ticks (so outside work cannot starve), then: `next` → inbox → ready/local (alternating, so
+//! yielding fibers and new tasks share the thread fairly) → injector → steal half of a peer's
+//! `local`.
 //!
 //! # Idle
 //! With nothing to do a worker *spins* a little (at most half the workers spin at once),
@@ -64,6 +71,11 @@ const LOCAL_CAPACITY: usize = 256;
 const INJECTOR_INTERVAL: u32 = 61;
 /// Every this many ticks a busy worker checks its timers.
 const TIMER_INTERVAL: u32 = 16;
+/// How many tasks in a row a worker takes from its `next` slot before looking elsewhere.
+const MAX_NEXT_STREAK: u32 = 3;
+/// From this spin round on, an idle worker may take a peer's `next` slot: the owner had
+/// a grace period to run it itself.
+const STEAL_NEXT_ROUND: u32 = 3;
 /// How many rounds an idle worker looks for work before it sleeps.
 const SPIN_ROUNDS: u32 = 12;
 
@@ -79,6 +91,8 @@ pub(crate) struct Config {
 pub(crate) struct WorkerShared {
     pub(crate) inbox: SegQueue<ScheduleTask>,
     pub(crate) local: ArrayQueue<Arc<dyn Job>>,
+    /// The LIFO slot (capacity 1).
+    pub(crate) next: ArrayQueue<Arc<dyn Job>>,
     pub(crate) parker: Parker,
 }
 
@@ -108,6 +122,7 @@ impl Shared {
                 .map(|_| WorkerShared {
                     inbox: SegQueue::new(),
                     local: ArrayQueue::new(LOCAL_CAPACITY),
+                    next: ArrayQueue::new(1),
                     parker: Parker::new(),
                 })
                 .collect(),
@@ -213,10 +228,12 @@ impl Shared {
             }
             None => {
                 match here {
-                    Some(w) if fiber::in_fiber() => w.push_local(job),
-                    _ => self.injector.push(job),
+                    Some(w) if fiber::in_fiber() => w.push_next(job),
+                    _ => {
+                        self.injector.push(job);
+                        self.notify_one();
+                    }
                 }
-                self.notify_one();
             }
         }
     }
@@ -300,6 +317,7 @@ pub(crate) struct Worker {
     stacks: RefCell<StackPool>,
     timers: RefCell<TimerHeap>,
     tick: Cell<u32>,
+    next_streak: Cell<u32>,
     cancelled_all: Cell<bool>,
     rng: Cell<u32>,
 }
@@ -323,6 +341,7 @@ impl Worker {
             stacks: RefCell::new(StackPool::default()),
             timers: RefCell::new(TimerHeap::default()),
             tick: Cell::new(0),
+            next_streak: Cell::new(0),
             cancelled_all: Cell::new(false),
             rng: Cell::new(0x9E37_79B9 ^ (index as u32).wrapping_mul(0x85EB_CA6B) | 1),
         }
@@ -372,6 +391,13 @@ impl Worker {
                 return Some(ScheduleTask::Closure(job));
             }
         }
+        if self.next_streak.get() < MAX_NEXT_STREAK {
+            if let Some(job) = pop_local(&self.me().next) {
+                self.next_streak.set(self.next_streak.get() + 1);
+                return Some(ScheduleTask::Closure(job));
+            }
+        }
+        self.next_streak.set(0);
         if let Some(task) = pop(&self.me().inbox) {
             return Some(task);
         }
@@ -385,12 +411,15 @@ impl Worker {
         if local.is_some() {
             return local;
         }
+        if let Some(job) = pop_local(&self.me().next) {
+            return Some(ScheduleTask::Closure(job));
+        }
         if self.fire_timers() {
             return self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
         }
         pop(&self.shared.injector)
             .map(ScheduleTask::Closure)
-            .or_else(|| self.steal())
+            .or_else(|| self.steal(false))
     }
 
     /// Wakes the fibers whose deadline has passed; returns whether any woke.
@@ -415,8 +444,9 @@ impl Worker {
         woke
     }
 
-    /// Takes a task from a random peer's stealable queue, and up to half of the rest.
-    fn steal(&self) -> Option<ScheduleTask> {
+    /// Takes a task from a random peer's stealable queue, and up to half of the rest; with
+    /// `take_next`, a peer's `next` slot too.
+    fn steal(&self, take_next: bool) -> Option<ScheduleTask> {
         let workers = &self.shared.workers;
         let n = workers.len();
         if n == 1 {
@@ -436,7 +466,14 @@ impl Worker {
             }
             let victim = &workers[v].local;
             let available = victim.len();
-            let Some(first) = victim.pop() else { continue };
+            let Some(first) = pop_local(victim) else {
+                if take_next {
+                    if let Some(job) = pop_local(&workers[v].next) {
+                        return Some(ScheduleTask::Closure(job));
+                    }
+                }
+                continue;
+            };
             for _ in 0..available / 2 {
                 let Some(job) = victim.pop() else { break };
                 if let Err(job) = self.me().local.push(job) {
@@ -448,8 +485,17 @@ impl Worker {
         None
     }
 
+    /// Puts a task a fiber of this worker spawned in the `next` slot; the task it displaces
+    /// moves to the stealable queue, and an idle peer is woken to help with it.
+    pub(crate) fn push_next(&self, job: Arc<dyn Job>) {
+        if let Some(displaced) = self.me().next.force_push(job) {
+            self.push_local(displaced);
+            self.shared.notify_one();
+        }
+    }
+
     /// Queues an unstarted task on this worker's stealable queue.
-    pub(crate) fn push_local(&self, job: Arc<dyn Job>) {
+    fn push_local(&self, job: Arc<dyn Job>) {
         if let Err(job) = self.me().local.push(job) {
             // Full: move half to the injector so peers can help, like Go's runqputslow.
             for _ in 0..LOCAL_CAPACITY / 2 {
@@ -468,6 +514,7 @@ impl Worker {
         !self.me().inbox.is_empty()
             || !self.ready.borrow().is_empty()
             || !sh.injector.is_empty()
+            || !self.me().next.is_empty()
             || sh.workers.iter().any(|w| !w.local.is_empty())
             || self
                 .timers
@@ -486,7 +533,7 @@ impl Worker {
                     .inbox
                     .pop()
                     .or_else(|| sh.injector.pop().map(ScheduleTask::Closure))
-                    .or_else(|| self.steal());
+                    .or_else(|| self.steal(round >= STEAL_NEXT_ROUND));
                 if let Some(task) = found {
                     let last_spinner = sh.spinning.fetch_sub(1, Ordering::SeqCst) == 1;
                     if last_spinner && !sh.injector.is_empty() {
@@ -706,7 +753,7 @@ impl Worker {
                 ScheduleTask::Fiber(job) => self.ready.borrow_mut().push_back(job),
             }
         }
-        while let Some(job) = self.me().local.pop() {
+        while let Some(job) = self.me().local.pop().or_else(|| self.me().next.pop()) {
             self.drop_unstarted(job);
         }
         while let Some(job) = self.shared.injector.pop() {
