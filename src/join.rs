@@ -27,6 +27,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    #[inline(always)]
     pub(crate) fn new(f: F, header: Header) -> Arc<Self> {
         Arc::new(JoinCell {
             header,

@@ -134,6 +134,7 @@ pub(crate) struct FiberMeta {
 }
 
 impl FiberMeta {
+    #[inline(always)]
     pub(crate) fn new(id: FiberId, name: Option<Arc<str>>, worker: Option<usize>) -> Self {
         FiberMeta {
             id,

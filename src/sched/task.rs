@@ -90,6 +90,7 @@ unsafe impl Send for Header {}
 unsafe impl Sync for Header {}
 
 impl Header {
+    #[inline(always)]
     pub(crate) fn new(name: Option<Arc<str>>, stack_size: usize, pinned: Option<usize>) -> Header {
         let id = FiberId::next();
         Header {
