@@ -20,4 +20,4 @@ echo "== cargo test (unit, integration and doc tests)"
 cargo test
 
 echo "== benchmarks compile and run once"
-cargo bench --bench core -- --test
+cargo bench -- --test

@@ -57,5 +57,7 @@ pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
 pub use join::{JoinError, JoinHandle};
 pub use park::{park, park_timeout, ParkResult, Unparker};
 pub use sched::{current_worker, Builder, Scheduler, TaskBuilder, MAX_THREADS};
-pub use stack::{guard_kind, DEFAULT_STACK_SIZE, MIN_STACK_SIZE};
+pub use stack::{
+    guard_kind, stack_stats, StackStats, DEFAULT_STACK_CACHE, DEFAULT_STACK_SIZE, MIN_STACK_SIZE,
+};
 pub use time::{sleep, sleep_until};

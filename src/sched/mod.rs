@@ -32,6 +32,7 @@ pub struct Builder {
     threads: Option<usize>,
     name: String,
     stack_size: usize,
+    stack_cache: usize,
     use_caller: bool,
 }
 
@@ -54,6 +55,15 @@ impl Builder {
     /// [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE).
     pub fn stack_size(mut self, bytes: usize) -> Self {
         self.stack_size = bytes;
+        self
+    }
+
+    /// How many idle stacks (per stack size) each worker keeps with their memory, for reuse
+    /// while still in cache. Beyond this, when the worker is idle, the oldest give their
+    /// memory back to the kernel and go to a free list shared by all threads. Default
+    /// [`DEFAULT_STACK_CACHE`](crate::DEFAULT_STACK_CACHE) (256).
+    pub fn stack_cache(mut self, stacks: usize) -> Self {
+        self.stack_cache = stacks;
         self
     }
 
@@ -101,6 +111,7 @@ impl Builder {
             threads,
             name: self.name,
             stack_size: round_size(self.stack_size),
+            stack_cache: self.stack_cache,
             use_caller: self.use_caller,
         });
         Ok(Scheduler {
@@ -144,6 +155,7 @@ impl Default for Builder {
             threads: None,
             name: "fibra".to_string(),
             stack_size: DEFAULT_STACK_SIZE,
+            stack_cache: crate::stack::DEFAULT_STACK_CACHE,
             use_caller: false,
         }
     }

@@ -84,6 +84,7 @@ pub(crate) struct Config {
     pub(crate) threads: usize,
     pub(crate) name: String,
     pub(crate) stack_size: usize,
+    pub(crate) stack_cache: usize,
     pub(crate) use_caller: bool,
 }
 
@@ -226,15 +227,13 @@ impl Shared {
                     self.workers[i].parker.unpark();
                 }
             }
-            None => {
-                match here {
-                    Some(w) if fiber::in_fiber() => w.push_next(job),
-                    _ => {
-                        self.injector.push(job);
-                        self.notify_one();
-                    }
+            None => match here {
+                Some(w) if fiber::in_fiber() => w.push_next(job),
+                _ => {
+                    self.injector.push(job);
+                    self.notify_one();
                 }
-            }
+            },
         }
     }
 }
@@ -333,12 +332,13 @@ impl Drop for ExitWorker {
 
 impl Worker {
     pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
+        let stacks = StackPool::new(shared.config.stack_cache);
         Worker {
             shared,
             index,
             ready: RefCell::new(VecDeque::new()),
             registry: RefCell::new(Vec::new()),
-            stacks: RefCell::new(StackPool::default()),
+            stacks: RefCell::new(stacks),
             timers: RefCell::new(TimerHeap::default()),
             tick: Cell::new(0),
             next_streak: Cell::new(0),

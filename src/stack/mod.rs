@@ -1,15 +1,31 @@
-//! Fiber stacks: allocation with a guard page under every stack, and the per-worker pool that
-//! keeps `mmap` off the spawn path.
+//! Fiber stacks: guarded stacks carved from large slabs, and the per-thread pools that keep
+//! the kernel off the spawn path.
 //!
-//! This module owns stack memory and nothing else. A [`FiberStack`] is handed to corosensei
-//! when a fiber starts and comes back to the [`StackPool`] of the same thread when the fiber
-//! ends. The overflow handler (`overflow.rs`) reads the guard range recorded here.
+//! This module owns stack memory and nothing else.
+//!
+//! - **Slabs** (`slab.rs`): large `MAP_NORESERVE` reservations, one per size class at a time,
+//!   carved into stacks of that size. Each stack gets a guard page under it. With
+//!   `madvise(MADV_GUARD_INSTALL)` (Linux 6.13+) the guard is a marker in the page tables,
+//!   so a slab stays a single kernel mapping however many stacks it holds, and adjacent
+//!   slabs merge: a million fibers do not run into `vm.max_map_count` (65 530 by default),
+//!   which stops runtimes that `mmap` + `mprotect` each stack near 32 000. Older kernels get
+//!   `mprotect` guards (two mappings per stack), and [`guard_kind`] says so.
+//! - **Pools** ([`StackPool`]): each worker (and each thread running standalone fibers) keeps
+//!   recently freed stacks in a LIFO list, so a hot stack is reused while its pages are still
+//!   in cache. Beyond a cap, when the thread is idle, the oldest give their memory back
+//!   (`MADV_DONTNEED`) and move to the slab allocator's global free list, where any thread
+//!   can pick them up. A burst of fibers therefore does not pin its peak RSS.
+//!
+//! A [`FiberStack`] is handed to corosensei when a fiber starts and returns to the pool of the
+//! same thread when the fiber ends. The overflow handler (`overflow.rs`) reads its guard range.
 
 pub(crate) mod overflow;
+mod slab;
+
+pub use slab::{guard_kind, stack_stats, StackStats};
 
 use crate::sys::page_size;
 use std::io;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The smallest stack a fiber may ask for, in bytes. Below this, a panic's unwinding and the
 /// message formatting of the panic hook can overflow.
@@ -23,19 +39,16 @@ pub const MIN_STACK_SIZE: usize = 16 * 1024;
 /// millions of stacks. Use `Builder::stack_size` for deeper recursion.
 pub const DEFAULT_STACK_SIZE: usize = 256 * 1024;
 
-/// How many idle stacks of one size a pool keeps with their memory once its thread goes idle.
-/// Beyond this, idle stacks give their pages back to the kernel (`MADV_DONTNEED`) but stay
-/// mapped, so a burst of fibers does not pin its peak RSS and the next burst does not pay
-/// for `mmap` again. Trimming waits for idle time so a burst of finishing fibers is not
-/// slowed down by system calls.
-const HOT_CAP: usize = 256;
+/// The default number of idle stacks per size a worker keeps with their memory
+/// (`Builder::stack_cache`).
+pub const DEFAULT_STACK_CACHE: usize = 256;
 
-/// `madvise` advice that installs guard markers in the page tables (Linux 6.13+). The libc
-/// crate does not define it yet.
-const MADV_GUARD_INSTALL: libc::c_int = 102;
+/// How many stacks a pool takes from the slab allocator at once when it runs dry.
+const REFILL: usize = 32;
 
 /// A stack for one fiber: `[limit, limit + guard)` is the guard, `[limit + guard, base)` the
-/// usable memory. Owns its mapping.
+/// usable memory. Carved from a slab that is never unmapped; a stack goes back to a pool or
+/// to the slab allocator's free list, never to the kernel.
 #[derive(Debug)]
 pub(crate) struct FiberStack {
     base: usize,
@@ -43,68 +56,23 @@ pub(crate) struct FiberStack {
     guard: usize,
 }
 
-// SAFETY: a FiberStack is only a description of a private mapping; moving it to another
-// thread moves ownership of that mapping, which is fine while no fiber runs on it.
+// SAFETY: a FiberStack is only a description of memory reserved for it; moving it to another
+// thread moves that reservation, which is fine while no fiber runs on it.
 unsafe impl Send for FiberStack {}
 
-// SAFETY: `base` and `limit` describe a mapping we own, page aligned (so STACK_ALIGNMENT
-// aligned), whose lowest `guard` bytes fault on access, and which is larger than
-// corosensei's MIN_STACK_SIZE because our own minimum is larger.
+// SAFETY: `base` and `limit` are page aligned (so STACK_ALIGNMENT aligned) and describe memory
+// reserved for this stack alone, whose lowest `guard` bytes fault on access (guard marker or
+// PROT_NONE), and which is larger than corosensei's MIN_STACK_SIZE since ours is larger.
 unsafe impl corosensei::stack::Stack for FiberStack {
     fn base(&self) -> corosensei::stack::StackPointer {
-        corosensei::stack::StackPointer::new(self.base).expect("mapping is not at 0")
+        corosensei::stack::StackPointer::new(self.base).expect("stacks are never at address 0")
     }
     fn limit(&self) -> corosensei::stack::StackPointer {
-        corosensei::stack::StackPointer::new(self.limit).expect("mapping is not at 0")
+        corosensei::stack::StackPointer::new(self.limit).expect("stacks are never at address 0")
     }
 }
 
 impl FiberStack {
-    /// Maps a new stack of `size` usable bytes (a multiple of the page size) with a guard page.
-    pub(crate) fn new(size: usize) -> io::Result<FiberStack> {
-        let guard = page_size();
-        let Some(len) = size.checked_add(guard) else {
-            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
-        };
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches
-        // no existing memory. MAP_NORESERVE: pages are committed only when touched.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let stack = FiberStack {
-            base: ptr as usize + len,
-            limit: ptr as usize,
-            guard,
-        };
-        install_guard(stack.limit, guard)?;
-        Ok(stack)
-    }
-
-    /// Gives the touched pages back to the kernel; the stack stays mapped and usable (pages
-    /// come back zeroed on the next touch).
-    fn release_memory(&self) {
-        let start = self.limit + self.guard;
-        // SAFETY: the range is inside our own mapping and holds no live data: the fiber that
-        // used it has finished.
-        unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                self.base - start,
-                libc::MADV_DONTNEED,
-            );
-        }
-    }
-
     /// Usable bytes above the guard.
     pub(crate) fn size(&self) -> usize {
         self.base - self.limit - self.guard
@@ -114,56 +82,21 @@ impl FiberStack {
     pub(crate) fn guard_range(&self) -> (usize, usize) {
         (self.limit, self.limit + self.guard)
     }
-}
 
-impl Drop for FiberStack {
-    fn drop(&mut self) {
-        // SAFETY: we own exactly this mapping and nothing runs on it any more.
+    /// Gives the touched pages back to the kernel; the stack stays reserved and usable (pages
+    /// come back zeroed on the next touch).
+    fn release_memory(&self) {
+        let start = self.limit + self.guard;
+        // SAFETY: the range is this stack's own usable memory and holds no live data: the
+        // fiber that used it has finished.
         unsafe {
-            libc::munmap(self.limit as *mut libc::c_void, self.base - self.limit);
+            libc::madvise(
+                start as *mut libc::c_void,
+                self.base - start,
+                libc::MADV_DONTNEED,
+            );
         }
     }
-}
-
-/// How guard pages are made on this kernel, probed once.
-const GUARD_UNKNOWN: u8 = 0;
-const GUARD_MADVISE: u8 = 1;
-const GUARD_MPROTECT: u8 = 2;
-static GUARD_KIND: AtomicU8 = AtomicU8::new(GUARD_UNKNOWN);
-
-/// Which guard mechanism stacks use: `"madvise(MADV_GUARD_INSTALL)"` (no extra mapping) or
-/// `"mprotect"` (one extra mapping per stack, on kernels before 6.13).
-pub fn guard_kind() -> &'static str {
-    if GUARD_KIND.load(Ordering::Relaxed) == GUARD_UNKNOWN {
-        // Probe with a throwaway stack; failure to map says nothing about guards.
-        let _ = FiberStack::new(MIN_STACK_SIZE);
-    }
-    match GUARD_KIND.load(Ordering::Relaxed) {
-        GUARD_MADVISE => "madvise(MADV_GUARD_INSTALL)",
-        _ => "mprotect",
-    }
-}
-
-fn install_guard(addr: usize, len: usize) -> io::Result<()> {
-    if GUARD_KIND.load(Ordering::Relaxed) != GUARD_MPROTECT {
-        // SAFETY: the range is the lowest page of a mapping we just created.
-        let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, MADV_GUARD_INSTALL) };
-        if r == 0 {
-            GUARD_KIND.store(GUARD_MADVISE, Ordering::Relaxed);
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINVAL) {
-            return Err(err);
-        }
-        // EINVAL: the kernel predates guard markers; use mprotect from now on.
-        GUARD_KIND.store(GUARD_MPROTECT, Ordering::Relaxed);
-    }
-    // SAFETY: as above; PROT_NONE makes the page fault on any access.
-    if unsafe { libc::mprotect(addr as *mut libc::c_void, len, libc::PROT_NONE) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Rounds a requested stack size up to whole pages (saturating: an impossible size stays
@@ -175,62 +108,76 @@ pub(crate) fn round_size(size: usize) -> usize {
 }
 
 /// The idle stacks of one thread (a worker, or a thread running standalone fibers), by size.
-/// Recently used ("hot") stacks are reused first, LIFO, while their pages are still in cache;
-/// [`StackPool::trim`] turns the oldest beyond [`HOT_CAP`] per size "cold", their memory given
-/// back.
-#[derive(Debug, Default)]
+/// Recently used stacks are reused first, LIFO, while their pages are still in cache;
+/// [`StackPool::trim`] hands the oldest beyond the cap, memory released, to the slab
+/// allocator's global free list.
+#[derive(Debug)]
 pub(crate) struct StackPool {
-    classes: Vec<SizeClass>,
+    classes: Vec<(usize, Vec<FiberStack>)>,
+    cap: usize,
 }
 
-#[derive(Debug)]
-struct SizeClass {
-    size: usize,
-    hot: Vec<FiberStack>,
-    cold: Vec<FiberStack>,
+impl Default for StackPool {
+    fn default() -> Self {
+        StackPool::new(DEFAULT_STACK_CACHE)
+    }
 }
 
 impl StackPool {
-    fn class(&mut self, size: usize) -> &mut SizeClass {
-        let i = match self.classes.iter().position(|c| c.size == size) {
+    pub(crate) fn new(cap: usize) -> Self {
+        StackPool {
+            classes: Vec::new(),
+            cap,
+        }
+    }
+
+    fn class(&mut self, size: usize) -> &mut Vec<FiberStack> {
+        let i = match self.classes.iter().position(|c| c.0 == size) {
             Some(i) => i,
             None => {
-                self.classes.push(SizeClass {
-                    size,
-                    hot: Vec::new(),
-                    cold: Vec::new(),
-                });
+                self.classes.push((size, Vec::new()));
                 self.classes.len() - 1
             }
         };
-        &mut self.classes[i]
+        &mut self.classes[i].1
     }
 
-    /// A stack of `size` usable bytes (already rounded), from the pool or freshly mapped.
+    /// A stack of `size` usable bytes (already rounded): the most recently used one, or a
+    /// batch from the slab allocator.
     pub(crate) fn take(&mut self, size: usize) -> io::Result<FiberStack> {
-        let class = self.class(size);
-        if let Some(stack) = class.hot.pop().or_else(|| class.cold.pop()) {
+        let list = self.class(size);
+        if let Some(stack) = list.pop() {
             return Ok(stack);
         }
-        FiberStack::new(size)
+        slab::alloc(size, REFILL, list)?;
+        list.pop()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
     }
 
     /// Returns a stack whose fiber has finished.
     pub(crate) fn give(&mut self, stack: FiberStack) {
-        self.class(stack.size()).hot.push(stack);
+        self.class(stack.size()).push(stack);
     }
 
-    /// Gives back the memory of the least recently used idle stacks beyond [`HOT_CAP`] per
-    /// size. Called when the owning thread has nothing else to do.
+    /// Releases the memory of the least recently used idle stacks beyond the cap and hands
+    /// them to the global free list. Called when the owning thread has nothing else to do.
     pub(crate) fn trim(&mut self) {
-        for class in &mut self.classes {
-            if class.hot.len() > HOT_CAP {
-                let excess = class.hot.len() - HOT_CAP;
-                for stack in class.hot.drain(..excess) {
+        let cap = self.cap;
+        for (_, list) in &mut self.classes {
+            if list.len() > cap {
+                let excess: Vec<FiberStack> = list.drain(..list.len() - cap).collect();
+                for stack in &excess {
                     stack.release_memory();
-                    class.cold.push(stack);
                 }
+                slab::free(excess);
             }
         }
+    }
+}
+
+impl Drop for StackPool {
+    fn drop(&mut self) {
+        self.cap = 0;
+        self.trim();
     }
 }

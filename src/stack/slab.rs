@@ -1,0 +1,217 @@
+//! The slab allocator behind every stack pool: per size class, a bump pointer into the
+//! current slab plus a free list of stacks whose memory has been given back.
+//!
+//! It is the slow path — pools come here only when they run dry (in batches) or trim — so a
+//! `parking_lot` mutex guards it. Slabs are never unmapped: an idle stack costs address space
+//! and, once trimmed, no memory.
+
+use super::FiberStack;
+use crate::sys::page_size;
+use parking_lot::Mutex;
+use std::io;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+/// Address space reserved per slab, in bytes (a slab holds at least `MIN_STACKS_PER_SLAB`).
+const SLAB_BYTES: usize = 64 << 20;
+const MIN_STACKS_PER_SLAB: usize = 8;
+
+/// `madvise` advice that installs guard markers in the page tables (Linux 6.13+). The libc
+/// crate does not define it yet.
+const MADV_GUARD_INSTALL: libc::c_int = 102;
+
+struct Class {
+    size: usize,
+    stride: usize,
+    /// The uncarved rest of the current slab: `[next, end)`.
+    next: usize,
+    end: usize,
+    /// Stacks handed back by pools, memory released.
+    free: Vec<FiberStack>,
+}
+
+static CLASSES: Mutex<Vec<Class>> = Mutex::new(Vec::new());
+static SLABS: AtomicUsize = AtomicUsize::new(0);
+static RESERVED: AtomicUsize = AtomicUsize::new(0);
+static CARVED: AtomicUsize = AtomicUsize::new(0);
+
+/// Adds up to `n` stacks of `size` usable bytes to `out`: recycled ones first, then freshly
+/// carved. Fails only if not even one can be had.
+pub(super) fn alloc(size: usize, n: usize, out: &mut Vec<FiberStack>) -> io::Result<()> {
+    let guard = page_size();
+    let stride = size
+        .checked_add(guard)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    let mut classes = CLASSES.lock();
+    let i = match classes.iter().position(|c| c.size == size) {
+        Some(i) => i,
+        None => {
+            classes.push(Class {
+                size,
+                stride,
+                next: 0,
+                end: 0,
+                free: Vec::new(),
+            });
+            classes.len() - 1
+        }
+    };
+    let class = &mut classes[i];
+    let recycled = n.min(class.free.len());
+    out.extend(class.free.drain(class.free.len() - recycled..));
+    let before = out.len();
+    for _ in recycled..n {
+        if class.next == class.end {
+            if let Err(e) = new_slab(class) {
+                if out.len() > before || recycled > 0 {
+                    break;
+                }
+                return Err(e);
+            }
+        }
+        let limit = class.next;
+        if let Err(e) = install_guard(limit, guard) {
+            if out.len() > before || recycled > 0 {
+                break;
+            }
+            return Err(e);
+        }
+        class.next += stride;
+        out.push(FiberStack {
+            base: limit + stride,
+            limit,
+            guard,
+        });
+    }
+    CARVED.fetch_add(out.len() - before, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Takes back stacks whose memory has been released.
+pub(super) fn free(stacks: Vec<FiberStack>) {
+    if stacks.is_empty() {
+        return;
+    }
+    let mut classes = CLASSES.lock();
+    for stack in stacks {
+        let size = stack.size();
+        if let Some(c) = classes.iter_mut().find(|c| c.size == size) {
+            c.free.push(stack);
+        }
+    }
+}
+
+fn new_slab(class: &mut Class) -> io::Result<()> {
+    let count = (SLAB_BYTES / class.stride).max(MIN_STACKS_PER_SLAB);
+    let bytes = count
+        .checked_mul(class.stride)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
+    // existing memory. MAP_NORESERVE: pages are committed only when a fiber touches them.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    class.next = ptr as usize;
+    class.end = ptr as usize + bytes;
+    SLABS.fetch_add(1, Ordering::Relaxed);
+    RESERVED.fetch_add(bytes, Ordering::Relaxed);
+    Ok(())
+}
+
+/// How guard pages are made on this kernel, probed on first use.
+const GUARD_UNKNOWN: u8 = 0;
+const GUARD_MADVISE: u8 = 1;
+const GUARD_MPROTECT: u8 = 2;
+static GUARD_KIND: AtomicU8 = AtomicU8::new(GUARD_UNKNOWN);
+
+fn install_guard(addr: usize, len: usize) -> io::Result<()> {
+    let mut kind = GUARD_KIND.load(Ordering::Relaxed);
+    if kind == GUARD_UNKNOWN {
+        // FIBRA_GUARD=mprotect forces the fallback, to test it on new kernels.
+        kind = if std::env::var_os("FIBRA_GUARD").is_some_and(|v| v == "mprotect") {
+            GUARD_MPROTECT
+        } else {
+            GUARD_MADVISE
+        };
+    }
+    if kind == GUARD_MADVISE {
+        // SAFETY: the range is the lowest page of a stack we are carving from our own slab.
+        let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, MADV_GUARD_INSTALL) };
+        if r == 0 {
+            GUARD_KIND.store(GUARD_MADVISE, Ordering::Relaxed);
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(err);
+        }
+        // EINVAL: the kernel predates guard markers; use mprotect from now on.
+    }
+    GUARD_KIND.store(GUARD_MPROTECT, Ordering::Relaxed);
+    // SAFETY: as above; PROT_NONE makes the page fault on any access.
+    if unsafe { libc::mprotect(addr as *mut libc::c_void, len, libc::PROT_NONE) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Which guard mechanism fiber stacks use on this kernel: `"madvise(MADV_GUARD_INSTALL)"`
+/// (a page-table marker: no extra kernel mapping) or `"mprotect"` (kernels before 6.13: one
+/// extra mapping per stack, so `vm.max_map_count` caps live fibers near 32 000).
+pub fn guard_kind() -> &'static str {
+    if GUARD_KIND.load(Ordering::Relaxed) == GUARD_UNKNOWN {
+        let mut probe = Vec::new();
+        // The probe stack stays in the free list for later use; a failure says nothing
+        // about guards and leaves the kind unknown ("mprotect" is then the safe answer).
+        if alloc(super::DEFAULT_STACK_SIZE, 1, &mut probe).is_ok() {
+            free(probe);
+        }
+    }
+    match GUARD_KIND.load(Ordering::Relaxed) {
+        GUARD_MADVISE => "madvise(MADV_GUARD_INSTALL)",
+        _ => "mprotect",
+    }
+}
+
+/// Process-wide figures of the stack allocator, from [`stack_stats`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackStats {
+    /// Slabs reserved so far (never unmapped).
+    pub slabs: usize,
+    /// Address space reserved by those slabs, in bytes (not memory: pages are committed
+    /// only when touched).
+    pub reserved_bytes: usize,
+    /// Stacks carved from slabs so far.
+    pub stacks_carved: usize,
+    /// Idle stacks in the global free list, their memory given back.
+    pub stacks_free: usize,
+    /// [`guard_kind`].
+    pub guard: &'static str,
+}
+
+/// How much the stack allocator has reserved and carved so far.
+///
+/// ```
+/// let stats = fibra::stack_stats();
+/// assert!(stats.reserved_bytes >= stats.stacks_carved * fibra::MIN_STACK_SIZE);
+/// ```
+pub fn stack_stats() -> StackStats {
+    let guard = guard_kind();
+    let stacks_free = CLASSES.lock().iter().map(|c| c.free.len()).sum();
+    StackStats {
+        slabs: SLABS.load(Ordering::Relaxed),
+        reserved_bytes: RESERVED.load(Ordering::Relaxed),
+        stacks_carved: CARVED.load(Ordering::Relaxed),
+        stacks_free,
+        guard,
+    }
+}
