@@ -83,13 +83,25 @@ fn child(peer: Peer, workload: &str, cfg: workloads::Cfg) -> ExitCode {
     }
 }
 
-/// In a child, any panic (on any thread, in any task) means the figure is lost: print it and
+/// In a child, any panic (on any thread, in any task) means the figure is lost: report it and
 /// leave at once. Without this a panic on a runtime's worker can leave the process waiting
-/// forever, and the parent would only notice at the time limit.
+/// forever, and the parent would only notice at the time limit. The message is printed without
+/// std's default hook on purpose: with `RUST_BACKTRACE` set, that hook allocates to capture a
+/// backtrace, which fails (and hangs the abort) when the panic was itself an mmap failure.
 fn exit_on_panic() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default(info);
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(non-string panic payload)");
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        match info.location() {
+            Some(at) => eprintln!("thread '{name}' panicked at {at}:\n{msg}"),
+            None => eprintln!("thread '{name}' panicked:\n{msg}"),
+        }
         let _ = std::io::Write::flush(&mut std::io::stdout());
         // SAFETY: `_exit` ends the process without running atexit handlers or destructors,
         // which is the point: other threads may hold locks those would need. Nothing here

@@ -77,7 +77,17 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
         .disable_x_mesh()
         .x_label_formatter(&|x| {
             rows.get((*x / GROUP) as usize)
-                .map(|r| r.workload.name.to_string())
+                .map(|r| {
+                    let fibra_ran = r
+                        .runs
+                        .iter()
+                        .any(|p| p.peer == Peer::Fibra && p.median().is_some());
+                    if fibra_ran {
+                        r.workload.name.to_string()
+                    } else {
+                        format!("{} (no fibra figure)", r.workload.name)
+                    }
+                })
                 .unwrap_or_default()
         })
         .y_desc("fibra / peer")
