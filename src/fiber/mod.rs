@@ -242,6 +242,9 @@ thread_local! {
     static STANDALONE_STACKS: RefCell<StackPool> = RefCell::new(StackPool::default());
 }
 
+/// How many idle stacks a standalone fiber's end may release at once.
+const TRIM_BATCH: usize = 8;
+
 /// How many times dropping a suspended fiber asks it to unwind before giving up on it.
 const DROP_CANCEL_ATTEMPTS: usize = 16;
 
@@ -370,7 +373,7 @@ impl Fiber {
                     let _ = STANDALONE_STACKS.try_with(|p| {
                         let mut pool = p.borrow_mut();
                         pool.give(stack);
-                        pool.trim();
+                        pool.trim(TRIM_BATCH);
                     });
                 }
             }

@@ -56,7 +56,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Scheduler lifecycle states, in order; the state only moves forward.
 pub(crate) const NEW: u8 = 0;
@@ -76,6 +76,11 @@ const MAX_NEXT_STREAK: u32 = 3;
 /// From this spin round on, an idle worker may take a peer's `next` slot: the owner had
 /// a grace period to run it itself.
 const STEAL_NEXT_ROUND: u32 = 3;
+/// An idle worker releases burst stacks only if no timer is due within this long.
+const TRIM_QUIET: Duration = Duration::from_millis(50);
+/// How many idle stacks a worker releases per sleep, and how long it sleeps between batches.
+const TRIM_BATCH: usize = 64;
+const TRIM_PAUSE: Duration = Duration::from_millis(5);
 /// How many rounds an idle worker looks for work before it sleeps.
 const SPIN_ROUNDS: u32 = 12;
 
@@ -560,12 +565,19 @@ impl Worker {
             sh.idle.remove(self.index);
             return;
         }
-        self.stacks.borrow_mut().trim();
         let now = Instant::now();
-        let deadline = match (self.timers.borrow().next_deadline(), wake_at) {
+        let mut deadline = match (self.timers.borrow().next_deadline(), wake_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        // Give burst memory back only when truly idle (no timer due soon), a batch at a time,
+        // coming back for the next batch after a pause: trimming never delays due work.
+        if deadline.is_none_or(|d| d > now + TRIM_QUIET)
+            && self.stacks.borrow_mut().trim(TRIM_BATCH)
+        {
+            let again = now + TRIM_PAUSE;
+            deadline = Some(deadline.map_or(again, |d| d.min(again)));
+        }
         let timeout = deadline.map(|d| d.saturating_duration_since(now));
         if timeout.is_none_or(|t| !t.is_zero()) {
             self.me().parker.park(timeout);

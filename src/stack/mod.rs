@@ -159,25 +159,33 @@ impl StackPool {
         self.class(stack.size()).push(stack);
     }
 
-    /// Releases the memory of the least recently used idle stacks beyond the cap and hands
-    /// them to the global free list. Called when the owning thread has nothing else to do.
-    pub(crate) fn trim(&mut self) {
+    /// Releases the memory of up to `max` of the least recently used idle stacks beyond the
+    /// cap and hands them to the global free list. Returns whether more remain beyond the
+    /// cap. Each stack costs one `madvise`, so callers trim in small batches while idle.
+    pub(crate) fn trim(&mut self, max: usize) -> bool {
         let cap = self.cap;
+        let mut budget = max;
+        let mut more = false;
         for (_, list) in &mut self.classes {
-            if list.len() > cap {
-                let excess: Vec<FiberStack> = list.drain(..list.len() - cap).collect();
-                for stack in &excess {
+            let excess = list.len().saturating_sub(cap);
+            let n = excess.min(budget);
+            if n > 0 {
+                let oldest: Vec<FiberStack> = list.drain(..n).collect();
+                for stack in &oldest {
                     stack.release_memory();
                 }
-                slab::free(excess);
+                slab::free(oldest);
+                budget -= n;
             }
+            more |= excess > n;
         }
+        more
     }
 }
 
 impl Drop for StackPool {
     fn drop(&mut self) {
         self.cap = 0;
-        self.trim();
+        self.trim(usize::MAX);
     }
 }
