@@ -1,0 +1,83 @@
+//! Fiber-aware synchronisation: locks, condition variables, semaphores, barriers, wait
+//! groups and channels that suspend a waiting *fiber* instead of blocking its worker thread.
+//!
+//! Names and behaviour follow `std::sync` (and Boost.Fiber, which mirrors the C++ standard
+//! library), so there is nothing new to learn: [`Mutex`] (with std's poisoning),
+//! [`RwLock`], [`Condvar`], [`Barrier`], [`mpsc`] with std's very error types; plus
+//! [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks.
+//!
+//! Why not std's? A fiber that waits on a `std::sync::Mutex` blocks its whole worker thread,
+//! and if the holder is a fiber of the same worker that yielded, the worker deadlocks. These
+//! primitives park the fiber with [`crate::park`] and let the worker run others.
+//!
+//! # Guarantees
+//! - **Fibers and threads alike.** Every primitive works from scheduled fibers, from plain
+//!   threads, and between the two: a waiting fiber is suspended, a waiting thread blocked.
+//! - **First come, first served.** Waiters queue in a FIFO and are served in arrival order;
+//!   locks and permits are *handed over* to the next waiter, so a newcomer cannot overtake
+//!   it and nobody starves.
+//! - **One waiting mechanism.** Everything waits through [`crate::park`] /
+//!   [`crate::park_timeout`] and wakes through [`crate::Unparker`]: a woken fiber resumes on
+//!   its own worker. Internal state is guarded by short `parking_lot` critical sections that
+//!   are never held across a park.
+//! - **Timeouts are never early**, and a wake that races with a deadline wins (a lock or
+//!   a message it carried is not lost).
+//! - **Cancellation-safe.** A fiber cancelled by [`Scheduler::stop_timeout`] while it waits
+//!   leaves its queue cleanly, and passes on a lock, permits or a message it was just given.
+//!
+//! std's `OnceLock` and `LazyLock` need no fiber-aware twin for typical use: their
+//! initialiser runs once and other callers wait only while it runs. If an initialiser itself
+//! suspends (sleeps, receives), prefer a [`Mutex<Option<T>>`](Mutex), which parks the
+//! fibers waiting for it instead of blocking their workers.
+//!
+//! [`Scheduler::stop_timeout`]: crate::Scheduler::stop_timeout
+//!
+//! # Implementation map
+//! `wait_queue` is the FIFO every primitive waits in (intrusive nodes on the waiters'
+//! stacks; its module docs give the handshake). `mutex` adds a one-byte lock word with
+//! atomic fast paths, `oneshot` a lock-free single-waiter slot. `shim` gathers the atomics,
+//! cells and park so that `RUSTFLAGS="--cfg loom"` can model-check them (`ci/loom.sh`).
+
+/// Declares a constructor `const` in normal builds. loom's instrumented types cannot be
+/// created in a const context, so under `cfg(loom)` it is a plain `fn`.
+macro_rules! const_unless_loom {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident $($rest:tt)*) => {
+        #[cfg(not(loom))]
+        $(#[$attr])*
+        $vis const fn $name $($rest)*
+
+        #[cfg(loom)]
+        $(#[$attr])*
+        $vis fn $name $($rest)*
+    };
+}
+
+mod barrier;
+mod condvar;
+pub mod mpsc;
+mod mutex;
+pub mod oneshot;
+mod poison;
+mod rwlock;
+mod semaphore;
+mod shim;
+mod wait_queue;
+mod waitgroup;
+
+#[cfg(all(test, loom))]
+mod loom_model;
+
+pub use barrier::{Barrier, BarrierWaitResult};
+pub use condvar::{Condvar, WaitTimeoutResult};
+pub use mutex::{Mutex, MutexGuard};
+pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};
+pub use waitgroup::WaitGroup;
+
+use std::time::{Duration, Instant};
+
+/// The deadline `timeout` from now; `None` (wait for ever) if it is too far away to be an
+/// `Instant`.
+fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}

@@ -1,0 +1,511 @@
+//! Multi-producer, single-consumer channels with std's API: [`channel`] (unbounded) and
+//! [`sync_channel`] (bounded, or a rendezvous with bound 0). The error types *are* std's.
+//!
+//! # Design
+//! The buffer, the flags and two wait lists share the internal lock:
+//! - `receiver` — the receiver waiting for a message (at most one: [`Receiver`] is `!Sync`).
+//!   Its node points at a slot on the receiver's stack; a sender that finds it there puts the
+//!   message straight into that slot and wakes it, bypassing the buffer (the buffer is empty
+//!   whenever the receiver waits, so order is kept).
+//! - `senders` — senders of a full bounded channel, in arrival order, each node pointing at a
+//!   slot on its sender's stack that holds its message. When the receiver takes a message
+//!   and frees a place, it moves the first blocked sender's message into the buffer and wakes
+//!   that sender: the message is sent when the sender wakes, nobody can overtake it. With
+//!   bound 0 the receiver takes the message from the first blocked sender directly.
+//!
+//! A sender that finds room pushes and returns; so uncontended `send`/`recv` are one short
+//! lock each, plus an unpark when the other side sleeps. Disconnection: the last sender (an
+//! atomic count, so cloning takes no lock) wakes the receiver with `DISCONNECTED`; a dropped
+//! receiver wakes every blocked sender with `DISCONNECTED` and its message stays in its slot,
+//! returned in the `SendError`. Messages are never dropped under the internal lock.
+
+use super::deadline_after;
+use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
+use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+pub use std::sync::mpsc::{RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError};
+
+/// Tokens: a waiting receiver got a message in its slot; a blocked sender's message was
+/// taken; the other side is gone.
+const DELIVERED: usize = 1;
+const TAKEN: usize = 2;
+const DISCONNECTED: usize = 3;
+
+/// A message slot on a waiter's stack, reachable from its wait-list node.
+struct Slot<T>(NonNull<UnsafeCell<Option<T>>>);
+
+impl<T> Clone for Slot<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Slot<T> {}
+
+// SAFETY: a slot carries a `T` from one thread to another, under the channel's lock.
+unsafe impl<T: Send> Send for Slot<T> {}
+
+impl<T> Slot<T> {
+    fn new(cell: &UnsafeCell<Option<T>>) -> Slot<T> {
+        Slot(NonNull::from(cell))
+    }
+
+    /// # Safety
+    /// The slot's node is linked (so the slot is alive) and the channel's lock is held.
+    unsafe fn put(self, msg: T) {
+        // SAFETY: per the caller; the lock makes this the only access.
+        unsafe { self.0.as_ref().with_mut(|s| *s = Some(msg)) }
+    }
+
+    /// # Safety
+    /// As for [`Slot::put`].
+    unsafe fn take(self) -> T {
+        // SAFETY: per the caller.
+        let msg = unsafe { self.0.as_ref().with_mut(|s| (*s).take()) };
+        msg.expect("a blocked sender's slot holds its message")
+    }
+}
+
+struct Chan<T> {
+    state: Lock<State<T>>,
+    /// Live `Sender`s and `SyncSender`s.
+    senders: AtomicUsize,
+}
+
+struct State<T> {
+    buffer: VecDeque<T>,
+    /// `None`: unbounded.
+    bound: Option<usize>,
+    senders_gone: bool,
+    receiver_gone: bool,
+    receiver: WaitList<Slot<T>>,
+    senders: WaitList<Slot<T>>,
+}
+
+fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
+    Arc::new(Chan {
+        state: Lock::new(State {
+            buffer: VecDeque::new(),
+            bound,
+            senders_gone: false,
+            receiver_gone: false,
+            receiver: WaitList::new(),
+            senders: WaitList::new(),
+        }),
+        senders: AtomicUsize::new(1),
+    })
+}
+
+/// Creates an unbounded channel, like [`std::sync::mpsc::channel`]: `send` never blocks.
+///
+/// Senders and the receiver may be fibers or plain threads, in any mix; a receiving fiber is
+/// suspended while the channel is empty.
+///
+/// ```
+/// use fibra::sync::mpsc;
+///
+/// let sched = fibra::Scheduler::builder().threads(2).build()?;
+/// sched.start();
+/// let (tx, rx) = mpsc::channel();
+/// for i in 0..10u64 {
+///     let tx = tx.clone();
+///     drop(sched.submit(move || tx.send(i).unwrap(), None).unwrap());
+/// }
+/// drop(tx); // the iterator ends when every sender is gone
+/// let sum = sched.block_on(move || rx.iter().sum::<u64>());
+/// assert_eq!(sum, 45);
+/// sched.stop();
+/// # Ok::<(), fibra::Error>(())
+/// ```
+pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
+    let chan = new_chan(None);
+    (Sender { chan: chan.clone() }, Receiver::new(chan))
+}
+
+/// Creates a bounded channel holding at most `bound` messages, like
+/// [`std::sync::mpsc::sync_channel`]: `send` waits while it is full. With `bound` 0 every
+/// `send` waits until the receiver takes its message (a rendezvous).
+///
+/// ```
+/// use fibra::sync::mpsc;
+///
+/// let sched = fibra::Scheduler::builder().threads(1).build()?;
+/// sched.start();
+/// let (tx, rx) = mpsc::sync_channel(1);
+/// let producer = sched.submit(move || for i in 0..100 { tx.send(i).unwrap() }, None).unwrap();
+/// let consumer = sched.submit(move || rx.iter().count(), None).unwrap();
+/// producer.join().unwrap();
+/// assert_eq!(consumer.join().unwrap(), 100);
+/// sched.stop();
+/// # Ok::<(), fibra::Error>(())
+/// ```
+pub fn sync_channel<T>(bound: usize) -> (SyncSender<T>, Receiver<T>) {
+    let chan = new_chan(Some(bound));
+    (SyncSender { chan: chan.clone() }, Receiver::new(chan))
+}
+
+/// The sending half of a [`channel`]. Clone it for more producers.
+pub struct Sender<T> {
+    chan: Arc<Chan<T>>,
+}
+
+/// The sending half of a [`sync_channel`]. Clone it for more producers.
+pub struct SyncSender<T> {
+    chan: Arc<Chan<T>>,
+}
+
+/// The receiving half of a [`channel`] or [`sync_channel`]. `Send` but not `Sync`, like
+/// std's: one consumer at a time.
+pub struct Receiver<T> {
+    chan: Arc<Chan<T>>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl<T> Sender<T> {
+    /// Sends a message; never blocks.
+    ///
+    /// # Errors
+    /// Gives the message back if the receiver has been dropped.
+    pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
+        match self.chan.send(msg, false) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Disconnected(m)) => Err(SendError(m)),
+            Err(TrySendError::Full(_)) => unreachable!("an unbounded channel is never full"),
+        }
+    }
+}
+
+impl<T> SyncSender<T> {
+    /// Sends a message, waiting (suspending a fiber, blocking a thread) while the channel is
+    /// full; with bound 0, until the receiver has taken it. Blocked senders go in arrival
+    /// order.
+    ///
+    /// # Errors
+    /// Gives the message back if the receiver has been (or gets) dropped.
+    pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
+        match self.chan.send(msg, true) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Disconnected(m)) => Err(SendError(m)),
+            Err(TrySendError::Full(_)) => unreachable!("a blocking send does not fail as full"),
+        }
+    }
+
+    /// Sends a message only if that needs no waiting.
+    ///
+    /// # Errors
+    /// [`TrySendError::Full`] if there is no room (for bound 0: no receiver waiting),
+    /// [`TrySendError::Disconnected`] if the receiver is gone; both give the message back.
+    pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        self.chan.send(msg, false)
+    }
+}
+
+impl<T> Chan<T> {
+    fn send(&self, msg: T, block: bool) -> Result<(), TrySendError<T>> {
+        let mut st = self.state.lock();
+        if st.receiver_gone {
+            return Err(TrySendError::Disconnected(msg));
+        }
+        {
+            let (st, wakes) = st.parts();
+            if let Some(slot) = st.receiver.front() {
+                // SAFETY: the receiver's node is linked and we hold the lock.
+                unsafe { slot.put(msg) };
+                st.receiver.wake_front(DELIVERED, wakes);
+                return Ok(());
+            }
+        }
+        let room = match st.bound {
+            None => true,
+            Some(bound) => st.buffer.len() < bound && st.senders.is_empty(),
+        };
+        if room {
+            st.buffer.push_back(msg);
+            return Ok(());
+        }
+        if !block {
+            return Err(TrySendError::Full(msg));
+        }
+        let slot = UnsafeCell::new(Some(msg));
+        match wait(
+            st,
+            |st| &mut st.senders,
+            Slot::new(&slot),
+            None,
+            || {},
+            // A cancelled sender's message stays in its slot and is dropped with it, after
+            // the lock is released.
+            |_, _| {},
+        ) {
+            Wait::Woken(TAKEN) => Ok(()),
+            Wait::Woken(DISCONNECTED) => {
+                // SAFETY: woken, so unlinked: the slot is ours alone again.
+                let msg = slot.with_mut(|s| unsafe { (*s).take() });
+                Err(TrySendError::Disconnected(msg.expect("not taken")))
+            }
+            Wait::Woken(t) => unreachable!("sender woken with token {t}"),
+            Wait::TimedOut(_) => unreachable!("sends have no deadline"),
+        }
+    }
+
+    fn add_sender(&self) {
+        // Relaxed: like `Arc::clone`, a new sender comes from a live one.
+        self.senders.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn drop_sender(&self) {
+        // AcqRel: exactly one drop sees the count reach zero (like `Arc`'s), after every other
+        // sender's last send.
+        if self.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let mut st = self.state.lock();
+            st.senders_gone = true;
+            let (st, wakes) = st.parts();
+            st.receiver.wake_all(DISCONNECTED, wakes);
+        }
+    }
+}
+
+/// Takes the next message: from the buffer (refilling it from the first blocked sender), or,
+/// for a rendezvous channel, straight from the first blocked sender.
+fn take_message<T>(st: &mut Guard<'_, State<T>>) -> Option<T> {
+    let (st, wakes) = st.parts();
+    let msg = st.buffer.pop_front();
+    if let Some(slot) = st.senders.front() {
+        // SAFETY: the sender's node is linked and we hold the lock.
+        let blocked = unsafe { slot.take() };
+        st.senders.wake_front(TAKEN, wakes);
+        match msg {
+            Some(msg) => {
+                st.buffer.push_back(blocked);
+                return Some(msg);
+            }
+            None => return Some(blocked),
+        }
+    }
+    msg
+}
+
+impl<T> Receiver<T> {
+    fn new(chan: Arc<Chan<T>>) -> Receiver<T> {
+        Receiver {
+            chan,
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// Waits for a message, suspending a fiber (or blocking a thread) while the channel is
+    /// empty.
+    ///
+    /// # Errors
+    /// [`RecvError`] once the channel is empty and every sender is gone.
+    pub fn recv(&self) -> Result<T, RecvError> {
+        self.recv_until(None).map_err(|_| RecvError)
+    }
+
+    /// Takes a message if one is there; never waits.
+    ///
+    /// # Errors
+    /// [`TryRecvError::Empty`], or [`TryRecvError::Disconnected`] once the channel is empty
+    /// and every sender is gone.
+    pub fn try_recv(&self) -> Result<T, TryRecvError> {
+        let mut st = self.chan.state.lock();
+        match take_message(&mut st) {
+            Some(msg) => Ok(msg),
+            None if st.senders_gone => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
+    }
+
+    /// Waits at most `timeout` for a message.
+    ///
+    /// ```
+    /// use fibra::sync::mpsc::{self, RecvTimeoutError};
+    /// use std::time::Duration;
+    /// let (tx, rx) = mpsc::channel::<u8>();
+    /// assert_eq!(rx.recv_timeout(Duration::from_millis(5)), Err(RecvTimeoutError::Timeout));
+    /// drop(tx);
+    /// assert_eq!(rx.recv_timeout(Duration::from_millis(5)), Err(RecvTimeoutError::Disconnected));
+    /// ```
+    ///
+    /// # Errors
+    /// [`RecvTimeoutError::Timeout`] if the time ran out, [`RecvTimeoutError::Disconnected`]
+    /// once the channel is empty and every sender is gone.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
+        self.recv_until(deadline_after(timeout))
+    }
+
+    /// An iterator that waits for each message and ends when the channel disconnects.
+    pub fn iter(&self) -> Iter<'_, T> {
+        Iter { rx: self }
+    }
+
+    /// An iterator over the messages already there; never waits.
+    pub fn try_iter(&self) -> TryIter<'_, T> {
+        TryIter { rx: self }
+    }
+
+    fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        let mut st = self.chan.state.lock();
+        if let Some(msg) = take_message(&mut st) {
+            return Ok(msg);
+        }
+        if st.senders_gone {
+            return Err(RecvTimeoutError::Disconnected);
+        }
+        let slot = UnsafeCell::new(None);
+        match wait(
+            st,
+            |st| &mut st.receiver,
+            Slot::new(&slot),
+            deadline,
+            || {},
+            |st, token| {
+                if token == Some(DELIVERED) {
+                    // Cancelled with a message in hand: put it back, first in line.
+                    // SAFETY: woken, so unlinked; we hold the lock.
+                    if let Some(msg) = slot.with_mut(|s| unsafe { (*s).take() }) {
+                        st.buffer.push_front(msg);
+                    }
+                }
+            },
+        ) {
+            Wait::Woken(DELIVERED) => {
+                // SAFETY: woken, so unlinked: the slot is ours alone again.
+                let msg = slot.with_mut(|s| unsafe { (*s).take() });
+                Ok(msg.expect("a delivered message"))
+            }
+            Wait::Woken(DISCONNECTED) => Err(RecvTimeoutError::Disconnected),
+            Wait::Woken(t) => unreachable!("receiver woken with token {t}"),
+            Wait::TimedOut(_) => Err(RecvTimeoutError::Timeout),
+        }
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        let mut st = self.chan.state.lock();
+        st.receiver_gone = true;
+        let unread = std::mem::take(&mut st.buffer);
+        {
+            let (st, wakes) = st.parts();
+            st.senders.wake_all(DISCONNECTED, wakes);
+        }
+        drop(st);
+        // Dropped outside the lock: a message's destructor may use this very channel.
+        drop(unread);
+    }
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Sender<T> {
+        self.chan.add_sender();
+        Sender {
+            chan: self.chan.clone(),
+        }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        self.chan.drop_sender();
+    }
+}
+
+impl<T> Clone for SyncSender<T> {
+    fn clone(&self) -> SyncSender<T> {
+        self.chan.add_sender();
+        SyncSender {
+            chan: self.chan.clone(),
+        }
+    }
+}
+
+impl<T> Drop for SyncSender<T> {
+    fn drop(&mut self) {
+        self.chan.drop_sender();
+    }
+}
+
+/// Iterator from [`Receiver::iter`]: waits for each message, ends on disconnection.
+#[derive(Debug)]
+pub struct Iter<'a, T: 'a> {
+    rx: &'a Receiver<T>,
+}
+
+/// Iterator from [`Receiver::try_iter`]: yields what is there now, never waits.
+#[derive(Debug)]
+pub struct TryIter<'a, T: 'a> {
+    rx: &'a Receiver<T>,
+}
+
+/// Owning iterator from `Receiver::into_iter`: waits for each message, ends on disconnection.
+#[derive(Debug)]
+pub struct IntoIter<T> {
+    rx: Receiver<T>,
+}
+
+impl<T> Iterator for Iter<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        self.rx.recv().ok()
+    }
+}
+
+impl<T> Iterator for TryIter<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl<T> Iterator for IntoIter<T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        self.rx.recv().ok()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Receiver<T> {
+    type Item = T;
+    type IntoIter = Iter<'a, T>;
+
+    fn into_iter(self) -> Iter<'a, T> {
+        self.iter()
+    }
+}
+
+impl<T> IntoIterator for Receiver<T> {
+    type Item = T;
+    type IntoIter = IntoIter<T>;
+
+    fn into_iter(self) -> IntoIter<T> {
+        IntoIter { rx: self }
+    }
+}
+
+impl<T> fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for SyncSender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SyncSender").finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,54 @@
+//! Lock poisoning, with std's rules: a lock whose guard is dropped while its holder panics
+//! (or while its fiber is being cancelled, which unwinds the same way) is marked poisoned,
+//! and later lockers get a [`std::sync::PoisonError`] that still carries the guard.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+
+/// A lock's poison flag.
+pub(crate) struct Flag {
+    failed: AtomicBool,
+}
+
+/// Whether the holder was already panicking when it took the lock: only a panic that starts
+/// while the lock is held poisons it.
+#[derive(Clone, Copy)]
+pub(crate) struct Entry {
+    panicking: bool,
+}
+
+impl Flag {
+    pub(crate) const fn new() -> Flag {
+        Flag {
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Called by a new holder.
+    #[inline]
+    pub(crate) fn enter(&self) -> Entry {
+        Entry {
+            panicking: thread::panicking(),
+        }
+    }
+
+    /// Called by a holder about to release the lock.
+    #[inline]
+    pub(crate) fn leave(&self, entry: Entry) {
+        if !entry.panicking && thread::panicking() {
+            // Relaxed: the flag is advisory; the data it describes is ordered by the lock.
+            self.failed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self) -> bool {
+        // Relaxed: as in `leave`.
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn clear(&self) {
+        // Relaxed: as in `leave`.
+        self.failed.store(false, Ordering::Relaxed);
+    }
+}
