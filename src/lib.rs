@@ -49,16 +49,9 @@ mod join;
 mod park;
 mod sched;
 mod stack;
-mod sys;
 pub mod sync;
+mod sys;
 pub mod time;
-
-/// Internals exposed only so `benches/` can measure them. Not part of the API: no stability
-/// promise, hidden from the documentation.
-#[doc(hidden)]
-pub mod __bench {
-    pub use crate::sched::timers::{TimerHeap, TimerId};
-}
 
 pub use error::{Error, SubmitError};
 pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
