@@ -53,6 +53,13 @@ pub mod sync;
 mod sys;
 pub mod time;
 
+/// Internals exposed only so `benches/` can measure them. Not part of the API: no stability
+/// promise, hidden from the documentation.
+#[doc(hidden)]
+pub mod __bench {
+    pub use crate::sched::timers::{TimerId, TimerWheel};
+}
+
 pub use error::{Error, SubmitError};
 pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
 pub use join::{JoinError, JoinHandle};

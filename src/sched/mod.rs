@@ -4,7 +4,7 @@
 
 mod idle;
 pub(crate) mod task;
-mod timers;
+pub(crate) mod timers;
 pub(crate) mod worker;
 
 pub use worker::current_worker;

@@ -7,6 +7,7 @@
 use crate::fiber::{Coro, FiberId, FiberMeta};
 use crate::join::JoinError;
 use crate::park::{park_inner, ParkResult, Unparker};
+use crate::sched::timers::TimerId;
 use crate::sched::worker::Shared;
 use std::any::Any;
 use std::cell::UnsafeCell;
@@ -61,6 +62,8 @@ pub(crate) struct Home {
     pub(crate) cancel: bool,
     /// A panic of the park registration closure, to continue inside the fiber.
     pub(crate) pending_panic: Option<Box<dyn Any + Send>>,
+    /// The timer of the current timed park, cancelled if something else wakes the fiber.
+    pub(crate) timer: Option<TimerId>,
 }
 
 /// The part of a task every holder can see.
@@ -112,6 +115,7 @@ impl Header {
                 slot: 0,
                 cancel: false,
                 pending_panic: None,
+                timer: None,
             }),
         }
     }

@@ -47,7 +47,10 @@ use crate::join::JoinError;
 use crate::park::Unparker;
 use crate::sched::idle::{IdleSet, Parker};
 use crate::sched::task::{Job, Placement, ScheduleTask, PARKED, RUNNING, STATE_BITS, STATE_MASK};
-use crate::sched::timers::TimerHeap;
+use crate::sched::timers::TimerWheel;
+
+/// A fiber parked with a deadline, and the park generation its timer may end.
+type Timer = (Arc<dyn Job>, u64);
 use crate::stack::StackPool;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
@@ -319,7 +322,7 @@ pub(crate) struct Worker {
     /// Every live fiber homed here, so cancellation can find parked ones.
     registry: RefCell<Vec<Arc<dyn Job>>>,
     stacks: RefCell<StackPool>,
-    timers: RefCell<TimerHeap>,
+    timers: RefCell<TimerWheel<Timer>>,
     tick: Cell<u32>,
     next_streak: Cell<u32>,
     cancelled_all: Cell<bool>,
@@ -344,7 +347,7 @@ impl Worker {
             ready: RefCell::new(VecDeque::new()),
             registry: RefCell::new(Vec::new()),
             stacks: RefCell::new(stacks),
-            timers: RefCell::new(TimerHeap::default()),
+            timers: RefCell::new(TimerWheel::default()),
             tick: Cell::new(0),
             next_streak: Cell::new(0),
             cancelled_all: Cell::new(false),
@@ -429,20 +432,24 @@ impl Worker {
 
     /// Wakes the fibers whose deadline has passed; returns whether any woke.
     fn fire_timers(&self) -> bool {
-        if self.timers.borrow().len() == 0 {
+        if self.timers.borrow().is_empty() {
             return false;
         }
         let now = Instant::now();
         let mut woke = false;
         loop {
-            let entry = self.timers.borrow_mut().pop_due(now);
-            let Some(entry) = entry else { break };
-            let h = entry.job.header();
-            if h.try_notify(entry.gen) {
-                // SAFETY: home-worker-only state of a fiber homed here; the fiber is
-                // suspended and only reads this flag after it resumes on this thread.
-                unsafe { (*h.home.get()).meta.timed_out.set(true) };
-                self.ready.borrow_mut().push_back(entry.job);
+            let due = self.timers.borrow_mut().pop_due(now);
+            let Some((job, gen)) = due else { break };
+            let h = job.header();
+            let home = h.home.get();
+            // SAFETY: home-worker-only state of a fiber homed here; the timer is gone, so the
+            // resumption must not cancel it again.
+            unsafe { (*home).timer = None };
+            if h.try_notify(gen) {
+                // SAFETY: as above; the fiber is suspended and reads the flag only after it
+                // resumes on this thread.
+                unsafe { (*home).meta.timed_out.set(true) };
+                self.ready.borrow_mut().push_back(job);
                 woke = true;
             }
         }
@@ -649,6 +656,10 @@ impl Worker {
         // SAFETY: `job` is a live fiber homed on this worker (only its home worker ever
         // queues it for resumption); its home-only fields are ours to touch on this thread.
         let input = unsafe {
+            if let Some(id) = (*home).timer.take() {
+                // Woken before its deadline: the timer can never fire for this park.
+                self.timers.borrow_mut().remove(id);
+            }
             match (*home).pending_panic.take() {
                 Some(p) => Resume::Panic(p),
                 None if (*home).cancel => Resume::Cancel,
@@ -698,7 +709,9 @@ impl Worker {
             return;
         }
         if let Some(d) = deadline {
-            self.timers.borrow_mut().push(d, job.clone(), gen);
+            let id = self.timers.borrow_mut().insert(d, (job.clone(), gen));
+            // SAFETY: home-worker-only field.
+            unsafe { (*home).timer = Some(id) };
         }
         let unparker = Unparker::for_fiber(job.clone(), gen);
         // SAFETY: the closure lives on the suspended fiber's stack (see `park_inner`) and is
