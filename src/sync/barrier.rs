@@ -6,6 +6,7 @@
 
 use super::wait_queue::{wait, Lock, Wait, WaitList};
 use std::fmt;
+use std::panic::{RefUnwindSafe, UnwindSafe};
 
 /// The token of a waiter released by its round's leader.
 const RELEASED: usize = 1;
@@ -96,6 +97,11 @@ impl Barrier {
         }
     }
 }
+
+// The internal state is consistent whenever user code runs: its lock is never held
+// across a call out of this module.
+impl UnwindSafe for Barrier {}
+impl RefUnwindSafe for Barrier {}
 
 impl fmt::Debug for Barrier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

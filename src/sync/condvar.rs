@@ -9,6 +9,7 @@ use super::deadline_after;
 use super::mutex::{Mutex, MutexGuard};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
 use std::fmt;
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::sync::LockResult;
 use std::time::{Duration, Instant};
 
@@ -214,6 +215,11 @@ impl Default for Condvar {
         Condvar::new()
     }
 }
+
+// The internal state is consistent whenever user code runs: its lock is never held
+// across a call out of this module.
+impl UnwindSafe for Condvar {}
+impl RefUnwindSafe for Condvar {}
 
 impl fmt::Debug for Condvar {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

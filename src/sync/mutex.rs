@@ -22,6 +22,7 @@ use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
 
 const UNLOCKED: u8 = 0;
@@ -89,6 +90,10 @@ pub struct Mutex<T: ?Sized> {
 unsafe impl<T: ?Sized + Send> Send for Mutex<T> {}
 // SAFETY: as above.
 unsafe impl<T: ?Sized + Send> Sync for Mutex<T> {}
+
+// Poisoning reports a panic during a critical section, as with std.
+impl<T: ?Sized> UnwindSafe for Mutex<T> {}
+impl<T: ?Sized> RefUnwindSafe for Mutex<T> {}
 
 /// Access to a locked [`Mutex`]'s data; dropping it unlocks the mutex.
 ///

@@ -15,6 +15,7 @@ use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
 
 /// The token of a waiter that has been granted the lock.
@@ -69,6 +70,10 @@ struct State {
 unsafe impl<T: ?Sized + Send> Send for RwLock<T> {}
 // SAFETY: as above.
 unsafe impl<T: ?Sized + Send + Sync> Sync for RwLock<T> {}
+
+// Poisoning reports a panic during a write, as with std.
+impl<T: ?Sized> UnwindSafe for RwLock<T> {}
+impl<T: ?Sized> RefUnwindSafe for RwLock<T> {}
 
 /// Shared access to an [`RwLock`]'s data; dropping it releases the read lock.
 #[must_use = "if unused the RwLock will immediately unlock"]

@@ -8,6 +8,7 @@
 use super::deadline_after;
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use std::fmt;
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
 
 /// The token of a waiter that has been given its permits.
@@ -221,6 +222,11 @@ impl Drop for SemaphorePermit<'_> {
         }
     }
 }
+
+// The internal state is consistent whenever user code runs: its lock is never held
+// across a call out of this module.
+impl UnwindSafe for Semaphore {}
+impl RefUnwindSafe for Semaphore {}
 
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -11,6 +11,7 @@ use super::deadline_after;
 use super::shim::{Arc, AtomicUsize, Ordering};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
 use std::fmt;
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
 
 /// The token of a waiter released because the count reached zero.
@@ -127,6 +128,11 @@ impl Default for WaitGroup {
         WaitGroup::new()
     }
 }
+
+// The internal state is consistent whenever user code runs: its lock is never held
+// across a call out of this module.
+impl UnwindSafe for WaitGroup {}
+impl RefUnwindSafe for WaitGroup {}
 
 impl fmt::Debug for WaitGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,0 +1,181 @@
+//! `fibra::sync::Condvar`: notify_all releases every waiting fiber (counted with a
+//! `WaitGroup`), notify_one serves waiters in arrival order, and timed waits time out, never
+//! early.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{finish, wait_until, with_deadline, LIMIT};
+use fibra::sync::{Condvar, Mutex, WaitGroup};
+use fibra::Scheduler;
+
+fn started(threads: usize) -> Scheduler {
+    let sched = Scheduler::builder()
+        .threads(threads)
+        .build()
+        .expect("build");
+    sched.start();
+    sched
+}
+
+#[test]
+fn condvar_and_waitgroup_release_fifty_waiting_fibers() {
+    with_deadline(|| {
+        let sched = started(2);
+        let state = Arc::new((Mutex::new((false, 0usize)), Condvar::new()));
+        let all_waiting = WaitGroup::new();
+        let all_done = WaitGroup::new();
+        for _ in 0..50 {
+            let state = state.clone();
+            let waiting = all_waiting.clone();
+            let done = all_done.clone();
+            drop(
+                sched
+                    .submit(
+                        move || {
+                            let (m, cv) = &*state;
+                            let mut g = m.lock().unwrap();
+                            g.1 += 1;
+                            drop(waiting); // counted as waiting once it holds the lock
+                            let mut g = cv.wait_while(g, |(go, _)| !*go).unwrap();
+                            g.1 -= 1;
+                            drop(done);
+                        },
+                        None,
+                    )
+                    .expect("submit"),
+            );
+        }
+        // Every fiber has taken the lock; since they release it only by waiting, taking it
+        // here means all 50 are in the condvar's queue.
+        all_waiting.wait();
+        {
+            let (m, cv) = &*state;
+            let mut g = m.lock().unwrap();
+            assert_eq!(g.1, 50);
+            g.0 = true;
+            cv.notify_all();
+        }
+        assert!(all_done.wait_timeout(LIMIT), "every waiter was released");
+        assert_eq!(state.0.lock().unwrap().1, 0);
+        sched.stop();
+    });
+}
+
+#[test]
+fn notify_one_wakes_waiters_in_arrival_order() {
+    with_deadline(|| {
+        let sched = started(1);
+        let state = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..20)
+            .map(|i| {
+                let (state, queued) = (state.clone(), queued.clone());
+                sched
+                    .submit(
+                        move || {
+                            let (m, cv) = &*state;
+                            let g = m.lock().unwrap();
+                            queued.fetch_add(1, Ordering::SeqCst);
+                            let mut g = cv.wait(g).unwrap();
+                            g.push(i);
+                        },
+                        None,
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        wait_until("all waiting", || queued.load(Ordering::SeqCst) == 20);
+        let (m, cv) = &*state;
+        for n in 1..=20 {
+            // The waiter count under the lock proves the previous wake-up has completed.
+            drop(m.lock().unwrap());
+            cv.notify_one();
+            wait_until("one more woke", || m.lock().unwrap().len() == n);
+        }
+        for h in handles {
+            finish(h);
+        }
+        assert_eq!(*m.lock().unwrap(), (0..20).collect::<Vec<_>>());
+        sched.stop();
+    });
+}
+
+#[test]
+fn wait_timeout_times_out_never_early_in_a_fiber_and_a_thread() {
+    with_deadline(|| {
+        let sched = started(1);
+        let timeout = Duration::from_millis(30);
+        let check = move || {
+            let (m, cv) = (Mutex::new(0), Condvar::new());
+            let start = Instant::now();
+            let (g, res) = cv.wait_timeout(m.lock().unwrap(), timeout).unwrap();
+            let waited = start.elapsed();
+            assert!(res.timed_out());
+            assert!(waited >= timeout, "woke early: {waited:?}");
+            assert!(waited < LIMIT);
+            assert_eq!(*g, 0, "the mutex is held again");
+        };
+        finish(sched.submit(check, None).expect("submit"));
+        check();
+        sched.stop();
+    });
+}
+
+#[test]
+fn wait_timeout_while_returns_as_soon_as_the_condition_is_met() {
+    with_deadline(|| {
+        let sched = started(2);
+        let state = Arc::new((Mutex::new(0), Condvar::new()));
+        let s = state.clone();
+        let waiter = sched
+            .submit(
+                move || {
+                    let (m, cv) = &*s;
+                    let (g, res) = cv
+                        .wait_timeout_while(m.lock().unwrap(), LIMIT, |n| *n < 3)
+                        .unwrap();
+                    (*g, res.timed_out())
+                },
+                None,
+            )
+            .expect("submit");
+        for _ in 0..3 {
+            thread::sleep(Duration::from_millis(5));
+            let (m, cv) = &*state;
+            *m.lock().unwrap() += 1;
+            cv.notify_all();
+        }
+        assert_eq!(finish(waiter), (3, false));
+        sched.stop();
+    });
+}
+
+#[test]
+fn a_thread_waits_and_a_fiber_notifies() {
+    with_deadline(|| {
+        let sched = started(1);
+        let state = Arc::new((Mutex::new(false), Condvar::new()));
+        let s = state.clone();
+        let notifier = sched
+            .submit(
+                move || {
+                    fibra::sleep(Duration::from_millis(10));
+                    *s.0.lock().unwrap() = true;
+                    s.1.notify_one();
+                },
+                None,
+            )
+            .expect("submit");
+        let (m, cv) = &*state;
+        let g = cv.wait_while(m.lock().unwrap(), |ready| !*ready).unwrap();
+        assert!(*g);
+        drop(g);
+        finish(notifier);
+        sched.stop();
+    });
+}

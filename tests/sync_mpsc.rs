@@ -1,0 +1,317 @@
+//! `fibra::sync::mpsc`: std's channel API between fibers and threads — nothing lost or
+//! duplicated, bounded channels block and hand over in order, disconnection wakes the other
+//! side with std's errors, and timeouts time out, never early.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{finish, wait_until, with_deadline, LIMIT};
+use fibra::sync::mpsc::{self, RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError};
+use fibra::{current_worker, Scheduler};
+
+fn started(threads: usize) -> Scheduler {
+    let sched = Scheduler::builder()
+        .threads(threads)
+        .build()
+        .expect("build");
+    sched.start();
+    sched
+}
+
+#[test]
+fn ten_fiber_producers_and_one_thread_producer_sum_exactly() {
+    with_deadline(|| {
+        const PER: u64 = 10_000;
+        let sched = started(2);
+        let (tx, rx) = mpsc::channel::<u64>();
+        let consumer = sched
+            .submit(move || rx.iter().sum::<u64>(), None)
+            .expect("submit");
+        let producers: Vec<_> = (0..10u64)
+            .map(|p| {
+                let tx = tx.clone();
+                sched
+                    .submit(
+                        move || {
+                            for i in 0..PER {
+                                tx.send(p * PER + i).unwrap();
+                                if i % 100 == 0 {
+                                    fibra::Fiber::yield_now();
+                                }
+                            }
+                        },
+                        None,
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        let thread_tx = tx.clone();
+        let thread_producer = thread::spawn(move || {
+            for i in 0..PER {
+                thread_tx.send(10 * PER + i).unwrap();
+            }
+        });
+        drop(tx);
+        for p in producers {
+            finish(p);
+        }
+        thread_producer.join().expect("thread producer");
+        let n = 11 * PER;
+        assert_eq!(finish(consumer), n * (n - 1) / 2);
+        sched.stop();
+    });
+}
+
+#[test]
+fn bounded_channel_of_capacity_one_between_two_fibers_on_one_worker() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (tx, rx) = mpsc::sync_channel::<u32>(1);
+        let received = Arc::new(AtomicUsize::new(0));
+        let r = received.clone();
+        let producer = sched
+            .submit(
+                move || {
+                    let mut most_ahead = 0;
+                    for i in 0..1_000 {
+                        tx.send(i).unwrap();
+                        // A returned send left its message in the one-place buffer, or in
+                        // the hands of a receiver that has not returned yet.
+                        let ahead = i as usize + 1 - r.load(Ordering::SeqCst);
+                        most_ahead = most_ahead.max(ahead);
+                    }
+                    (most_ahead, current_worker())
+                },
+                None,
+            )
+            .expect("submit");
+        let consumer = sched
+            .submit(
+                move || {
+                    let mut expect = 0;
+                    for v in rx.iter() {
+                        assert_eq!(v, expect, "in order");
+                        expect += 1;
+                        received.fetch_add(1, Ordering::SeqCst);
+                    }
+                    (expect, current_worker())
+                },
+                None,
+            )
+            .expect("submit");
+        let (most_ahead, worker) = finish(producer);
+        assert_eq!(worker, Some(0));
+        assert!(
+            most_ahead <= 2,
+            "the producer ran {most_ahead} messages ahead"
+        );
+        assert_eq!(finish(consumer), (1_000, Some(0)));
+        sched.stop();
+    });
+}
+
+#[test]
+fn a_rendezvous_send_waits_for_the_receiver() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (tx, rx) = mpsc::sync_channel::<u32>(0);
+        assert_eq!(
+            tx.try_send(1),
+            Err(TrySendError::Full(1)),
+            "nobody receives"
+        );
+        let taken = Arc::new(AtomicUsize::new(0));
+        let t = taken.clone();
+        let sender = sched
+            .submit(
+                move || {
+                    tx.send(7).unwrap();
+                    // The receiver has the message by the time send returns.
+                    t.load(Ordering::SeqCst)
+                },
+                None,
+            )
+            .expect("submit");
+        thread::sleep(Duration::from_millis(20));
+        assert!(!sender.is_finished(), "send waits for a receiver");
+        assert_eq!(rx.recv(), Ok(7));
+        taken.store(1, Ordering::SeqCst);
+        finish(sender);
+        sched.stop();
+    });
+}
+
+#[test]
+fn dropping_the_senders_wakes_a_blocked_fiber_receiver_with_an_error() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (tx, rx) = mpsc::channel::<u32>();
+        let tx2 = tx.clone();
+        let receiver = sched
+            .submit(move || (rx.recv(), rx.try_recv()), None)
+            .expect("submit");
+        thread::sleep(Duration::from_millis(20));
+        assert!(!receiver.is_finished());
+        drop(tx);
+        thread::sleep(Duration::from_millis(20));
+        assert!(!receiver.is_finished(), "one sender is still alive");
+        drop(tx2);
+        assert_eq!(
+            finish(receiver),
+            (Err(RecvError), Err(TryRecvError::Disconnected))
+        );
+        sched.stop();
+    });
+}
+
+#[test]
+fn dropping_the_receiver_fails_blocked_senders_with_their_messages() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (tx, rx) = mpsc::sync_channel::<String>(1);
+        tx.send("buffered".into()).unwrap();
+        let blocked = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                let (tx, blocked) = (tx.clone(), blocked.clone());
+                sched
+                    .submit(
+                        move || {
+                            blocked.fetch_add(1, Ordering::SeqCst);
+                            tx.send(format!("m{i}"))
+                        },
+                        None,
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        wait_until("senders blocked", || blocked.load(Ordering::SeqCst) == 3);
+        thread::sleep(Duration::from_millis(20));
+        drop(rx);
+        for (i, h) in handles.into_iter().enumerate() {
+            assert_eq!(finish(h), Err(SendError(format!("m{i}"))));
+        }
+        assert_eq!(tx.send("late".into()), Err(SendError("late".into())));
+        sched.stop();
+    });
+}
+
+#[test]
+fn blocked_senders_are_served_in_arrival_order() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (tx, rx) = mpsc::sync_channel::<usize>(2);
+        tx.send(100).unwrap();
+        tx.send(101).unwrap();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..20)
+            .map(|i| {
+                let (tx, queued) = (tx.clone(), queued.clone());
+                sched
+                    .submit(
+                        move || {
+                            queued.fetch_add(1, Ordering::SeqCst);
+                            tx.send(i).unwrap();
+                        },
+                        None,
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        wait_until("senders queued", || queued.load(Ordering::SeqCst) == 20);
+        thread::sleep(Duration::from_millis(20));
+        drop(tx);
+        let got: Vec<usize> = rx.iter().collect();
+        let mut want = vec![100, 101];
+        want.extend(0..20);
+        assert_eq!(got, want);
+        for h in handles {
+            finish(h);
+        }
+        sched.stop();
+    });
+}
+
+#[test]
+fn recv_timeout_times_out_never_early_in_a_fiber_and_a_thread() {
+    with_deadline(|| {
+        let sched = started(1);
+        let timeout = Duration::from_millis(30);
+        let check = move || {
+            let (tx, rx) = mpsc::channel::<u8>();
+            let start = Instant::now();
+            assert_eq!(rx.recv_timeout(timeout), Err(RecvTimeoutError::Timeout));
+            let waited = start.elapsed();
+            assert!(waited >= timeout, "woke early: {waited:?}");
+            assert!(waited < LIMIT);
+            tx.send(3).unwrap();
+            assert_eq!(rx.recv_timeout(timeout), Ok(3));
+            drop(tx);
+            assert_eq!(
+                rx.recv_timeout(timeout),
+                Err(RecvTimeoutError::Disconnected)
+            );
+        };
+        finish(sched.submit(check, None).expect("submit"));
+        check();
+        sched.stop();
+    });
+}
+
+#[test]
+fn a_message_sent_to_a_timed_waiter_arrives() {
+    with_deadline(|| {
+        let sched = started(2);
+        let (tx, rx) = mpsc::channel::<u32>();
+        let receiver = sched
+            .submit(move || rx.recv_timeout(LIMIT), None)
+            .expect("submit");
+        thread::sleep(Duration::from_millis(10));
+        tx.send(9).unwrap();
+        assert_eq!(finish(receiver), Ok(9));
+        sched.stop();
+    });
+}
+
+#[test]
+fn try_send_try_recv_and_try_iter() {
+    let (tx, rx) = mpsc::sync_channel::<u8>(2);
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.try_send(1).unwrap();
+    tx.try_send(2).unwrap();
+    assert_eq!(tx.try_send(3), Err(TrySendError::Full(3)));
+    assert_eq!(rx.try_iter().collect::<Vec<_>>(), [1, 2]);
+    drop(rx);
+    assert_eq!(tx.try_send(4), Err(TrySendError::Disconnected(4)));
+}
+
+#[test]
+fn a_thread_receives_from_fibers_through_the_owning_iterator() {
+    with_deadline(|| {
+        let sched = started(2);
+        let (tx, rx) = mpsc::sync_channel::<u64>(4);
+        for p in 0..4u64 {
+            let tx = tx.clone();
+            drop(
+                sched
+                    .submit(
+                        move || {
+                            for i in 0..1_000 {
+                                tx.send(p * 1_000 + i).unwrap();
+                            }
+                        },
+                        None,
+                    )
+                    .expect("submit"),
+            );
+        }
+        drop(tx);
+        let sum: u64 = rx.into_iter().sum();
+        assert_eq!(sum, 3_999 * 4_000 / 2);
+        sched.stop();
+    });
+}
