@@ -45,7 +45,9 @@
 
 mod error;
 mod fiber;
+pub mod io;
 mod join;
+pub mod net;
 mod park;
 mod sched;
 mod stack;

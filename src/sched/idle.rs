@@ -1,6 +1,7 @@
 //! Idle workers: a per-worker futex [`Parker`], and the [`IdleSet`] of parked workers that
 //! `submit` picks one from to wake.
 
+use crate::io::reactor::{self, Reactor};
 use crate::sys::futex;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -8,6 +9,8 @@ use std::time::Duration;
 const EMPTY: u32 = 0;
 const PARKED: u32 = 1;
 const NOTIFIED: u32 = 2;
+/// Blocked in the reactor's `epoll_wait` instead of on the futex.
+const POLLING: u32 = 3;
 
 /// A worker's sleep: a token like `std::thread::park`'s. `unpark` before `park` makes the
 /// next `park` return at once, so a wake is never lost.
@@ -52,10 +55,40 @@ impl Parker {
         self.state.swap(EMPTY, Ordering::Acquire);
     }
 
-    /// Wakes the worker if it sleeps, or makes its next `park` return at once.
+    /// Like [`park`](Parker::park), but sleeps in the reactor's `epoll_wait` (the caller holds
+    /// the poller role), handling I/O readiness while it waits.
+    pub(crate) fn park_polling(&self, reactor: &Reactor, timeout: Option<Duration>) {
+        if self
+            .state
+            .compare_exchange(NOTIFIED, EMPTY, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+        if self
+            .state
+            .compare_exchange(EMPTY, POLLING, Ordering::Acquire, Ordering::Acquire)
+            .is_err()
+        {
+            self.state.store(EMPTY, Ordering::Relaxed);
+            return;
+        }
+        self.sleeps.fetch_add(1, Ordering::Relaxed);
+        reactor.poll(timeout);
+        self.state.swap(EMPTY, Ordering::Acquire);
+    }
+
+    /// Wakes the worker if it sleeps (on its futex or in `epoll_wait`), or makes its next
+    /// `park` return at once.
     pub(crate) fn unpark(&self) {
-        if self.state.swap(NOTIFIED, Ordering::Release) == PARKED {
-            futex::wake(&self.state, 1);
+        match self.state.swap(NOTIFIED, Ordering::Release) {
+            PARKED => futex::wake(&self.state, 1),
+            POLLING => {
+                if let Some(r) = reactor::get() {
+                    r.wake();
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -79,6 +79,9 @@ const MAX_NEXT_STREAK: u32 = 3;
 /// From this spin round on, an idle worker may take a peer's `next` slot: the owner had
 /// a grace period to run it itself.
 const STEAL_NEXT_ROUND: u32 = 3;
+/// Every this many ticks a busy worker takes a non-blocking look at I/O readiness, while
+/// fibers wait for I/O and no idle worker is polling.
+const IO_POLL_INTERVAL: u32 = 61;
 /// An idle worker releases burst stacks only if no timer is due within this long.
 const TRIM_QUIET: Duration = Duration::from_millis(50);
 /// How many idle stacks a worker releases per sleep, and how long it sleeps between batches.
@@ -313,6 +316,17 @@ fn pop_local<T>(q: &ArrayQueue<T>) -> Option<T> {
     }
 }
 
+/// Handles I/O readiness that is already there, without blocking, if fibers wait for I/O
+/// and no worker is blocked in `epoll_wait` already.
+fn poll_io_now() {
+    if let Some(reactor) = crate::io::reactor::get() {
+        if reactor.has_waiters() && reactor.try_begin_poll() {
+            reactor.poll(Some(Duration::ZERO));
+            reactor.end_poll();
+        }
+    }
+}
+
 /// One worker's private state. Lives on its thread (or, for `use_caller`'s worker 0, in
 /// `Shared::caller_worker` between drives).
 pub(crate) struct Worker {
@@ -393,6 +407,9 @@ impl Worker {
         self.tick.set(tick);
         if tick.is_multiple_of(TIMER_INTERVAL) {
             self.fire_timers();
+        }
+        if tick.is_multiple_of(IO_POLL_INTERVAL) {
+            poll_io_now();
         }
         if tick.is_multiple_of(INJECTOR_INTERVAL) {
             if let Some(job) = pop(&self.shared.injector) {
@@ -537,6 +554,10 @@ impl Worker {
 
     fn idle(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
         let sh = &self.shared;
+        poll_io_now();
+        if !self.ready.borrow().is_empty() || !self.me().inbox.is_empty() {
+            return;
+        }
         if 2 * sh.spinning.load(Ordering::Relaxed) < sh.workers.len() {
             sh.spinning.fetch_add(1, Ordering::SeqCst);
             for round in 0..SPIN_ROUNDS {
@@ -587,7 +608,14 @@ impl Worker {
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(now));
         if timeout.is_none_or(|t| !t.is_zero()) {
-            self.me().parker.park(timeout);
+            match crate::io::reactor::get() {
+                // Nobody polls for I/O: this worker does, sleeping in epoll_wait.
+                Some(reactor) if reactor.try_begin_poll() => {
+                    self.me().parker.park_polling(reactor, timeout);
+                    reactor.end_poll();
+                }
+                _ => self.me().parker.park(timeout),
+            }
         }
         sh.idle.remove(self.index);
     }

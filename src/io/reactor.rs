@@ -1,0 +1,434 @@
+//! The reactor: one edge-triggered epoll instance for the process, and the readiness record
+//! of every registered file descriptor.
+//!
+//! There is no poller thread. A worker with nothing to run becomes *the* poller if nobody
+//! else is (Go's netpoller model): it blocks in `epoll_wait` with its next timer deadline as
+//! timeout, while other idle workers sleep on their futex. Anyone who needs that worker back
+//! (new work, a wake of one of its fibers) writes to the reactor's eventfd. Busy workers take
+//! a non-blocking look every few dozen tasks while fibers wait for I/O, so readiness is never
+//! stuck behind a long run of work.
+//!
+//! Readiness is edge-triggered and remembered per record: the poller sets bits and bumps a
+//! tick; an I/O call that gets `EAGAIN` clears its bit only if the tick is still the one it
+//! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
+//! wait is therefore never lost.
+
+use crate::park::{park_timeout, ParkResult, Unparker};
+use parking_lot::{Mutex, RwLock};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Readiness bits.
+pub(crate) const READABLE: u32 = 1;
+pub(crate) const WRITABLE: u32 = 2;
+/// The peer hung up or the socket failed: wakes waiters of either direction.
+pub(crate) const CLOSED: u32 = 4;
+
+/// The event `data` of the eventfd.
+const WAKE_TOKEN: u64 = u64::MAX;
+/// How many events one `epoll_wait` takes.
+const EVENTS: usize = 256;
+
+/// A registered file descriptor: its readiness and the fibers waiting for it.
+pub(crate) struct IoRecord {
+    fd: RawFd,
+    generation: u32,
+    /// `(tick << 32) | bits`.
+    readiness: AtomicU64,
+    waiters: Mutex<Vec<Waiter>>,
+    next_waiter: AtomicU64,
+}
+
+struct Waiter {
+    id: u64,
+    interest: u32,
+    unparker: Unparker,
+}
+
+impl IoRecord {
+    /// The readiness word before an I/O attempt, for [`IoRecord::clear`].
+    pub(crate) fn snapshot(&self) -> u64 {
+        self.readiness.load(Ordering::Acquire)
+    }
+
+    /// After `EAGAIN`: forget `interest` readiness, unless an event arrived since `seen`.
+    pub(crate) fn clear(&self, seen: u64, interest: u32) {
+        let _ = self.readiness.compare_exchange(
+            seen,
+            seen & !u64::from(interest),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    fn ready(&self, interest: u32) -> bool {
+        self.readiness.load(Ordering::Acquire) as u32 & (interest | CLOSED) != 0
+    }
+
+    /// The poller's half: record `bits`, wake the waiters they concern.
+    fn set_ready(&self, bits: u32) {
+        let _ = self
+            .readiness
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
+                let tick = (w >> 32).wrapping_add(1);
+                Some((tick << 32) | u64::from(w as u32 | bits))
+            });
+        let mut woken = Vec::new();
+        {
+            let mut waiters = self.waiters.lock();
+            waiters.retain(|w| {
+                if w.interest & bits != 0 || bits & CLOSED != 0 {
+                    woken.push(w.unparker.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        for u in woken {
+            u.unpark();
+        }
+    }
+
+    /// Waits until `interest` (or a hang-up) is ready, or until `deadline`. In a scheduled
+    /// fiber it parks the fiber; elsewhere it blocks the thread in `poll(2)`.
+    pub(crate) fn wait(&self, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
+        let scheduled = crate::fiber::current_meta().is_some_and(|m| m.worker.is_some());
+        if !scheduled {
+            return poll_fd(self.fd, interest, deadline);
+        }
+        let reactor = reactor();
+        loop {
+            if self.ready(interest) {
+                return Ok(());
+            }
+            let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+            reactor.waiting.fetch_add(1, Ordering::SeqCst);
+            let r = park_timeout(deadline.unwrap_or_else(crate::join::far_future), |u| {
+                let mut waiters = self.waiters.lock();
+                if self.ready(interest) {
+                    drop(waiters);
+                    u.unpark();
+                } else {
+                    waiters.push(Waiter {
+                        id,
+                        interest,
+                        unparker: u,
+                    });
+                }
+            });
+            reactor.waiting.fetch_sub(1, Ordering::SeqCst);
+            if r == ParkResult::TimedOut {
+                self.waiters.lock().retain(|w| w.id != id);
+                if self.ready(interest) {
+                    return Ok(());
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "timed out waiting for the socket",
+                ));
+            }
+        }
+    }
+
+    /// Wakes every waiter with a hang-up: the fd is going away.
+    fn close(&self) {
+        self.set_ready(CLOSED);
+    }
+
+    /// Marks `bits` ready and wakes their waiters, as if the poller had seen them: after a
+    /// local `shutdown`, which the kernel may not report as an event, so waiters retry their
+    /// call and see its end-of-file or error.
+    pub(crate) fn wake(&self, bits: u32) {
+        self.set_ready(bits);
+    }
+}
+
+/// Blocks the thread until `fd` is ready for `interest`, or until `deadline`.
+fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
+    let mut events = 0;
+    if interest & READABLE != 0 {
+        events |= libc::POLLIN;
+    }
+    if interest & WRITABLE != 0 {
+        events |= libc::POLLOUT;
+    }
+    loop {
+        let timeout = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WouldBlock,
+                        "timed out waiting for the socket",
+                    ));
+                }
+                // Round up so a sub-millisecond remainder does not spin.
+                (left.as_nanos().div_ceil(1_000_000)).min(i32::MAX as u128) as i32
+            }
+        };
+        let mut pfd = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on our stack.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout) };
+        if n > 0 {
+            return Ok(());
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The process's epoll instance and record table.
+pub(crate) struct Reactor {
+    epoll: OwnedFd,
+    wake: OwnedFd,
+    /// Records by fd number.
+    records: RwLock<Vec<Option<Arc<IoRecord>>>>,
+    generation: AtomicU64,
+    /// A worker is blocked in `epoll_wait`.
+    polling: AtomicBool,
+    /// Fibers parked on I/O: while non-zero, busy workers poll now and then.
+    waiting: AtomicUsize,
+}
+
+static REACTOR: OnceLock<Reactor> = OnceLock::new();
+
+/// The reactor, if any fd was ever registered (workers skip polling otherwise).
+pub(crate) fn get() -> Option<&'static Reactor> {
+    REACTOR.get()
+}
+
+/// The reactor, created on first use.
+///
+/// # Panics
+/// If the kernel refuses an epoll instance or an eventfd (file-descriptor limit reached at
+/// the very first registration); registration reports later failures as errors.
+pub(crate) fn reactor() -> &'static Reactor {
+    REACTOR.get_or_init(|| Reactor::new().expect("fibra: cannot create the epoll reactor"))
+}
+
+impl Reactor {
+    fn new() -> io::Result<Reactor> {
+        // SAFETY: plain system calls; on success we own the returned descriptors.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `epoll` is a fresh descriptor we own.
+        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+        // SAFETY: as above.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wake < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `wake` is a fresh descriptor we own.
+        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: WAKE_TOKEN,
+        };
+        // SAFETY: both descriptors are valid; `ev` lives across the call.
+        if unsafe {
+            libc::epoll_ctl(
+                epoll.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                wake.as_raw_fd(),
+                &mut ev,
+            )
+        } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Reactor {
+            epoll,
+            wake,
+            records: RwLock::new(Vec::new()),
+            generation: AtomicU64::new(1),
+            polling: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+        })
+    }
+
+    /// Registers `fd` (edge-triggered, both directions) and returns its record. If `fd` is
+    /// already registered, returns the existing record.
+    pub(crate) fn register(&self, fd: RawFd) -> io::Result<Arc<IoRecord>> {
+        let idx = usize::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+        let mut records = self.records.write();
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) as u32;
+        let record = Arc::new(IoRecord {
+            fd,
+            generation,
+            readiness: AtomicU64::new(0),
+            waiters: Mutex::new(Vec::new()),
+            next_waiter: AtomicU64::new(0),
+        });
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: (u64::from(generation) << 32) | idx as u64,
+        };
+        // SAFETY: the epoll fd is ours; `ev` lives across the call; a bad `fd` is an error.
+        let r =
+            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                if let Some(Some(existing)) = records.get(idx) {
+                    return Ok(existing.clone());
+                }
+            }
+            return Err(e);
+        }
+        if records.len() <= idx {
+            records.resize(idx + 1, None);
+        }
+        if let Some(stale) = records[idx].replace(record.clone()) {
+            // The fd was closed behind our back and its number reused: wake the old waiters.
+            stale.close();
+        }
+        Ok(record)
+    }
+
+    /// Removes `record` before its fd is closed; its waiters wake with a hang-up.
+    pub(crate) fn deregister(&self, record: &IoRecord) {
+        let idx = record.fd as usize;
+        {
+            let mut records = self.records.write();
+            if let Some(slot) = records.get_mut(idx) {
+                if slot
+                    .as_ref()
+                    .is_some_and(|r| r.generation == record.generation)
+                {
+                    *slot = None;
+                }
+            }
+        }
+        // SAFETY: removing an fd from our epoll set; an error (already gone) is harmless.
+        unsafe {
+            libc::epoll_ctl(
+                self.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                record.fd,
+                std::ptr::null_mut(),
+            );
+        }
+        record.close();
+    }
+
+    /// [`deregister`](Reactor::deregister) by fd number.
+    pub(crate) fn deregister_fd(&self, fd: RawFd) {
+        let record = usize::try_from(fd)
+            .ok()
+            .and_then(|i| self.records.read().get(i).cloned().flatten());
+        if let Some(record) = record {
+            self.deregister(&record);
+        }
+    }
+
+    /// Whether anybody waits for I/O.
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) != 0
+    }
+
+    /// Takes the poller role if it is free.
+    pub(crate) fn try_begin_poll(&self) -> bool {
+        !self.polling.load(Ordering::Relaxed)
+            && self
+                .polling
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    pub(crate) fn end_poll(&self) {
+        self.polling.store(false, Ordering::Release);
+    }
+
+    /// Interrupts a blocked `epoll_wait`.
+    pub(crate) fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our eventfd; EAGAIN (counter full) means
+        // a wake is already pending, which is all we need.
+        unsafe {
+            libc::write(
+                self.wake.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+
+    /// Waits for events at most `timeout` (`None`: until one arrives or `wake`) and wakes the
+    /// fibers they concern. The caller holds the poller role.
+    pub(crate) fn poll(&self, timeout: Option<Duration>) {
+        let ms = match timeout {
+            None => -1,
+            Some(t) => t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
+        };
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS];
+        // SAFETY: the buffer holds EVENTS entries and outlives the call.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                EVENTS as libc::c_int,
+                ms,
+            )
+        };
+        if n <= 0 {
+            return;
+        }
+        let records = self.records.read();
+        for ev in &events[..n as usize] {
+            let data = ev.u64;
+            if data == WAKE_TOKEN {
+                let mut buf: u64 = 0;
+                // SAFETY: reading 8 bytes into a live u64 resets the eventfd counter.
+                unsafe {
+                    libc::read(
+                        self.wake.as_raw_fd(),
+                        (&mut buf as *mut u64).cast(),
+                        std::mem::size_of::<u64>(),
+                    );
+                }
+                continue;
+            }
+            let idx = (data & 0xFFFF_FFFF) as usize;
+            let generation = (data >> 32) as u32;
+            let Some(Some(record)) = records.get(idx) else {
+                continue;
+            };
+            if record.generation != generation {
+                continue;
+            }
+            let e = ev.events;
+            let mut bits = 0;
+            if e & (libc::EPOLLIN | libc::EPOLLPRI) as u32 != 0 {
+                bits |= READABLE;
+            }
+            if e & libc::EPOLLOUT as u32 != 0 {
+                bits |= WRITABLE;
+            }
+            if e & libc::EPOLLRDHUP as u32 != 0 {
+                // The peer shut down its side: reads return end-of-file; writes still work.
+                bits |= READABLE;
+            }
+            if e & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                // Hung up or failed: reads and writes both return at once (data, 0 or an
+                // error), so every waiter wakes and none can wait again.
+                bits |= READABLE | WRITABLE | CLOSED;
+            }
+            record.set_ready(bits);
+        }
+    }
+}

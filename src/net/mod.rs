@@ -1,0 +1,39 @@
+//! Fiber-aware sockets with std's API: [`TcpListener`], [`TcpStream`], [`UdpSocket`] and, in
+//! [`unix`], Unix-domain sockets.
+//!
+//! Every call tries the system call first and waits only on `EAGAIN`: inside a fiber the fiber
+//! parks until the reactor reports readiness; on a plain thread the thread blocks in
+//! `poll(2)`, so these types behave exactly like std's there. Sockets are kept in
+//! non-blocking mode and registered with the reactor the first time they have to wait.
+//! Timeouts (`set_read_timeout`, `connect_timeout`) end a wait with
+//! [`io::ErrorKind::WouldBlock`](std::io::ErrorKind::WouldBlock), as std reports them on Linux.
+//!
+//! ```
+//! use std::io::{Read, Write};
+//! use fibra::net::{TcpListener, TcpStream};
+//!
+//! let sched = fibra::Scheduler::builder().threads(2).build().unwrap();
+//! sched.start();
+//! let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+//! let addr = listener.local_addr().unwrap();
+//! let server = sched.submit(move || {
+//!     let (mut conn, _) = listener.accept().unwrap();
+//!     let mut buf = [0u8; 4];
+//!     conn.read_exact(&mut buf).unwrap();
+//!     conn.write_all(&buf).unwrap();
+//! }, None).unwrap();
+//! let client = sched.submit(move || {
+//!     let mut s = TcpStream::connect(addr).unwrap();
+//!     s.write_all(b"ping").unwrap();
+//!     let mut buf = [0u8; 4];
+//!     s.read_exact(&mut buf).unwrap();
+//!     buf
+//! }, None).unwrap();
+//! assert_eq!(&client.join().unwrap(), b"ping");
+//! server.join().unwrap();
+//! ```
+
+mod registration;
+mod tcp;
+
+pub use tcp::{Incoming, TcpListener, TcpStream};

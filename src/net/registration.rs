@@ -1,0 +1,130 @@
+//! What every fibra socket shares: its lazy registration with the reactor, the retry loop
+//! around non-blocking system calls, and std-style timeouts.
+
+use crate::io::reactor::{reactor, IoRecord};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+pub(crate) use crate::io::reactor::{READABLE, WRITABLE};
+
+/// A socket's link to the reactor, made the first time the socket has to wait.
+pub(crate) struct Registration {
+    fd: RawFd,
+    record: OnceLock<Arc<IoRecord>>,
+}
+
+impl Registration {
+    pub(crate) fn new(fd: RawFd) -> Self {
+        Registration {
+            fd,
+            record: OnceLock::new(),
+        }
+    }
+
+    fn record(&self) -> io::Result<&Arc<IoRecord>> {
+        if let Some(r) = self.record.get() {
+            return Ok(r);
+        }
+        let r = reactor().register(self.fd)?;
+        // A concurrent first wait may have won; the reactor returned the same record then.
+        let _ = self.record.set(r);
+        Ok(self.record.get().expect("just set"))
+    }
+
+    /// Runs `op` until it does not fail with `WouldBlock`, waiting for `interest` between
+    /// tries; gives up with `WouldBlock` at `deadline`.
+    pub(crate) fn io<R>(
+        &self,
+        interest: u32,
+        deadline: Option<Instant>,
+        mut op: impl FnMut() -> io::Result<R>,
+    ) -> io::Result<R> {
+        loop {
+            let seen = self.record.get().map(|r| r.snapshot());
+            match op() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let record = self.record()?;
+                    // Nothing seen before the call means the record is new: nothing to clear.
+                    if let Some(seen) = seen {
+                        record.clear(seen, interest);
+                    }
+                    record.wait(interest, deadline)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                r => return r,
+            }
+        }
+    }
+
+    /// Wakes this socket's waiters for `bits` (after a local shutdown).
+    pub(crate) fn wake(&self, bits: u32) {
+        if let Some(r) = self.record.get() {
+            r.wake(bits);
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(r) = self.record.get() {
+            reactor().deregister(r);
+        }
+    }
+}
+
+/// Read and write timeouts, shared by a socket and its `try_clone`s like std's socket
+/// options. Zero means none.
+#[derive(Default)]
+pub(crate) struct Timeouts {
+    read: AtomicU64,
+    write: AtomicU64,
+}
+
+fn encode(t: Option<Duration>) -> io::Result<u64> {
+    match t {
+        None => Ok(0),
+        Some(d) if d.is_zero() => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cannot set a 0 duration timeout",
+        )),
+        Some(d) => Ok(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+    }
+}
+
+fn decode(n: u64) -> Option<Duration> {
+    (n != 0).then(|| Duration::from_nanos(n))
+}
+
+impl Timeouts {
+    pub(crate) fn set_read(&self, t: Option<Duration>) -> io::Result<()> {
+        self.read.store(encode(t)?, Ordering::Relaxed);
+        Ok(())
+    }
+    pub(crate) fn set_write(&self, t: Option<Duration>) -> io::Result<()> {
+        self.write.store(encode(t)?, Ordering::Relaxed);
+        Ok(())
+    }
+    pub(crate) fn read(&self) -> Option<Duration> {
+        decode(self.read.load(Ordering::Relaxed))
+    }
+    pub(crate) fn write(&self) -> Option<Duration> {
+        decode(self.write.load(Ordering::Relaxed))
+    }
+    /// The deadline for a read starting now.
+    pub(crate) fn read_deadline(&self) -> Option<Instant> {
+        self.read().map(deadline_after)
+    }
+    /// The deadline for a write starting now.
+    pub(crate) fn write_deadline(&self) -> Option<Instant> {
+        self.write().map(deadline_after)
+    }
+}
+
+pub(crate) fn deadline_after(d: Duration) -> Instant {
+    Instant::now()
+        .checked_add(d)
+        .unwrap_or_else(crate::join::far_future)
+}

@@ -1,0 +1,379 @@
+//! [`TcpListener`] and [`TcpStream`]: std's TCP API, waiting in the reactor instead of the
+//! kernel.
+
+use super::registration::{deadline_after, Registration, Timeouts, READABLE, WRITABLE};
+use nix::errno::Errno;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage};
+use std::fmt;
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A TCP socket server, like [`std::net::TcpListener`]; `accept` suspends only the calling
+/// fiber.
+pub struct TcpListener {
+    inner: std::net::TcpListener,
+    reg: Registration,
+}
+
+impl TcpListener {
+    /// Binds to `addr` (the first address that works, as std does).
+    pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<TcpListener> {
+        Ok(TcpListener::from(std::net::TcpListener::bind(addr)?))
+    }
+
+    /// Waits for a connection and returns it with the peer's address.
+    pub fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        let (s, addr) = self.reg.io(READABLE, None, || self.inner.accept())?;
+        Ok((TcpStream::from(s), addr))
+    }
+
+    /// An endless iterator of accepted connections, like std's.
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self }
+    }
+
+    /// The address this listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// Another handle to the same socket (a duplicated fd).
+    pub fn try_clone(&self) -> io::Result<TcpListener> {
+        Ok(TcpListener::from(self.inner.try_clone()?))
+    }
+
+    /// Sets `IP_TTL`.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.inner.set_ttl(ttl)
+    }
+
+    /// Reads `IP_TTL`.
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.inner.ttl()
+    }
+
+    /// Takes the pending socket error (`SO_ERROR`).
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.inner.take_error()
+    }
+}
+
+/// Iterator over [`TcpListener::accept`]ed streams; from [`TcpListener::incoming`].
+pub struct Incoming<'a> {
+    listener: &'a TcpListener,
+}
+
+impl Iterator for Incoming<'_> {
+    type Item = io::Result<TcpStream>;
+    fn next(&mut self) -> Option<io::Result<TcpStream>> {
+        Some(self.listener.accept().map(|(s, _)| s))
+    }
+}
+
+impl From<std::net::TcpListener> for TcpListener {
+    /// Takes over a std listener, switching it to non-blocking mode.
+    fn from(inner: std::net::TcpListener) -> Self {
+        // Cannot fail on a valid socket; if it did, accept would block the thread, no worse.
+        let _ = inner.set_nonblocking(true);
+        let reg = Registration::new(inner.as_raw_fd());
+        TcpListener { inner, reg }
+    }
+}
+
+impl From<TcpListener> for std::net::TcpListener {
+    /// Gives the socket back to std, in blocking mode again.
+    fn from(l: TcpListener) -> Self {
+        let TcpListener { inner, reg } = l;
+        drop(reg);
+        let _ = inner.set_nonblocking(false);
+        inner
+    }
+}
+
+/// A TCP connection, like [`std::net::TcpStream`]. Reads, writes and connects suspend only
+/// the calling fiber. One fiber may read while another writes (`Read` and `Write` are
+/// implemented for `&TcpStream` too).
+pub struct TcpStream {
+    inner: std::net::TcpStream,
+    reg: Registration,
+    timeouts: Arc<Timeouts>,
+}
+
+impl TcpStream {
+    /// Connects to `addr`, trying each resolved address in turn like std.
+    pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<TcpStream> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match connect_addr(&a, None) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "could not resolve to any addresses",
+            )
+        }))
+    }
+
+    /// Connects to `addr`, giving up after `timeout` with [`io::ErrorKind::TimedOut`].
+    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+        if timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot set a 0 duration timeout",
+            ));
+        }
+        connect_addr(addr, Some(deadline_after(timeout))).map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                io::Error::new(io::ErrorKind::TimedOut, "connection timed out")
+            } else {
+                e
+            }
+        })
+    }
+
+    /// The remote address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.peer_addr()
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// Shuts down the read, write or both halves. Fibers waiting on this socket wake and see
+    /// the end-of-file or error.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.inner.shutdown(how)?;
+        self.reg.wake(match how {
+            Shutdown::Read => READABLE,
+            Shutdown::Write => WRITABLE,
+            Shutdown::Both => READABLE | WRITABLE,
+        });
+        Ok(())
+    }
+
+    /// Another handle to the same connection (a duplicated fd). Timeouts are shared, like
+    /// std's socket options.
+    pub fn try_clone(&self) -> io::Result<TcpStream> {
+        let inner = self.inner.try_clone()?;
+        let reg = Registration::new(inner.as_raw_fd());
+        Ok(TcpStream {
+            inner,
+            reg,
+            timeouts: self.timeouts.clone(),
+        })
+    }
+
+    /// Sets `TCP_NODELAY`.
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.inner.set_nodelay(nodelay)
+    }
+
+    /// Reads `TCP_NODELAY`.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        self.inner.nodelay()
+    }
+
+    /// Sets the read timeout (`None`: wait forever). A zero duration is an error, as in std.
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.timeouts.set_read(timeout)
+    }
+
+    /// Sets the write timeout (`None`: wait forever). A zero duration is an error, as in std.
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.timeouts.set_write(timeout)
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.timeouts.read())
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.timeouts.write())
+    }
+
+    /// Reads without consuming, waiting for data like `read`.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+            self.inner.peek(buf)
+        })
+    }
+
+    /// Sets `IP_TTL`.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.inner.set_ttl(ttl)
+    }
+
+    /// Reads `IP_TTL`.
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.inner.ttl()
+    }
+
+    /// Takes the pending socket error (`SO_ERROR`).
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.inner.take_error()
+    }
+}
+
+fn connect_addr(addr: &SocketAddr, deadline: Option<Instant>) -> io::Result<TcpStream> {
+    let family = match addr {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let fd: OwnedFd = nix::sys::socket::socket(
+        family,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let stream = TcpStream::from(std::net::TcpStream::from(fd));
+    match nix::sys::socket::connect(stream.as_raw_fd(), &SockaddrStorage::from(*addr)) {
+        Ok(()) => return Ok(stream),
+        // In progress (EINTR too: the connection carries on in the background).
+        Err(Errno::EINPROGRESS) | Err(Errno::EINTR) => {}
+        Err(e) => return Err(e.into()),
+    }
+    stream.reg.io(WRITABLE, deadline, || {
+        if let Some(e) = stream.inner.take_error()? {
+            return Err(e);
+        }
+        match stream.inner.peer_addr() {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+            Err(e) => Err(e),
+        }
+    })?;
+    Ok(stream)
+}
+
+impl Read for &TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+            (&self.inner).read(buf)
+        })
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        let deadline = self.timeouts.read_deadline();
+        self.reg
+            .io(READABLE, deadline, || (&self.inner).read_vectored(bufs))
+    }
+}
+
+impl Write for &TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
+            (&self.inner).write(buf)
+        })
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let deadline = self.timeouts.write_deadline();
+        self.reg
+            .io(WRITABLE, deadline, || (&self.inner).write_vectored(bufs))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        (&*self).read_vectored(bufs)
+    }
+}
+
+impl Write for TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl From<std::net::TcpStream> for TcpStream {
+    /// Takes over a std stream, switching it to non-blocking mode (fibra emulates blocking
+    /// for plain threads). Its std timeouts are not carried over.
+    fn from(inner: std::net::TcpStream) -> Self {
+        // Cannot fail on a valid socket; if it did, calls would block the thread, no worse.
+        let _ = inner.set_nonblocking(true);
+        let reg = Registration::new(inner.as_raw_fd());
+        TcpStream {
+            inner,
+            reg,
+            timeouts: Arc::default(),
+        }
+    }
+}
+
+impl From<TcpStream> for std::net::TcpStream {
+    /// Gives the socket back to std, in blocking mode again.
+    fn from(s: TcpStream) -> Self {
+        let TcpStream { inner, reg, .. } = s;
+        drop(reg);
+        let _ = inner.set_nonblocking(false);
+        inner
+    }
+}
+
+macro_rules! fd_traits {
+    ($ty:ty, $std:ty) => {
+        impl AsRawFd for $ty {
+            fn as_raw_fd(&self) -> RawFd {
+                self.inner.as_raw_fd()
+            }
+        }
+
+        impl AsFd for $ty {
+            fn as_fd(&self) -> BorrowedFd<'_> {
+                self.inner.as_fd()
+            }
+        }
+
+        impl IntoRawFd for $ty {
+            fn into_raw_fd(self) -> RawFd {
+                <$std>::from(self).into_raw_fd()
+            }
+        }
+
+        impl FromRawFd for $ty {
+            /// # Safety
+            /// `fd` must be an open socket of the right kind that the caller owns.
+            unsafe fn from_raw_fd(fd: RawFd) -> Self {
+                // SAFETY: the caller's contract, passed on to std.
+                <$ty>::from(unsafe { <$std>::from_raw_fd(fd) })
+            }
+        }
+
+        impl fmt::Debug for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.inner.fmt(f)
+            }
+        }
+    };
+}
+
+fd_traits!(TcpListener, std::net::TcpListener);
+fd_traits!(TcpStream, std::net::TcpStream);
