@@ -8,11 +8,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The allocation behind one submitted task: header, closure, result.
+/// A continuation registered with [`JoinHandle::then`], `catching` or `finally`.
+type Callback<T> = Box<dyn FnOnce(&Result<T, JoinError>) + Send>;
+
+/// The allocation behind one submitted task: header, closure, result, continuations.
 pub(crate) struct JoinCell<F, T> {
     header: Header,
     func: UnsafeCell<Option<F>>,
     result: UnsafeCell<Option<Result<T, JoinError>>>,
+    /// Continuations not run yet; `None` once they have run (later ones run at once).
+    callbacks: parking_lot::Mutex<Option<Vec<Callback<T>>>>,
 }
 
 // SAFETY: `func` is taken exactly once, by the worker that starts the task (or the one that
@@ -33,6 +38,7 @@ where
             header,
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
+            callbacks: parking_lot::Mutex::new(Some(Vec::new())),
         })
     }
 
@@ -43,6 +49,15 @@ where
         // SAFETY: only the worker owning the task publishes, once (checked above, and the
         // task reaches at most one of run/fail).
         unsafe { *self.result.get() = Some(r) };
+        // Continuations run before `complete`, so no `join` can take the result meanwhile.
+        let callbacks = self.callbacks.lock().take().unwrap_or_default();
+        if !callbacks.is_empty() {
+            // SAFETY: written just above; nobody takes it before `complete`.
+            let result = unsafe { (*self.result.get()).as_ref() }.expect("just written");
+            for cb in callbacks {
+                run_callback(cb, result);
+            }
+        }
         self.header.complete();
     }
 }
@@ -72,10 +87,18 @@ where
     }
 }
 
+/// Runs one continuation; its panic (already reported by the panic hook) must not unwind
+/// into a worker or the task that completed.
+fn run_callback<T>(cb: Callback<T>, result: &Result<T, JoinError>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(result)));
+}
+
 /// Trait object view of a task that yields a `T`, so `JoinHandle<T>` does not name the closure.
 trait Output<T>: Send + Sync {
     fn header(&self) -> &Header;
     fn take(&self) -> Option<Result<T, JoinError>>;
+    /// Runs `cb` with the result when the task completes, or now if it has.
+    fn on_complete(&self, cb: Callback<T>);
 }
 
 impl<F, T> Output<T> for JoinCell<F, T>
@@ -94,6 +117,22 @@ where
         // SAFETY: the result was written before `done` was set (observed above with
         // Acquire); the JoinHandle is the only reader, and `take` needs it by value.
         unsafe { (*self.result.get()).take() }
+    }
+
+    fn on_complete(&self, cb: Callback<T>) {
+        let mut callbacks = self.callbacks.lock();
+        match callbacks.as_mut() {
+            Some(list) => list.push(cb),
+            None => {
+                drop(callbacks);
+                // SAFETY: the list is gone only after `publish` wrote the result (the mutex
+                // orders that write before us), and it cannot have been taken: `take` needs
+                // the JoinHandle by value, and the caller borrows it.
+                if let Some(result) = unsafe { (*self.result.get()).as_ref() } {
+                    run_callback(cb, result);
+                }
+            }
+        }
     }
 }
 
@@ -130,6 +169,50 @@ impl<T> JoinHandle<T> {
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         let deadline = Instant::now().checked_add(timeout);
         self.cell.header().wait(deadline.or(Some(far_future())))
+    }
+
+    /// Runs `f` with the task's value when it completes successfully — on the thread that
+    /// completes it, or at once on this thread if it already has (seed 003's `then`).
+    /// Returns `&self` for chaining. `f` must not wait for this same task.
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+    /// sched.start();
+    /// let (tx, rx) = mpsc::channel();
+    /// let (tx2, tx3) = (tx.clone(), tx.clone());
+    /// let h = sched.submit(|| 1 + 2 + 3, None).unwrap();
+    /// h.then(move |v| tx.send(format!("then {v}")).unwrap())
+    ///     .catching(move |e| tx2.send(format!("caught {e}")).unwrap())
+    ///     .finally(move || tx3.send("finally".into()).unwrap());
+    /// assert_eq!(h.join().unwrap(), 6);
+    /// assert_eq!(rx.try_iter().collect::<Vec<_>>(), ["then 6", "finally"]);
+    /// ```
+    pub fn then(&self, f: impl FnOnce(&T) + Send + 'static) -> &Self {
+        self.cell.on_complete(Box::new(move |r| {
+            if let Ok(v) = r {
+                f(v)
+            }
+        }));
+        self
+    }
+
+    /// Runs `f` with the error when the task fails (panics, is cancelled, or cannot start) —
+    /// seed 003's `catching`. Same rules as [`then`](JoinHandle::then).
+    pub fn catching(&self, f: impl FnOnce(&JoinError) + Send + 'static) -> &Self {
+        self.cell.on_complete(Box::new(move |r| {
+            if let Err(e) = r {
+                f(e)
+            }
+        }));
+        self
+    }
+
+    /// Runs `f` when the task completes either way — seed 003's `finally`. Same rules as
+    /// [`then`](JoinHandle::then).
+    pub fn finally(&self, f: impl FnOnce() + Send + 'static) -> &Self {
+        self.cell.on_complete(Box::new(move |_| f()));
+        self
     }
 
     /// Whether the task has finished (its result, value or error, is ready).

@@ -56,7 +56,7 @@ use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{fence, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -118,6 +118,8 @@ pub(crate) struct Shared {
     spinning: AtomicUsize,
     idle: IdleSet,
     pub(crate) cancelled: AtomicUsize,
+    /// Shutting down without running queued unstarted tasks (`Looper::shutdown(false)`).
+    pub(crate) discard_queued: AtomicBool,
     drained: (parking_lot::Mutex<()>, parking_lot::Condvar),
     /// With `use_caller`: worker 0's state while its thread is not inside `block_on`/`stop`.
     pub(crate) caller_worker: parking_lot::Mutex<Option<Box<Worker>>>,
@@ -144,6 +146,7 @@ impl Shared {
             spinning: AtomicUsize::new(0),
             idle: IdleSet::new(n),
             cancelled: AtomicUsize::new(0),
+            discard_queued: AtomicBool::new(false),
             drained: (parking_lot::Mutex::new(()), parking_lot::Condvar::new()),
             caller_worker: parking_lot::Mutex::new(None),
             owner,
@@ -340,6 +343,8 @@ pub(crate) struct Worker {
     tick: Cell<u32>,
     next_streak: Cell<u32>,
     cancelled_all: Cell<bool>,
+    /// This worker has dropped its queued unstarted tasks (`discard_queued` shutdown).
+    discarded: Cell<bool>,
     rng: Cell<u32>,
 }
 
@@ -365,6 +370,7 @@ impl Worker {
             tick: Cell::new(0),
             next_streak: Cell::new(0),
             cancelled_all: Cell::new(false),
+            discarded: Cell::new(false),
             rng: Cell::new(0x9E37_79B9 ^ (index as u32).wrapping_mul(0x85EB_CA6B) | 1),
         }
     }
@@ -383,8 +389,14 @@ impl Worker {
             if until() {
                 return;
             }
-            if self.shared.state.load(Ordering::Relaxed) == CANCEL && !self.cancelled_all.get() {
-                self.cancel_all();
+            let state = self.shared.state.load(Ordering::Relaxed);
+            if state >= STOPPING {
+                if state == CANCEL && !self.cancelled_all.get() {
+                    self.cancel_all();
+                } else if !self.discarded.get() && self.shared.discard_queued.load(Ordering::SeqCst)
+                {
+                    self.discard_queued();
+                }
             }
             if let Some(task) = self.next_task() {
                 self.run_task(task);
@@ -588,7 +600,9 @@ impl Worker {
         }
         sh.idle.insert(self.index);
         fence(Ordering::SeqCst);
-        let cancel_pending = sh.state.load(Ordering::SeqCst) == CANCEL && !self.cancelled_all.get();
+        let cancel_pending = (sh.state.load(Ordering::SeqCst) == CANCEL
+            && !self.cancelled_all.get())
+            || (sh.discard_queued.load(Ordering::SeqCst) && !self.discarded.get());
         if self.has_work() || until() || self.should_exit() || cancel_pending {
             sh.idle.remove(self.index);
             return;
@@ -796,10 +810,10 @@ impl Worker {
         self.shared.task_done();
     }
 
-    /// `stop_timeout`'s deadline passed: fail every queued unstarted task this worker can
-    /// reach and make each of its live fibers unwind at its next resumption.
-    fn cancel_all(&self) {
-        self.cancelled_all.set(true);
+    /// Fails every queued unstarted task this worker can reach (its own queues and the
+    /// injector); wakes of started fibers stay queued.
+    fn discard_queued(&self) {
+        self.discarded.set(true);
         while let Some(task) = self.me().inbox.pop() {
             match task {
                 ScheduleTask::Closure(job) => self.drop_unstarted(job),
@@ -812,6 +826,13 @@ impl Worker {
         while let Some(job) = self.shared.injector.pop() {
             self.drop_unstarted(job);
         }
+    }
+
+    /// `stop_timeout`'s deadline passed: fail every queued unstarted task this worker can
+    /// reach and make each of its live fibers unwind at its next resumption.
+    fn cancel_all(&self) {
+        self.cancelled_all.set(true);
+        self.discard_queued();
         let fibers: Vec<Arc<dyn Job>> = self.registry.borrow().clone();
         for job in fibers {
             let h = job.header();
