@@ -5,6 +5,7 @@ package main
 import (
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,8 @@ var workloads = map[string]func() float64{
 	"chained_spawn": chainedSpawn,
 	"skynet":        skynet,
 	"sleep_storm":   sleepStorm,
+	"timer_p50":     func() float64 { return timerLateness(50) },
+	"timer_p99":     func() float64 { return timerLateness(99) },
 	"idle_cpu":      idleCPU,
 	"park_memory":   parkMemory,
 }
@@ -173,6 +176,26 @@ func sleepStorm() float64 {
 	}
 	wg.Wait()
 	return ms(time.Since(start)) - 50
+}
+
+// timer_p50 / timer_p99: 10 000 goroutines each sleep 10 ms once, together; figure is the
+// given percentile of how late they woke, in µs.
+func timerLateness(pct int) float64 {
+	const tasks = 10000
+	late := make([]float64, tasks)
+	var wg sync.WaitGroup
+	wg.Add(tasks)
+	for i := 0; i < tasks; i++ {
+		go func(i int) {
+			t := time.Now()
+			time.Sleep(10 * time.Millisecond)
+			late[i] = float64((time.Since(t) - 10*time.Millisecond).Nanoseconds()) / 1e3
+			wg.Done()
+		}(i)
+	}
+	wg.Wait()
+	sort.Float64s(late)
+	return late[tasks*pct/100]
 }
 
 func processCPU() time.Duration {

@@ -13,6 +13,7 @@ pub mod skynet;
 pub mod sleep_storm;
 pub mod spawn_many;
 pub mod spawn_remote;
+pub mod timer_lateness;
 pub mod yield_many;
 
 use std::time::Duration;
@@ -79,6 +80,8 @@ pub const WORKLOADS: &[Workload] = &[
     timed("chained_spawn", "ns/hop", 60),
     timed("skynet", "ms", 60),
     timed("sleep_storm", "ms over 50", 60),
+    timed("timer_p50", "µs late", 60),
+    timed("timer_p99", "µs late", 60),
     Workload {
         name: "idle_cpu",
         unit: "CPU ms in 2 s",
@@ -127,7 +130,9 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
             Some("thread::yield_now is only a hint to the OS scheduler: no like-for-like meaning")
         }
         (Peer::Std, "skynet") => Some("1 111 111 OS threads: not a thread workload"),
-        (Peer::Std, "sleep_storm") => Some("10 000 sleeping OS threads: not a thread workload"),
+        (Peer::Std, "sleep_storm" | "timer_p50" | "timer_p99") => {
+            Some("10 000 sleeping OS threads: not a thread workload")
+        }
         (Peer::Std, "idle_cpu") => Some("plain threads have no runtime that could idle"),
         (Peer::Std, "park_memory") => Some("100 000 parked OS threads: not a thread workload"),
         (Peer::Std, "http") => Some("thread-per-connection server is not part of this comparison"),
@@ -177,6 +182,8 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "chained_spawn" => chained_spawn::run,
         "skynet" => skynet::run,
         "sleep_storm" => sleep_storm::run,
+        "timer_p50" => |p, c| timer_lateness::run(p, c, timer_lateness::Pct::P50),
+        "timer_p99" => |p, c| timer_lateness::run(p, c, timer_lateness::Pct::P99),
         "idle_cpu" => idle_cpu::run,
         "park_memory" => park_memory::run,
         other => return Err(format!("workload {other} cannot run in-process")),
