@@ -691,7 +691,7 @@ impl Worker {
     }
 
     /// Switches to a fiber homed here and acts on what it asks when it comes back.
-    #[inline]
+    #[inline(always)]
     fn resume(&self, job: Arc<dyn Job>) {
         let h = job.header();
         let home = h.home.get();
