@@ -106,7 +106,8 @@ impl IoRecord {
                 return Ok(());
             }
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-            reactor.waiting.fetch_add(1, Ordering::SeqCst);
+            // Counted while parked, also if the fiber is cancelled and unwinds from the park.
+            let _counted = WaitingGuard::new(&reactor.waiting);
             let r = park_timeout(deadline.unwrap_or_else(crate::join::far_future), |u| {
                 let mut waiters = self.waiters.lock();
                 if self.ready(interest) {
@@ -120,7 +121,6 @@ impl IoRecord {
                     });
                 }
             });
-            reactor.waiting.fetch_sub(1, Ordering::SeqCst);
             if r == ParkResult::TimedOut {
                 self.waiters.lock().retain(|w| w.id != id);
                 if self.ready(interest) {
@@ -144,6 +144,22 @@ impl IoRecord {
     /// call and see its end-of-file or error.
     pub(crate) fn wake(&self, bits: u32) {
         self.set_ready(bits);
+    }
+}
+
+/// Counts a fiber as waiting for I/O for as long as it lives.
+struct WaitingGuard<'a>(&'a AtomicUsize);
+
+impl<'a> WaitingGuard<'a> {
+    fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        WaitingGuard(counter)
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
