@@ -185,6 +185,10 @@ impl Scheduler {
         {
             return;
         }
+        self.spawn_workers();
+    }
+
+    fn spawn_workers(&self) {
         let first = usize::from(self.shared.config.use_caller);
         let mut threads = self.threads.lock();
         for index in first..self.threads() {
@@ -325,7 +329,19 @@ impl Scheduler {
     fn stop_inner(&self, timeout: Option<Duration>) -> usize {
         let sh = &self.shared;
         let deadline = timeout.map(|d| Instant::now().checked_add(d).unwrap_or_else(far_future));
-        self.start();
+        if sh
+            .state
+            .compare_exchange(NEW, STOPPING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            // Never started. SeqCst against `admit`: a racing submit either sees STOPPING and
+            // is refused, or is counted in `live` here and its task gets workers to run it.
+            if sh.live() == 0 {
+                sh.state.store(DONE, Ordering::SeqCst);
+                return 0;
+            }
+            self.spawn_workers();
+        }
         let _ =
             sh.state
                 .compare_exchange(RUNNING_STATE, STOPPING, Ordering::SeqCst, Ordering::SeqCst);
