@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Model-checks fibra::sync's atomic state machines (wait-queue node handshake, mutex word,
 # oneshot slot, channel hand-overs) with loom: every interleaving of a few threads, up to
-# LOOM_MAX_PREEMPTIONS preemptions per execution. Takes about a minute on 2 cores (build included; 5 preemptions: ~30 s of checking).
+# LOOM_MAX_PREEMPTIONS preemptions per execution. About a minute on 2 cores: the build,
+# then ~30 s of checking at the default bound of 5.
 #
 # The models live in src/sync/loom_model.rs; under --cfg loom, src/sync/shim.rs swaps the
 # atomics, cells, internal lock and park for loom's. A separate target directory keeps the

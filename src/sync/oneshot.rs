@@ -11,8 +11,8 @@
 //!
 //! The sender writes the value, then sets `SENT` with one `fetch_or`; if that shows
 //! `WAITING`, it takes the unparker and wakes the receiver. The receiver publishes its
-//! unparker and sets `WAITING` with a compare-and-swap that fails if `SENT` or `TX_GONE`
-//! came first (then it wakes itself). A receiver whose deadline passes clears `WAITING`
+//! unparker and sets `WAITING` with a `fetch_or`; if that shows `SENT` or `TX_GONE`, the
+//! sender's side came first and never looks at the cell, so the receiver wakes itself. A receiver whose deadline passes clears `WAITING`
 //! with a `fetch_and`: if neither `SENT` nor `TX_GONE` had been set, the waiter cell is its
 //! own again; otherwise the sender owns the waiter cell and the receiver leaves it alone.
 //! No lock and no queue: a oneshot has at most one waiter, by construction (`Receiver`'s
@@ -217,30 +217,20 @@ impl<T> Receiver<T> {
 /// The park registration: publish the receiver's unparker and set WAITING, unless the
 /// sender's side already finished (then wake ourselves).
 fn publish<T>(inner: &Inner<T>, u: Unparker) {
-    // SAFETY: WAITING is clear (it is only set here and cleared by a timeout), so no sender
-    // reads the cell; we are the only receiver.
+    // SAFETY: WAITING is clear (it is only set here, once per wait, and cleared by a
+    // timeout), so no sender reads the cell; we are the only receiver.
     inner.waiter.with_mut(|w| unsafe { *w = Some(u) });
-    // Relaxed: only a hint for the first compare-and-swap.
-    let mut s = inner.state.load(Ordering::Relaxed);
-    loop {
-        if s & (SENT | TX_GONE) != 0 {
-            // The sender finished without seeing WAITING: the cell is still ours.
-            // SAFETY: as above.
-            let u = inner.waiter.with_mut(|w| unsafe { (*w).take() });
-            if let Some(u) = u {
-                u.unpark();
-            }
-            return;
-        }
-        // Release: the sender that sees WAITING (Acquire) sees the unparker.
-        match inner.state.compare_exchange_weak(
-            s,
-            s | WAITING,
-            Ordering::Release,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => return,
-            Err(now) => s = now,
+    // Release: the sender that sees WAITING (Acquire) sees the unparker.
+    // Acquire: if the sender's side finished first, its writes are visible when we resume.
+    let prev = inner.state.fetch_or(WAITING, Ordering::AcqRel);
+    if prev & (SENT | TX_GONE) != 0 {
+        // The sender's side finished without seeing WAITING, so it never touches the cell:
+        // take the unparker back and wake ourselves. (WAITING stays set, harmlessly: the
+        // sender is done, and a withdrawal sees SENT/TX_GONE and leaves the cell alone.)
+        // SAFETY: as above.
+        let u = inner.waiter.with_mut(|w| unsafe { (*w).take() });
+        if let Some(u) = u {
+            u.unpark();
         }
     }
 }
@@ -273,7 +263,11 @@ impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         // Relaxed: the receiver publishes nothing. A value left behind is dropped with the
         // allocation, whose reference count orders that drop after the sender's write.
-        self.inner.state.fetch_or(RX_GONE, Ordering::Relaxed);
+        // Once SENT or TX_GONE is set the sender never looks at the state again, so the
+        // common case (the value was received) needs no read-modify-write.
+        if self.inner.state.load(Ordering::Relaxed) & (SENT | TX_GONE) == 0 {
+            self.inner.state.fetch_or(RX_GONE, Ordering::Relaxed);
+        }
     }
 }
 

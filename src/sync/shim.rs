@@ -25,6 +25,14 @@ mod imp {
         crate::park::park_inner(deadline, register)
     }
 
+    /// Whether a waiter may spin briefly before parking: only a thread, whose park is a
+    /// futex sleep. A fiber parks cheaply (a context switch), and spinning would keep the
+    /// other fibers of its worker — maybe the very one it waits for — from running.
+    #[inline]
+    pub(crate) fn may_spin() -> bool {
+        !crate::fiber::in_fiber()
+    }
+
     /// `core::cell::UnsafeCell` with loom's closure-based accessors.
     #[repr(transparent)]
     pub(crate) struct UnsafeCell<T: ?Sized>(std::cell::UnsafeCell<T>);
@@ -136,6 +144,11 @@ mod imp {
             loom::thread::park();
         }
         ParkResult::Unparked
+    }
+
+    /// Spinning would only multiply the interleavings loom explores.
+    pub(crate) fn may_spin() -> bool {
+        false
     }
 
     /// loom's tracked cell, with the accessors of the normal build's.
