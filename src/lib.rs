@@ -54,6 +54,7 @@ mod stack;
 pub mod sync;
 mod sys;
 pub mod time;
+pub mod unblock;
 
 /// Internals exposed only so `benches/` can measure them. Not part of the API: no stability
 /// promise, hidden from the documentation.
@@ -71,3 +72,4 @@ pub use stack::{
     guard_kind, stack_stats, StackStats, DEFAULT_STACK_CACHE, DEFAULT_STACK_SIZE, MIN_STACK_SIZE,
 };
 pub use time::{sleep, sleep_until};
+pub use unblock::unblock;

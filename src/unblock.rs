@@ -1,0 +1,509 @@
+//! [`unblock`]: run blocking code on a pool of plain threads while the calling fiber is parked
+//! (the seed's `asyncify`), and the settings of that pool.
+//!
+//! This module owns the process-wide blocking pool. It touches the scheduler only through
+//! [`crate::park`] and [`Unparker`]: the calling fiber waits exactly like a fiber waiting for a
+//! lock or a timer, and resumes on its home worker.
+//!
+//! # The call
+//! `unblock(f)` keeps `f`, the result slot and a small completion word in a `Call` on the
+//! calling fiber's own stack — no allocation — and parks. After the switch, on the worker's
+//! stack, the registration pushes an `Entry` (a pointer to that `Call` and the fiber's
+//! `Unparker`) to the pool's queue. A pool thread runs `f` (catching a panic), stores the
+//! result, marks the call done and unparks the fiber, which reads the result (or resumes the
+//! panic) on its own thread. Because the fiber cannot run before the unpark, `f` may borrow
+//! from the caller's stack, like `std::thread::scope`. The one way a parked fiber can leave
+//! early is cancellation by `Scheduler::stop_timeout`, which unwinds its stack: a guard then
+//! blocks the worker thread until the pool thread has finished with the `Call`.
+//!
+//! # The pool
+//! Threads are started on demand, up to [`max_threads`] (default
+//! [`DEFAULT_MAX_THREADS`]); a thread idle for [`keep_alive`] (default [`DEFAULT_KEEP_ALIVE`])
+//! exits. The wake-up protocol is Go's `nmspinning` rule: a pool thread that has just finished
+//! a job, or has just been woken, *spins* for a few microseconds looking at the queue. A
+//! submitter pushes, issues a SeqCst fence and wakes a sleeping thread (or starts a new one)
+//! only if nobody spins; a spinner that finds work while being the last spinner, and sees more
+//! queued, wakes the next thread. A burst of calls therefore costs one wake-up, not one per
+//! call, and fast jobs are run back to back by whichever thread is already awake. Sleeping
+//! threads wait on a futex each, the most recently idle woken first so the oldest time out.
+
+use crate::park::{park, Unparker};
+use crate::sys::futex;
+use crossbeam_queue::SegQueue;
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// The default cap on blocking threads (tokio's default too).
+pub const DEFAULT_MAX_THREADS: usize = 512;
+/// How long an idle blocking thread waits for work before it exits, by default.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// How long a pool thread with nothing to do keeps looking at the queue before it sleeps.
+/// Long enough to catch the next call of a fiber that has just been given its result.
+const SPIN_TIME: Duration = Duration::from_micros(50);
+/// The first part of [`SPIN_TIME`] spins on the CPU; the rest yields it between looks.
+const SPIN_HOT: Duration = Duration::from_micros(10);
+/// At most this many pool threads spin at once.
+const MAX_SPINNERS: usize = 1;
+/// Pool thread names are `fibra-unblock-<n>`.
+const THREAD_NAME: &str = "fibra-unblock";
+
+/// Runs the blocking function `f` on the blocking pool and returns its value, parking only
+/// the calling fiber meanwhile — the seed's `asyncify`.
+///
+/// Inside a scheduled fiber, `f` runs on a pool thread while the fiber is suspended, so its
+/// worker keeps running other fibers; the fiber then resumes on its own worker with the
+/// value. A panic in `f` resumes in the caller, as if `f` had run there. Anywhere else (a
+/// plain thread, a standalone [`Fiber`](crate::Fiber), a pool thread) `f` simply runs inline.
+///
+/// `f` may borrow from the caller (it need not be `'static`): the caller cannot continue
+/// before `f` has returned. Use it for calls that block the thread — file I/O, DNS lookups,
+/// `std` locks, CPU-heavy work — never for fibra's own waits, which already suspend only the
+/// fiber. A call costs a few microseconds (two cross-thread hand-offs); batch small calls.
+///
+/// The pool is process-wide and grows on demand up to [`max_threads`]; calls beyond that
+/// queue in FIFO order. A blocking function that waits for another `unblock` call to finish
+/// can therefore deadlock once every pool thread waits like it.
+///
+/// ```
+/// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+/// sched.start();
+/// let len = sched.block_on(|| {
+///     let mut buf = Vec::new();
+///     // Borrows `buf`; the worker runs other fibers while the pool thread works.
+///     let n = fibra::unblock(|| {
+///         buf.extend_from_slice(b"blocking work");
+///         std::thread::current().name().map(String::from)
+///     });
+///     assert_eq!(n.as_deref().map(|n| n.starts_with("fibra-unblock")), Some(true));
+///     buf.len()
+/// });
+/// assert_eq!(len, 13);
+/// assert_eq!(fibra::unblock(|| 6 * 7), 42); // not in a fiber: runs inline
+/// ```
+pub fn unblock<F, T>(f: F) -> T
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    let scheduled = crate::fiber::current_meta().is_some_and(|m| m.worker.is_some());
+    if !scheduled {
+        return f();
+    }
+    let call = Call {
+        func: UnsafeCell::new(Some(f)),
+        result: UnsafeCell::new(None),
+        completion: Completion::new(),
+    };
+    let guard = AwaitCompletion(&call.completion);
+    let job: &(dyn Run + '_) = &call;
+    let job: *const (dyn Run + '_) = job;
+    // SAFETY: only the lifetime is erased. The `Call` lives on this fiber's stack until it
+    // returns; the pool reads it only between the push below and `Completion::complete`, and
+    // the fiber cannot leave this frame before that: `park` returns only after the unpark that
+    // follows `complete`, and an unwinding cancellation waits in `AwaitCompletion::drop`.
+    let job: *const (dyn Run + 'static) = unsafe { std::mem::transmute(job) };
+    let entry = |unparker| Entry {
+        job: NonNull::new(job.cast_mut()).expect("a reference is never null"),
+        completion: NonNull::from(&call.completion),
+        unparker,
+    };
+    park(|u| {
+        call.completion.state.store(QUEUED, Ordering::Relaxed);
+        POOL.submit(entry(u));
+    });
+    drop(guard);
+    // SAFETY: the pool thread wrote the result before `complete` and the unpark (whose
+    // Release/Acquire chain through the park word orders it before this read); nobody else
+    // touches it any more.
+    let result = unsafe { (*call.result.get()).take() };
+    match result.expect("unblock: the pool completes every call before waking its caller") {
+        Ok(v) => v,
+        Err(panic) => resume_unwind(panic),
+    }
+}
+
+/// Caps the number of blocking threads (default [`DEFAULT_MAX_THREADS`]). Lowering it does
+/// not stop busy threads; surplus ones exit when they next go idle.
+///
+/// # Panics
+/// If `n` is 0: the pool needs at least one thread.
+pub fn set_max_threads(n: usize) {
+    assert!(
+        n > 0,
+        "fibra::unblock::set_max_threads(0): the pool needs a thread"
+    );
+    POOL.max_threads.store(n, Ordering::SeqCst);
+}
+
+/// The cap on blocking threads.
+pub fn max_threads() -> usize {
+    POOL.max_threads.load(Ordering::SeqCst)
+}
+
+/// How long an idle blocking thread waits for work before it exits (default
+/// [`DEFAULT_KEEP_ALIVE`]). Applies from each thread's next wait.
+pub fn set_keep_alive(idle: Duration) {
+    let ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
+    POOL.keep_alive_ns.store(ns, Ordering::SeqCst);
+}
+
+/// How long an idle blocking thread waits for work before it exits.
+pub fn keep_alive() -> Duration {
+    Duration::from_nanos(POOL.keep_alive_ns.load(Ordering::SeqCst))
+}
+
+/// How many blocking threads exist right now (busy, spinning or idle).
+///
+/// ```
+/// assert!(fibra::unblock::threads() <= fibra::unblock::max_threads());
+/// ```
+pub fn threads() -> usize {
+    POOL.idle.lock().threads
+}
+
+/// Completion word states.
+const IDLE: u32 = 0;
+const QUEUED: u32 = 1;
+const DONE: u32 = 2;
+/// The caller is being cancelled and waits (blocking its thread) for `DONE`.
+const WAITING: u32 = 3;
+
+/// One `unblock` call, on the caller's stack.
+struct Call<F, T> {
+    func: UnsafeCell<Option<F>>,
+    result: UnsafeCell<Option<std::thread::Result<T>>>,
+    completion: Completion,
+}
+
+/// The type-erased part a pool thread runs.
+trait Run {
+    /// Runs the function once and stores its result (or panic).
+    fn run(&self);
+}
+
+impl<F: FnOnce() -> T, T> Run for Call<F, T> {
+    fn run(&self) {
+        // SAFETY: exactly one pool thread runs an entry, once; the caller does not touch
+        // `func` or `result` until the call completes.
+        let f = unsafe { (*self.func.get()).take() }.expect("an unblock call runs once");
+        let r = catch_unwind(AssertUnwindSafe(f));
+        // SAFETY: as above.
+        unsafe { *self.result.get() = Some(r) };
+    }
+}
+
+/// Whether a call is done, and how a cancelled caller waits for that.
+struct Completion {
+    state: AtomicU32,
+    /// The thread to wake in state `WAITING`; written by the caller before it moves to
+    /// `WAITING`, read by the pool thread only after it has seen `WAITING`.
+    waiter: UnsafeCell<Option<Thread>>,
+}
+
+impl Completion {
+    fn new() -> Self {
+        Completion {
+            state: AtomicU32::new(IDLE),
+            waiter: UnsafeCell::new(None),
+        }
+    }
+
+    /// Marks the call done: the pool thread's last access to the caller's stack.
+    ///
+    /// # Safety
+    /// `this` points to the live `Completion` of a call that has run; after this returns,
+    /// the caller may pop its frame at any time, so `this` must not be used again.
+    unsafe fn complete(this: NonNull<Completion>) {
+        // SAFETY: live until the state below is DONE (see the function's contract).
+        let c = unsafe { this.as_ref() };
+        // Release: the result written before is visible to a caller that sees DONE.
+        match c
+            .state
+            .compare_exchange(QUEUED, DONE, Ordering::Release, Ordering::Acquire)
+        {
+            Ok(_) => {}
+            Err(WAITING) => {
+                // SAFETY: written before the caller's Release CAS to WAITING, which our
+                // Acquire observed; the caller does not touch it again until DONE.
+                let waiter = unsafe { (*c.waiter.get()).take() };
+                c.state.store(DONE, Ordering::Release);
+                if let Some(t) = waiter {
+                    t.unpark();
+                }
+            }
+            Err(other) => unreachable!("unblock: completion in state {other}"),
+        }
+    }
+
+    /// Blocks the thread until the pool is done with the call, if it was ever queued.
+    fn wait_blocking(&self) {
+        if self.state.load(Ordering::Acquire) != QUEUED {
+            return;
+        }
+        // SAFETY: the pool reads `waiter` only after seeing WAITING, which we set below.
+        unsafe { *self.waiter.get() = Some(std::thread::current()) };
+        if self
+            .state
+            .compare_exchange(QUEUED, WAITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return; // DONE meanwhile
+        }
+        while self.state.load(Ordering::Acquire) != DONE {
+            std::thread::park();
+        }
+    }
+}
+
+/// Keeps the caller's frame alive until the pool is done with it. On the normal path the
+/// call is already done when this drops (one load); only when `stop_timeout` unwinds the
+/// parked fiber does it block the worker thread, until the running function returns.
+struct AwaitCompletion<'a>(&'a Completion);
+
+impl Drop for AwaitCompletion<'_> {
+    fn drop(&mut self) {
+        self.0.wait_blocking();
+    }
+}
+
+/// A queued call: what to run, what to mark done, whom to wake.
+struct Entry {
+    job: NonNull<dyn Run>,
+    completion: NonNull<Completion>,
+    unparker: Unparker,
+}
+
+// SAFETY: an entry hands a call to exactly one pool thread. The `Call` is `Send` in
+// substance: `unblock` requires `F: Send` and `T: Send`, and the caller does not touch the
+// call while the entry exists (see `unblock`).
+unsafe impl Send for Entry {}
+
+impl Entry {
+    fn run(self) {
+        // SAFETY: the call is live until `complete` (see `unblock`).
+        unsafe { self.job.as_ref().run() };
+        // SAFETY: the call has run; `completion` is not used after this.
+        unsafe { Completion::complete(self.completion) };
+        self.unparker.unpark();
+    }
+}
+
+/// The process-wide blocking pool.
+static POOL: Pool = Pool::new();
+
+struct Pool {
+    queue: SegQueue<Entry>,
+    /// Pool threads looking at the queue without sleeping (including ones just woken or
+    /// started, which count as spinning until they look).
+    spinning: AtomicUsize,
+    /// Sleeping threads and the thread count, under one lock so that a thread that exits
+    /// and a submitter that finds no sleeper agree on whether a new thread is needed.
+    idle: parking_lot::Mutex<Idle>,
+    max_threads: AtomicUsize,
+    keep_alive_ns: AtomicU64,
+    names: AtomicUsize,
+}
+
+struct Idle {
+    /// Sleepers, most recently idle last.
+    sleepers: Vec<Arc<Sleeper>>,
+    /// Live pool threads.
+    threads: usize,
+}
+
+/// A sleeping pool thread's futex word: `EMPTY`, or `NOTIFIED` by the submitter that took
+/// it out of the idle list.
+struct Sleeper {
+    word: AtomicU32,
+}
+
+const EMPTY: u32 = 0;
+const NOTIFIED: u32 = 1;
+
+/// How a pool thread's sleep ended.
+enum Woke {
+    /// Handed work (counted as spinning by whoever woke it).
+    Notified,
+    /// Idle for the whole keep-alive (or the pool shrank): the thread is counted out.
+    Exit,
+}
+
+impl Pool {
+    const fn new() -> Pool {
+        Pool {
+            queue: SegQueue::new(),
+            spinning: AtomicUsize::new(0),
+            idle: parking_lot::Mutex::new(Idle {
+                sleepers: Vec::new(),
+                threads: 0,
+            }),
+            max_threads: AtomicUsize::new(DEFAULT_MAX_THREADS),
+            keep_alive_ns: AtomicU64::new(DEFAULT_KEEP_ALIVE.as_secs() * 1_000_000_000),
+            names: AtomicUsize::new(0),
+        }
+    }
+
+    /// Queues a call and makes sure a thread will look at it. Runs on a worker's stack
+    /// inside `park`'s registration, so it never blocks (apart from starting a thread).
+    fn submit(&'static self, entry: Entry) {
+        self.queue.push(entry);
+        // Pairs with the fence of a spinner that gives up (`sleep`): either it sees this
+        // entry, or we see it no longer spinning and wake someone.
+        fence(Ordering::SeqCst);
+        if self.spinning.load(Ordering::SeqCst) == 0 {
+            self.wake_one();
+        }
+    }
+
+    /// Wakes the most recently idle thread, or starts one if none sleeps and the cap allows.
+    /// Either way the thread counts as spinning from here on. With every thread busy, the
+    /// queue waits for the first that finishes.
+    fn wake_one(&'static self) {
+        let mut idle = self.idle.lock();
+        if let Some(s) = idle.sleepers.pop() {
+            drop(idle);
+            self.spinning.fetch_add(1, Ordering::SeqCst);
+            s.word.store(NOTIFIED, Ordering::Release);
+            futex::wake(&s.word, 1);
+            return;
+        }
+        if idle.threads >= self.max_threads.load(Ordering::Relaxed) {
+            return;
+        }
+        idle.threads += 1;
+        drop(idle);
+        self.spinning.fetch_add(1, Ordering::SeqCst);
+        let n = self.names.fetch_add(1, Ordering::Relaxed);
+        let spawned = std::thread::Builder::new()
+            .name(format!("{THREAD_NAME}-{n}"))
+            .spawn(move || self.thread_main());
+        if spawned.is_err() {
+            self.spinning.fetch_sub(1, Ordering::SeqCst);
+            let mut idle = self.idle.lock();
+            idle.threads -= 1;
+            let none = idle.threads == 0;
+            drop(idle);
+            if none {
+                // The OS refuses threads and the pool has none: run the queue here rather
+                // than leave callers parked for ever.
+                while let Some(e) = self.queue.pop() {
+                    e.run();
+                }
+            }
+        }
+    }
+
+    /// A pool thread: starts counted as spinning.
+    fn thread_main(&'static self) {
+        let me = Arc::new(Sleeper {
+            word: AtomicU32::new(EMPTY),
+        });
+        loop {
+            match self.spin() {
+                Some(entry) => {
+                    // The last spinner going to work hands the watch to another thread if
+                    // more work waits (Go's rule), so a burst is spread without a wake per call.
+                    if self.spinning.fetch_sub(1, Ordering::SeqCst) == 1 && !self.queue.is_empty() {
+                        self.wake_one();
+                    }
+                    entry.run();
+                    while let Some(e) = self.queue.pop() {
+                        e.run();
+                    }
+                    if self.spinning.load(Ordering::Relaxed) < MAX_SPINNERS {
+                        self.spinning.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                }
+                None => {
+                    self.spinning.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            match self.sleep(&me) {
+                Woke::Notified => continue,
+                Woke::Exit => return,
+            }
+        }
+    }
+
+    /// Looks at the queue for up to [`SPIN_TIME`].
+    fn spin(&self) -> Option<Entry> {
+        let start = Instant::now();
+        loop {
+            if let Some(e) = self.queue.pop() {
+                return Some(e);
+            }
+            let spent = start.elapsed();
+            if spent >= SPIN_TIME {
+                return None;
+            }
+            if spent < SPIN_HOT {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Sleeps until handed work or until the keep-alive runs out. The caller is not spinning.
+    fn sleep(&self, me: &Arc<Sleeper>) -> Woke {
+        {
+            let mut idle = self.idle.lock();
+            if idle.threads > self.max_threads.load(Ordering::Relaxed) {
+                idle.threads -= 1;
+                return Woke::Exit;
+            }
+            me.word.store(EMPTY, Ordering::Relaxed);
+            idle.sleepers.push(me.clone());
+        }
+        // Pairs with the fence in `submit` (see there).
+        fence(Ordering::SeqCst);
+        if !self.queue.is_empty() && self.withdraw(me) {
+            self.spinning.fetch_add(1, Ordering::SeqCst);
+            return Woke::Notified;
+        }
+        let keep_alive = Duration::from_nanos(self.keep_alive_ns.load(Ordering::Relaxed));
+        let deadline = Instant::now().checked_add(keep_alive);
+        loop {
+            if me.word.load(Ordering::Acquire) == NOTIFIED {
+                return Woke::Notified;
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                let mut idle = self.idle.lock();
+                if let Some(i) = idle.sleepers.iter().rposition(|s| Arc::ptr_eq(s, me)) {
+                    idle.sleepers.remove(i);
+                    idle.threads -= 1;
+                    return Woke::Exit;
+                }
+                // A submitter took us out of the list: its notification is on the way.
+                drop(idle);
+                while me.word.load(Ordering::Acquire) != NOTIFIED {
+                    futex::wait(&me.word, EMPTY, None);
+                }
+                return Woke::Notified;
+            }
+            futex::wait(&me.word, EMPTY, left);
+        }
+    }
+
+    /// Takes `me` out of the idle list; false if a submitter already took it (and will
+    /// notify it).
+    fn withdraw(&self, me: &Arc<Sleeper>) -> bool {
+        let mut idle = self.idle.lock();
+        match idle.sleepers.iter().rposition(|s| Arc::ptr_eq(s, me)) {
+            Some(i) => {
+                idle.sleepers.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}

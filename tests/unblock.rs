@@ -1,0 +1,272 @@
+//! `fibra::unblock` (seed 002's asyncify): blocking work on the pool, only the fiber waits.
+
+mod common;
+
+use common::{finish, panic_message, with_deadline, LIMIT};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::Duration;
+
+fn sched(threads: usize) -> fibra::Scheduler {
+    let s = fibra::Scheduler::builder()
+        .threads(threads)
+        .build()
+        .unwrap();
+    s.start();
+    s
+}
+
+#[test]
+fn outside_a_fiber_it_runs_inline() {
+    let me = thread::current().id();
+    assert_eq!(fibra::unblock(|| thread::current().id()), me);
+    // On a standalone fiber too: there is no scheduler to hand the thread to.
+    let mut f = fibra::Fiber::new(move || {
+        assert_eq!(fibra::unblock(|| thread::current().id()), me);
+    });
+    assert_eq!(f.resume(), fibra::FiberState::Done);
+}
+
+#[test]
+fn in_a_fiber_it_runs_on_a_pool_thread_and_resumes_at_home() {
+    with_deadline(|| {
+        let s = sched(2);
+        let h = s
+            .submit(
+                || {
+                    let home = thread::current().id();
+                    let (id, name) = fibra::unblock(|| {
+                        let t = thread::current();
+                        (t.id(), t.name().map(String::from))
+                    });
+                    assert_ne!(id, home);
+                    assert!(name.unwrap().starts_with("fibra-unblock-"));
+                    assert_eq!(thread::current().id(), home);
+                    // Nested: a pool thread is not a fiber, so the inner call runs inline.
+                    let (outer, inner) = fibra::unblock(|| {
+                        (
+                            thread::current().id(),
+                            fibra::unblock(|| thread::current().id()),
+                        )
+                    });
+                    assert_eq!(outer, inner);
+                    42
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(h), 42);
+        s.stop();
+    });
+}
+
+#[test]
+fn it_does_not_hold_the_only_worker() {
+    with_deadline(|| {
+        let s = sched(1);
+        let (tx, rx) = mpsc::channel::<&'static str>();
+        // The first fiber blocks (in unblock) until the second has run on the same, only,
+        // worker: if unblock held the worker, the second could never run.
+        let blocked = s
+            .submit(move || fibra::unblock(move || rx.recv_timeout(LIMIT)), None)
+            .unwrap();
+        let other = s
+            .submit(
+                move || {
+                    tx.send("the other fiber ran").unwrap();
+                    fibra::current_worker()
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(other), Some(0));
+        assert_eq!(finish(blocked), Ok("the other fiber ran"));
+        s.stop();
+    });
+}
+
+#[test]
+fn many_fibers_in_unblock_at_once_keep_the_worker_busy() {
+    with_deadline(|| {
+        let s = sched(1);
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let sleepers: Vec<_> = (0..8)
+            .map(|i| {
+                s.submit(
+                    move || {
+                        fibra::unblock(|| thread::sleep(Duration::from_millis(50)));
+                        i
+                    },
+                    None,
+                )
+                .unwrap()
+            })
+            .collect();
+        let t = ticks.clone();
+        let ticker = s
+            .submit(
+                move || {
+                    for _ in 0..10 {
+                        t.fetch_add(1, Ordering::SeqCst);
+                        fibra::sleep(Duration::from_millis(1));
+                    }
+                },
+                None,
+            )
+            .unwrap();
+        finish(ticker);
+        let got: Vec<_> = sleepers.into_iter().map(finish).collect();
+        assert_eq!(got, (0..8).collect::<Vec<_>>());
+        assert_eq!(ticks.load(Ordering::SeqCst), 10);
+        s.stop();
+    });
+}
+
+#[test]
+fn a_panic_resumes_in_the_caller() {
+    with_deadline(|| {
+        let s = sched(1);
+        let caught = s
+            .submit(
+                || {
+                    let home = thread::current().id();
+                    let r = catch_unwind(|| fibra::unblock(|| -> u8 { panic!("blocking boom") }));
+                    assert_eq!(thread::current().id(), home);
+                    panic_message(&*r.unwrap_err())
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(caught).as_deref(), Some("blocking boom"));
+        // Uncaught, it fails the task like any panic of the fiber.
+        let uncaught = s
+            .submit(
+                || fibra::unblock(|| -> u8 { panic!("uncaught boom") }),
+                None,
+            )
+            .unwrap();
+        let err = uncaught.join().unwrap_err();
+        assert!(err.is_panic());
+        assert_eq!(
+            panic_message(&*err.into_panic()).as_deref(),
+            Some("uncaught boom")
+        );
+        // Outside a fiber, the panic simply happens here.
+        let r = catch_unwind(|| fibra::unblock(|| -> u8 { panic!("inline boom") }));
+        assert_eq!(
+            panic_message(&*r.unwrap_err()).as_deref(),
+            Some("inline boom")
+        );
+        s.stop();
+    });
+}
+
+#[test]
+fn the_blocking_function_may_borrow_from_the_fiber() {
+    with_deadline(|| {
+        let s = sched(2);
+        let h = s
+            .submit(
+                || {
+                    let mut v: Vec<u32> = (0..100).collect();
+                    let total: u32 = fibra::unblock(|| {
+                        v.iter_mut().for_each(|x| *x *= 2);
+                        v.iter().sum()
+                    });
+                    (total, v[99])
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(h), (9900, 198));
+        s.stop();
+    });
+}
+
+#[test]
+fn thousands_of_calls_from_many_fibers() {
+    with_deadline(|| {
+        let s = Arc::new(sched(2));
+        let handles: Vec<_> = (0..500u64)
+            .map(|i| {
+                s.submit(
+                    move || {
+                        let home = thread::current().id();
+                        let mut sum = 0;
+                        for k in 0..10 {
+                            sum += fibra::unblock(move || i * 10 + k);
+                            assert_eq!(thread::current().id(), home);
+                        }
+                        sum
+                    },
+                    None,
+                )
+                .unwrap()
+            })
+            .collect();
+        let total: u64 = handles.into_iter().map(finish).sum();
+        assert_eq!(total, (0..5000u64).sum::<u64>());
+        s.stop();
+    });
+}
+
+#[test]
+fn a_fiber_cancelled_in_unblock_waits_for_the_borrowed_call() {
+    with_deadline(|| {
+        let s = sched(1);
+        let finished = Arc::new(AtomicBool::new(false));
+        let (started_tx, started) = mpsc::channel();
+        let f = finished.clone();
+        let h = s
+            .submit(
+                move || {
+                    let mut local = [0u8; 64];
+                    fibra::unblock(|| {
+                        started_tx.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(200));
+                        // Still borrowed: the cancelled fiber's frame must not be gone yet.
+                        local.fill(7);
+                        f.store(true, Ordering::SeqCst);
+                    });
+                    local[0]
+                },
+                None,
+            )
+            .unwrap();
+        started.recv_timeout(LIMIT).unwrap();
+        let cancelled = s.stop_timeout(Duration::from_millis(10));
+        assert_eq!(cancelled, 1);
+        // The unwinding fiber waited for the blocking call before its frame went away.
+        assert!(finished.load(Ordering::SeqCst));
+        assert!(h.join().unwrap_err().is_cancelled());
+    });
+}
+
+#[test]
+fn unwind_safety_of_the_caller_is_its_own_business() {
+    // `unblock` itself adds no unwind-safety requirement beyond what catch_unwind asks of
+    // the caller: a panic leaves the caller's borrowed data as the function left it.
+    with_deadline(|| {
+        let s = sched(1);
+        let h = s
+            .submit(
+                || {
+                    let mut v = vec![1, 2, 3];
+                    let r = catch_unwind(AssertUnwindSafe(|| {
+                        fibra::unblock(|| {
+                            v.push(4);
+                            panic!("after a push")
+                        })
+                    }));
+                    assert!(r.is_err());
+                    v
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(h), [1, 2, 3, 4]);
+        s.stop();
+    });
+}
