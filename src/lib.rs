@@ -44,6 +44,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod error;
+pub mod exec;
 mod fiber;
 pub mod io;
 mod join;

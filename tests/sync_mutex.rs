@@ -195,6 +195,8 @@ fn static_mutex_and_into_inner_and_get_mut() {
     static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
     LOG.lock().unwrap().push(1);
     assert_eq!(*LOG.lock().unwrap(), [1]);
+    let unsized_mutex: &Mutex<[u8]> = &Mutex::new([1, 2, 3]);
+    assert_eq!(unsized_mutex.lock().unwrap().len(), 3);
     let mut m = Mutex::new(String::from("a"));
     m.get_mut().unwrap().push('b');
     assert_eq!(m.into_inner().unwrap(), "ab");

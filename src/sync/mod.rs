@@ -3,8 +3,8 @@
 //!
 //! Names and behaviour follow `std::sync` (and Boost.Fiber, which mirrors the C++ standard
 //! library), so there is nothing new to learn: [`Mutex`] (with std's poisoning),
-//! [`RwLock`], [`Condvar`], [`Barrier`], [`mpsc`] with std's very error types; plus
-//! [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks.
+//! [`RwLock`], [`Condvar`], [`Barrier`], [`OnceLock`], [`mpsc`] with std's very error
+//! types; plus [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks.
 //!
 //! Why not std's? A fiber that waits on a `std::sync::Mutex` blocks its whole worker thread,
 //! and if the holder is a fiber of the same worker that yielded, the worker deadlocks. These
@@ -25,10 +25,11 @@
 //! - **Cancellation-safe.** A fiber cancelled by [`Scheduler::stop_timeout`] while it waits
 //!   leaves its queue cleanly, and passes on a lock, permits or a message it was just given.
 //!
-//! std's `OnceLock` and `LazyLock` need no fiber-aware twin for typical use: their
-//! initialiser runs once and other callers wait only while it runs. If an initialiser itself
-//! suspends (sleeps, receives), prefer a [`Mutex<Option<T>>`](Mutex), which parks the
-//! fibers waiting for it instead of blocking their workers.
+//! [`OnceLock`] exists because std's is not enough in one case that matters here: std blocks
+//! the *threads* of callers waiting for a running initialiser, so an initialiser that
+//! suspends its fiber while a fiber of the same worker waits for it deadlocks that worker.
+//! (std's `LazyLock` has the same limit; wrap a fibra `OnceLock` for lazy statics whose
+//! initialiser suspends.)
 //!
 //! [`Scheduler::stop_timeout`]: crate::Scheduler::stop_timeout
 //!
@@ -56,6 +57,7 @@ mod barrier;
 mod condvar;
 pub mod mpsc;
 mod mutex;
+mod once_lock;
 pub mod oneshot;
 mod poison;
 mod rwlock;
@@ -70,6 +72,7 @@ mod loom_model;
 pub use barrier::{Barrier, BarrierWaitResult};
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
+pub use once_lock::OnceLock;
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use waitgroup::WaitGroup;

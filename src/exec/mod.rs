@@ -1,0 +1,190 @@
+//! Executors: where a job runs, and where a fiber lives (seeds 000 and 003).
+//!
+//! The seed's `AbstractExecutor` is [`Executor`]: `execute` runs a job somewhere. Its
+//! `Task<R, Executor>` — a coroutine whose start and every continuation run on its own
+//! executor — is a fiber started with [`Executor::spawn`]: a fiber that has started never
+//! changes thread (DESIGN principle 2), so after every `sleep`, `join`, `yield_now`, lock,
+//! channel receive or [`unblock`](crate::unblock) it resumes on its *home* thread, the
+//! executor's. The task's `then` / `catching` / `finally` and `get_result` are
+//! [`JoinHandle::then`], [`catching`](JoinHandle::catching),
+//! [`finally`](JoinHandle::finally) and [`join`](JoinHandle::join).
+//!
+//! | executor | seed | `execute(job)` | `spawn(f)`: the fiber's home |
+//! |---|---|---|---|
+//! | [`Inline`] | `NoopExecutor` | at once, on the calling thread | none: `f` runs at once, directly |
+//! | [`NewThread`] | `NewThreadExecutor` | on a new thread | a new thread that lives as long as the fiber |
+//! | [`ThreadPool`] | `AsyncExecutor` | on a pool thread | one of the pool's threads |
+//! | [`Looper`] | `LooperExecutor` | on the looper thread, FIFO | the looper thread |
+//! | [`Scheduler`] | — | on a worker | one of the workers |
+//!
+//! This module owns only these adapters; the fibers themselves are the scheduler's.
+//!
+//! ```
+//! use fibra::exec::{Executor, Looper, NewThread, ThreadPool};
+//! use std::time::Duration;
+//!
+//! let looper = Looper::new();
+//! let pool = std::sync::Arc::new(ThreadPool::new(2));
+//! let p = pool.clone();
+//! let task = looper.spawn(move || {
+//!     let home = std::thread::current().id();
+//!     fibra::sleep(Duration::from_millis(10));
+//!     let two = p.spawn(|| 2).join().unwrap();
+//!     let three = NewThread.spawn(|| 3).join().unwrap();
+//!     assert_eq!(std::thread::current().id(), home); // every continuation back home
+//!     1 + two + three
+//! });
+//! task.then(|v| assert_eq!(*v, 6));
+//! assert_eq!(task.join().unwrap(), 6);
+//! looper.shutdown(true);
+//! ```
+
+mod inline;
+mod looper;
+mod new_thread;
+mod owned;
+mod scheduler;
+mod thread_pool;
+
+pub use inline::Inline;
+pub use looper::Looper;
+pub use new_thread::NewThread;
+pub use thread_pool::ThreadPool;
+
+use crate::join::{JoinCell, JoinError, JoinHandle};
+use crate::sched::task::{Header, Job};
+use crate::stack::DEFAULT_STACK_SIZE;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// Something that runs jobs: the seed's `AbstractExecutor`.
+///
+/// Implement [`execute`](Executor::execute) and you get a working
+/// [`spawn`](Executor::spawn); fibra's own executors override `spawn` to run the closure
+/// as a fiber homed on the executor's thread. The trait is object safe (`spawn` needs
+/// `Self: Sized`), so `&dyn Executor` and `Box<dyn Executor>` can `execute`.
+///
+/// ```
+/// use fibra::exec::{Executor, Inline, Looper};
+/// use std::sync::mpsc;
+///
+/// let looper = Looper::new();
+/// let executors: [&dyn Executor; 2] = [&Inline, &looper];
+/// let (tx, rx) = mpsc::channel();
+/// for (i, e) in executors.iter().enumerate() {
+///     let tx = tx.clone();
+///     e.execute(Box::new(move || tx.send(i).unwrap()));
+/// }
+/// let mut got: Vec<_> = rx.iter().take(2).collect();
+/// got.sort();
+/// assert_eq!(got, [0, 1]);
+/// ```
+pub trait Executor {
+    /// Runs `job` on this executor, some time from now (or at once, for [`Inline`]).
+    ///
+    /// An executor that has shut down drops the job without running it, as the seed's
+    /// `LooperExecutor` does; use [`Scheduler::submit`](crate::Scheduler::submit) where the
+    /// refused closure must come back.
+    fn execute(&self, job: Box<dyn FnOnce() + Send>);
+
+    /// Runs `f` on this executor and returns a handle to its result: the seed's `Task`.
+    ///
+    /// fibra's executors run `f` as a fiber homed on their thread: wherever `f` waits
+    /// (`sleep`, `join`, sync primitives, [`unblock`](crate::unblock)), it resumes there.
+    /// This provided version runs `f` as a plain job through
+    /// [`execute`](Executor::execute), where fibra's blocking calls block that thread. A
+    /// panic in `f` goes to the handle; if the executor drops the job (it has shut down),
+    /// the handle reports [`JoinError::is_cancelled`].
+    fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+        Self: Sized,
+    {
+        let cell = detached_cell(f);
+        let handle = JoinHandle::new(cell.clone());
+        let job = RunOnce(Some(cell));
+        self.execute(Box::new(move || job.run()));
+        handle
+    }
+}
+
+impl<E: Executor> Executor for &E {
+    fn execute(&self, job: Box<dyn FnOnce() + Send>) {
+        (**self).execute(job)
+    }
+
+    fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        (**self).spawn(f)
+    }
+}
+
+impl<E: Executor> Executor for Arc<E> {
+    fn execute(&self, job: Box<dyn FnOnce() + Send>) {
+        (**self).execute(job)
+    }
+
+    fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        (**self).spawn(f)
+    }
+}
+
+/// A task cell that no scheduler owns: run by hand ([`RunOnce`]) or failed at once.
+fn detached_cell<F, T>(f: F) -> Arc<JoinCell<F, T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    JoinCell::new(f, Header::new(None, DEFAULT_STACK_SIZE, None))
+}
+
+/// A handle whose task was refused (its executor has shut down): reports cancelled.
+pub(crate) fn cancelled<F, T>(f: F) -> JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let cell = detached_cell(f);
+    cell.fail(JoinError::cancelled());
+    JoinHandle::new(cell)
+}
+
+/// Runs a detached task once, outside any fiber; dropped unrun (its executor refused or
+/// discarded the job), it fails the task as cancelled so that nobody waits for ever.
+struct RunOnce<F, T>(Option<Arc<JoinCell<F, T>>>)
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static;
+
+impl<F, T> RunOnce<F, T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    fn run(mut self) {
+        let Some(cell) = self.0.take() else { return };
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| cell.run())) {
+            cell.fail(JoinError::panic(p));
+        }
+    }
+}
+
+impl<F, T> Drop for RunOnce<F, T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(cell) = self.0.take() {
+            cell.fail(JoinError::cancelled());
+        }
+    }
+}
