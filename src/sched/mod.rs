@@ -320,7 +320,6 @@ impl Scheduler {
     /// Stops like [`stop`](Scheduler::stop), except that tasks still queued and not started
     /// are dropped (their handles report cancelled); started fibers run to completion.
     /// Returns how many were dropped. (The seed's `LooperExecutor::shutdown(false)`.)
-    #[allow(dead_code)] // until exec::Looper (issue 8) uses it
     pub(crate) fn stop_discarding_queued(&self) -> usize {
         self.shared.discard_queued.store(true, Ordering::SeqCst);
         self.stop_inner(None)
