@@ -46,6 +46,7 @@
 mod error;
 pub mod exec;
 mod fiber;
+pub mod fs;
 pub mod io;
 mod join;
 pub mod net;
