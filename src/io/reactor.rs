@@ -13,7 +13,7 @@
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
 //! wait is therefore never lost.
 
-use crate::park::{park_timeout, ParkResult, Unparker};
+use crate::park::{park_inner, ParkResult, Unparker};
 use parking_lot::{Mutex, RwLock};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -55,10 +55,12 @@ impl IoRecord {
     }
 
     /// After `EAGAIN`: forget `interest` readiness, unless an event arrived since `seen`.
+    /// `CLOSED` goes too: `EAGAIN` shows the error it stood for is gone (a UDP socket's ICMP
+    /// error, once taken), and a kept `CLOSED` would make every later wait return at once.
     pub(crate) fn clear(&self, seen: u64, interest: u32) {
         let _ = self.readiness.compare_exchange(
             seen,
-            seen & !u64::from(interest),
+            seen & !u64::from(interest | CLOSED),
             Ordering::AcqRel,
             Ordering::Relaxed,
         );
@@ -108,7 +110,7 @@ impl IoRecord {
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
             // Counted while parked, also if the fiber is cancelled and unwinds from the park.
             let _counted = WaitingGuard::new(&reactor.waiting);
-            let r = park_timeout(deadline.unwrap_or_else(crate::join::far_future), |u| {
+            let r = park_inner(deadline, |u| {
                 let mut waiters = self.waiters.lock();
                 if self.ready(interest) {
                     drop(waiters);
