@@ -35,5 +35,8 @@
 
 mod registration;
 mod tcp;
+mod udp;
+pub mod unix;
 
 pub use tcp::{Incoming, TcpListener, TcpStream};
+pub use udp::UdpSocket;

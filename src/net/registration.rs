@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 pub(crate) use crate::io::reactor::{READABLE, WRITABLE};
 
 /// A socket's link to the reactor, made the first time the socket has to wait.
+///
+/// Drop it *before* closing the fd (declare it before the socket in a struct): deregistering
+/// goes by fd number, and once the fd is closed another thread may reuse that number for a
+/// socket of its own, whose registration `EPOLL_CTL_DEL` would then remove.
 pub(crate) struct Registration {
     fd: RawFd,
     record: OnceLock<Arc<IoRecord>>,

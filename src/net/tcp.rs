@@ -4,18 +4,19 @@
 use super::registration::{deadline_after, Registration, Timeouts, READABLE, WRITABLE};
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage};
-use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A TCP socket server, like [`std::net::TcpListener`]; `accept` suspends only the calling
 /// fiber.
 pub struct TcpListener {
-    inner: std::net::TcpListener,
+    // `reg` before `inner`: fields drop in order, and the fd must leave epoll before it is
+    // closed (see `Registration`).
     reg: Registration,
+    inner: std::net::TcpListener,
 }
 
 impl TcpListener {
@@ -97,8 +98,9 @@ impl From<TcpListener> for std::net::TcpListener {
 /// the calling fiber. One fiber may read while another writes (`Read` and `Write` are
 /// implemented for `&TcpStream` too).
 pub struct TcpStream {
-    inner: std::net::TcpStream,
+    // Before `inner`, as in `TcpListener`.
     reg: Registration,
+    inner: std::net::TcpStream,
     timeouts: Arc<Timeouts>,
 }
 
@@ -338,42 +340,48 @@ impl From<TcpStream> for std::net::TcpStream {
     }
 }
 
+/// The fd conversions, `From`/`Into` raw fds and `Debug` of a fibra socket type `$ty` that
+/// wraps the std socket `$std` in a field `inner`; shared by every socket module.
 macro_rules! fd_traits {
     ($ty:ty, $std:ty) => {
-        impl AsRawFd for $ty {
-            fn as_raw_fd(&self) -> RawFd {
-                self.inner.as_raw_fd()
+        impl ::std::os::fd::AsRawFd for $ty {
+            fn as_raw_fd(&self) -> ::std::os::fd::RawFd {
+                ::std::os::fd::AsRawFd::as_raw_fd(&self.inner)
             }
         }
 
-        impl AsFd for $ty {
-            fn as_fd(&self) -> BorrowedFd<'_> {
-                self.inner.as_fd()
+        impl ::std::os::fd::AsFd for $ty {
+            fn as_fd(&self) -> ::std::os::fd::BorrowedFd<'_> {
+                ::std::os::fd::AsFd::as_fd(&self.inner)
             }
         }
 
-        impl IntoRawFd for $ty {
-            fn into_raw_fd(self) -> RawFd {
-                <$std>::from(self).into_raw_fd()
+        impl ::std::os::fd::IntoRawFd for $ty {
+            /// Gives up the fd, in blocking mode again (as std's sockets are).
+            fn into_raw_fd(self) -> ::std::os::fd::RawFd {
+                ::std::os::fd::IntoRawFd::into_raw_fd(<$std>::from(self))
             }
         }
 
-        impl FromRawFd for $ty {
+        impl ::std::os::fd::FromRawFd for $ty {
+            /// Takes over `fd`, switching it to non-blocking mode.
+            ///
             /// # Safety
             /// `fd` must be an open socket of the right kind that the caller owns.
-            unsafe fn from_raw_fd(fd: RawFd) -> Self {
+            unsafe fn from_raw_fd(fd: ::std::os::fd::RawFd) -> Self {
                 // SAFETY: the caller's contract, passed on to std.
-                <$ty>::from(unsafe { <$std>::from_raw_fd(fd) })
+                <$ty>::from(unsafe { <$std as ::std::os::fd::FromRawFd>::from_raw_fd(fd) })
             }
         }
 
-        impl fmt::Debug for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                self.inner.fmt(f)
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                ::std::fmt::Debug::fmt(&self.inner, f)
             }
         }
     };
 }
+pub(crate) use fd_traits;
 
 fd_traits!(TcpListener, std::net::TcpListener);
 fd_traits!(TcpStream, std::net::TcpStream);

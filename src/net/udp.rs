@@ -1,0 +1,244 @@
+//! [`UdpSocket`]: std's UDP API, waiting in the reactor instead of the kernel.
+
+use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
+use super::tcp::fd_traits;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A UDP socket, like [`std::net::UdpSocket`]. Receiving (and sending into a full buffer)
+/// suspends only the calling fiber; on a plain thread it blocks the thread, as std does.
+///
+/// ```
+/// use fibra::net::UdpSocket;
+///
+/// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+/// sched.start();
+/// let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+/// let echo_addr = echo.local_addr().unwrap();
+/// let server = sched.submit(move || {
+///     let mut buf = [0u8; 64];
+///     let (n, from) = echo.recv_from(&mut buf).unwrap();
+///     echo.send_to(&buf[..n], from).unwrap();
+/// }, None).unwrap();
+/// let reply = sched.block_on(move || {
+///     let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+///     client.connect(echo_addr).unwrap();
+///     client.send(b"marco").unwrap();
+///     let mut buf = [0u8; 64];
+///     let n = client.recv(&mut buf).unwrap();
+///     buf[..n].to_vec()
+/// });
+/// assert_eq!(reply, b"marco");
+/// server.join().unwrap();
+/// ```
+pub struct UdpSocket {
+    // Before `inner`: the fd leaves epoll before it is closed (see `Registration`).
+    reg: Registration,
+    inner: std::net::UdpSocket,
+    timeouts: Arc<Timeouts>,
+}
+
+impl UdpSocket {
+    /// Binds to `addr` (the first address that works, as std does).
+    pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<UdpSocket> {
+        Ok(UdpSocket::from(std::net::UdpSocket::bind(addr)?))
+    }
+
+    /// Sets the default destination of [`send`](UdpSocket::send) and the only source
+    /// [`recv`](UdpSocket::recv) accepts. Does not wait: UDP has no handshake.
+    pub fn connect<A: ToSocketAddrs>(&self, addr: A) -> io::Result<()> {
+        self.inner.connect(addr)
+    }
+
+    /// Sends `buf` to the connected peer; returns the bytes sent.
+    pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
+            self.inner.send(buf)
+        })
+    }
+
+    /// Sends `buf` to `addr` (its first resolved address, as std does); returns the bytes
+    /// sent.
+    pub fn send_to<A: ToSocketAddrs>(&self, buf: &[u8], addr: A) -> io::Result<usize> {
+        let addr = first_addr(addr)?;
+        self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
+            self.inner.send_to(buf, addr)
+        })
+    }
+
+    /// Receives one datagram from the connected peer into `buf` (the excess of a longer
+    /// datagram is discarded); returns its length.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+            self.inner.recv(buf)
+        })
+    }
+
+    /// Receives one datagram into `buf`; returns its length and its sender.
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+            self.inner.recv_from(buf)
+        })
+    }
+
+    /// Like [`recv`](UdpSocket::recv), but leaves the datagram queued.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+            self.inner.peek(buf)
+        })
+    }
+
+    /// Like [`recv_from`](UdpSocket::recv_from), but leaves the datagram queued.
+    pub fn peek_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+            self.inner.peek_from(buf)
+        })
+    }
+
+    /// The address this socket is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// The connected peer's address (`NotConnected` if there is none).
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.peer_addr()
+    }
+
+    /// Another handle to the same socket (a duplicated fd). Timeouts are shared, like std's
+    /// socket options.
+    pub fn try_clone(&self) -> io::Result<UdpSocket> {
+        let inner = self.inner.try_clone()?;
+        Ok(UdpSocket {
+            reg: Registration::new(inner.as_raw_fd()),
+            inner,
+            timeouts: self.timeouts.clone(),
+        })
+    }
+
+    /// Sets the read timeout (`None`: wait forever); a receive that times out fails with
+    /// [`io::ErrorKind::WouldBlock`]. A zero duration is an error, as in std.
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.timeouts.set_read(timeout)
+    }
+
+    /// Sets the write timeout (`None`: wait forever). A zero duration is an error, as in std.
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.timeouts.set_write(timeout)
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.timeouts.read())
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.timeouts.write())
+    }
+
+    /// Sets `SO_BROADCAST`.
+    pub fn set_broadcast(&self, broadcast: bool) -> io::Result<()> {
+        self.inner.set_broadcast(broadcast)
+    }
+
+    /// Reads `SO_BROADCAST`.
+    pub fn broadcast(&self) -> io::Result<bool> {
+        self.inner.broadcast()
+    }
+
+    /// Sets `IP_TTL`.
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.inner.set_ttl(ttl)
+    }
+
+    /// Reads `IP_TTL`.
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.inner.ttl()
+    }
+
+    /// Sets `IP_MULTICAST_LOOP`.
+    pub fn set_multicast_loop_v4(&self, on: bool) -> io::Result<()> {
+        self.inner.set_multicast_loop_v4(on)
+    }
+
+    /// Reads `IP_MULTICAST_LOOP`.
+    pub fn multicast_loop_v4(&self) -> io::Result<bool> {
+        self.inner.multicast_loop_v4()
+    }
+
+    /// Sets `IP_MULTICAST_TTL`.
+    pub fn set_multicast_ttl_v4(&self, ttl: u32) -> io::Result<()> {
+        self.inner.set_multicast_ttl_v4(ttl)
+    }
+
+    /// Reads `IP_MULTICAST_TTL`.
+    pub fn multicast_ttl_v4(&self) -> io::Result<u32> {
+        self.inner.multicast_ttl_v4()
+    }
+
+    /// Joins the IPv4 multicast group `multiaddr` on the interface with address `interface`
+    /// (`UNSPECIFIED`: the system's choice).
+    pub fn join_multicast_v4(&self, multiaddr: &Ipv4Addr, interface: &Ipv4Addr) -> io::Result<()> {
+        self.inner.join_multicast_v4(multiaddr, interface)
+    }
+
+    /// Leaves an IPv4 multicast group joined with
+    /// [`join_multicast_v4`](UdpSocket::join_multicast_v4).
+    pub fn leave_multicast_v4(&self, multiaddr: &Ipv4Addr, interface: &Ipv4Addr) -> io::Result<()> {
+        self.inner.leave_multicast_v4(multiaddr, interface)
+    }
+
+    /// Joins the IPv6 multicast group `multiaddr` on interface number `interface` (0: any).
+    pub fn join_multicast_v6(&self, multiaddr: &Ipv6Addr, interface: u32) -> io::Result<()> {
+        self.inner.join_multicast_v6(multiaddr, interface)
+    }
+
+    /// Leaves an IPv6 multicast group joined with
+    /// [`join_multicast_v6`](UdpSocket::join_multicast_v6).
+    pub fn leave_multicast_v6(&self, multiaddr: &Ipv6Addr, interface: u32) -> io::Result<()> {
+        self.inner.leave_multicast_v6(multiaddr, interface)
+    }
+
+    /// Takes the pending socket error (`SO_ERROR`), such as an ICMP "port unreachable"
+    /// reported for an earlier send.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.inner.take_error()
+    }
+}
+
+/// The first address `addr` resolves to, as std's `send_to` uses.
+fn first_addr<A: ToSocketAddrs>(addr: A) -> io::Result<SocketAddr> {
+    addr.to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no addresses to send data to"))
+}
+
+impl From<std::net::UdpSocket> for UdpSocket {
+    /// Takes over a std socket, switching it to non-blocking mode (fibra emulates blocking
+    /// for plain threads). Its std timeouts are not carried over.
+    fn from(inner: std::net::UdpSocket) -> Self {
+        // Cannot fail on a valid socket; if it did, calls would block the thread, no worse.
+        let _ = inner.set_nonblocking(true);
+        UdpSocket {
+            reg: Registration::new(inner.as_raw_fd()),
+            inner,
+            timeouts: Arc::default(),
+        }
+    }
+}
+
+impl From<UdpSocket> for std::net::UdpSocket {
+    /// Gives the socket back to std, in blocking mode again.
+    fn from(s: UdpSocket) -> Self {
+        let UdpSocket { inner, reg, .. } = s;
+        drop(reg);
+        let _ = inner.set_nonblocking(false);
+        inner
+    }
+}
+
+fd_traits!(UdpSocket, std::net::UdpSocket);
