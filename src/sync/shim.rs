@@ -130,6 +130,7 @@ mod imp {
         });
         register(Unparker { slot: slot.clone() });
         if deadline.is_some() {
+            // Acquire (both ways): if an unpark won, its waker's writes are visible.
             return match slot.state.compare_exchange(
                 PARKED,
                 TIMED_OUT,
@@ -140,6 +141,7 @@ mod imp {
                 Err(_) => ParkResult::Unparked,
             };
         }
+        // Acquire: pairs with the unparker's Release.
         while slot.state.load(Ordering::Acquire) != NOTIFIED {
             loom::thread::park();
         }
