@@ -181,3 +181,30 @@ fn a_wake_racing_a_timeout_resumes_exactly_once() {
     }
     assert_eq!(resumed.load(Ordering::SeqCst), 500);
 }
+
+#[test]
+fn a_forever_sleeper_does_not_stall_its_worker_after_time_has_passed() {
+    // The worker's timer wheel has moved on by the time the fiber sleeps forever; the
+    // far-future timer must be filed ahead, not re-filed on every pass (a busy worker that
+    // never runs anything else).
+    let s = fibra::Scheduler::builder().threads(1).build().unwrap();
+    s.start();
+    let forever = s
+        .submit(
+            || {
+                fibra::sleep(Duration::from_millis(120));
+                fibra::sleep(Duration::MAX);
+            },
+            Some(0),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(250));
+    let other = s.submit(|| 7, Some(0)).unwrap();
+    assert!(
+        other.wait_timeout(Duration::from_secs(30)),
+        "worker stalled"
+    );
+    assert_eq!(other.join().unwrap(), 7);
+    assert!(!forever.is_finished());
+    assert_eq!(s.stop_timeout(Duration::from_millis(10)), 1);
+}

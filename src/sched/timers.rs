@@ -13,9 +13,10 @@
 //! millisecond tick, so a timer never fires early and at most one tick late (tokio's wheel
 //! does the same).
 //!
-//! Layout: six levels of 64 slots; level `l` slots span `64^l` ticks, so the wheel covers
-//! 64^6 ms (about 2 000 years; longer deadlines are clamped). A slot of level `l > 0` is
-//! cascaded — its timers re-filed into lower levels — when the clock reaches its start.
+//! Layout: six levels of 64 slots; level `l` slots span `64^l` ticks, so the wheel looks
+//! about two years ahead; a later deadline is filed at that horizon and re-filed from there.
+//! A slot of level `l > 0` is cascaded — its timers re-filed into lower levels, or fired if
+//! due — when the clock reaches its start.
 
 use std::time::{Duration, Instant};
 
@@ -26,8 +27,10 @@ pub struct TimerId(usize);
 const LEVELS: usize = 6;
 const SLOT_BITS: u32 = 6;
 const SLOTS: usize = 1 << SLOT_BITS;
-/// The largest tick the wheel can hold relative to its clock.
-const MAX_SPAN: u64 = (1 << (SLOT_BITS as usize * LEVELS)) - 1;
+/// How far ahead of its clock the wheel files a timer: up to 63 top-level slots, so a timer
+/// never lands in the top-level slot the clock is in. A later deadline is filed at the horizon
+/// and re-filed when that slot comes up, until it is really due.
+const HORIZON: u64 = (SLOTS as u64 - 1) << (SLOT_BITS as usize * (LEVELS - 1));
 
 /// Where a node is: filed in a slot, or detached in the due list waiting to be popped.
 #[derive(Clone, Copy)]
@@ -108,9 +111,7 @@ impl<T> TimerWheel<T> {
 
     /// Adds a timer that fires at the first tick at or after `deadline`.
     pub fn insert(&mut self, deadline: Instant, value: T) -> TimerId {
-        let tick = self
-            .tick_at_or_after(deadline)
-            .clamp(self.elapsed, self.elapsed + MAX_SPAN);
+        let tick = self.tick_at_or_after(deadline).max(self.elapsed);
         let id = match self.free.pop() {
             Some(id) => {
                 self.nodes[id] = Node {
@@ -134,9 +135,12 @@ impl<T> TimerWheel<T> {
         TimerId(id)
     }
 
-    /// Puts node `id` into the slot its tick belongs to, relative to the current tick.
+    /// Puts node `id` into the slot its tick belongs to, relative to the current tick (at
+    /// most `HORIZON` ahead).
     fn file(&mut self, id: usize) {
-        let tick = self.nodes[id].tick.max(self.elapsed);
+        let tick = self.nodes[id]
+            .tick
+            .clamp(self.elapsed, self.elapsed.saturating_add(HORIZON));
         // The highest 6-bit group in which the tick differs from the clock picks the level.
         let differ = (tick ^ self.elapsed) | (SLOTS as u64 - 1);
         let level = ((63 - differ.leading_zeros()) / SLOT_BITS) as usize;
@@ -239,7 +243,7 @@ impl<T> TimerWheel<T> {
             self.levels[level].occupied &= !(1 << slot);
             for &id in &ids {
                 self.nodes[id].place = Place::Free;
-                if level == 0 || self.nodes[id].tick <= tick {
+                if self.nodes[id].tick <= tick {
                     self.nodes[id].place = Place::Due;
                     self.due.push(id);
                 } else {
@@ -323,6 +327,27 @@ mod tests {
         assert_eq!(w.pop_due(t0 + Duration::from_secs(3600)), Some("c"));
         assert_eq!(w.remove(c), None);
         assert!(w.is_empty() && w.next_deadline().is_none());
+    }
+
+    #[test]
+    fn deadlines_beyond_the_horizon_wait_and_never_spin() {
+        let t0 = Instant::now();
+        let mut w = TimerWheel::new(t0);
+        // Move the clock well past tick 0 first (the case that once re-filed forever).
+        w.insert(t0 + Duration::from_secs(5), 0);
+        assert_eq!(w.pop_due(t0 + Duration::from_secs(5)), Some(0));
+        let year = Duration::from_secs(365 * 24 * 3600);
+        let far = t0 + 3 * year;
+        w.insert(far, 1);
+        w.insert(t0 + Duration::from_secs(10), 2);
+        assert_eq!(w.pop_due(t0 + Duration::from_secs(9)), None);
+        assert_eq!(w.pop_due(t0 + Duration::from_secs(10)), Some(2));
+        // Past the horizon (about 2.1 years) the far timer is re-filed, not fired.
+        assert_eq!(w.pop_due(t0 + 2 * year + year / 2), None);
+        assert!(w.next_deadline().unwrap() <= far);
+        assert_eq!(w.pop_due(far - Duration::from_millis(1)), None);
+        assert_eq!(w.pop_due(far), Some(1));
+        assert!(w.is_empty());
     }
 
     #[test]
