@@ -1,0 +1,311 @@
+//! A hello-world HTTP/1.1 server: one fiber per connection, keep-alive, a fixed
+//! `Hello, World!` body. It is the server `wrk` measures in the comparison harness
+//! (`benches/compare`, workload `http`).
+//!
+//! ```sh
+//! cargo run --release --example http_hello -- --threads 2 --port 8080
+//! wrk -t1 -c100 -d5s http://127.0.0.1:8080/
+//! ```
+//!
+//! Requests are parsed with `httparse`. A malformed request is answered `400 Bad Request`
+//! and the connection closed; a request head over [`MAX_HEAD`] bytes or [`MAX_HEADERS`]
+//! headers is refused with `431 Request Header Fields Too Large` and closed. Bodies
+//! announced by `Content-Length` are read and discarded; chunked bodies are refused with
+//! `501`. Pipelined requests are answered in order, in one write.
+//!
+//! Per connection the fiber owns one fixed read buffer and one reused output buffer, so the
+//! request path allocates nothing. Connections are handed to the workers in turn: a started
+//! fiber never changes worker, so dealing them out evenly is what balances the load.
+//!
+//! The server runs until killed. It prints `listening on <addr>` once it accepts.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use fibra::net::{TcpListener, TcpStream};
+
+/// The largest request head accepted (request line and headers).
+const MAX_HEAD: usize = 8 * 1024;
+/// The most headers a request may carry.
+const MAX_HEADERS: usize = 64;
+
+const OK_KEEP_ALIVE: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nHello, World!";
+/// For HTTP/1.0 clients that asked to keep the connection open.
+const OK_KEEP_ALIVE_10: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: keep-alive\r\n\r\nHello, World!";
+const OK_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: close\r\n\r\nHello, World!";
+const BAD_REQUEST: &[u8] =
+    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+const TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+const NOT_IMPLEMENTED: &[u8] =
+    b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+struct Options {
+    threads: usize,
+    port: u16,
+}
+
+fn options() -> Result<Options, String> {
+    let mut opts = Options {
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        port: 0,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--threads" => {
+                opts.threads = value("--threads")?
+                    .parse()
+                    .map_err(|e| format!("--threads: {e}"))?
+            }
+            "--port" => {
+                opts.port = value("--port")?
+                    .parse()
+                    .map_err(|e| format!("--port: {e}"))?
+            }
+            "-h" | "--help" => {
+                println!("usage: http_hello [--threads N] [--port P]   (port 0: any free port)");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    Ok(opts)
+}
+
+fn main() {
+    let opts = options().unwrap_or_else(|e| {
+        eprintln!("http_hello: {e}");
+        std::process::exit(2);
+    });
+    let sched = Arc::new(
+        fibra::Scheduler::builder()
+            .threads(opts.threads)
+            .name("http")
+            .build()
+            .unwrap_or_else(|e| {
+                eprintln!("http_hello: {e}");
+                std::process::exit(2);
+            }),
+    );
+    sched.start();
+    let listener =
+        TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], opts.port))).unwrap_or_else(|e| {
+            eprintln!("http_hello: cannot bind port {}: {e}", opts.port);
+            std::process::exit(1);
+        });
+    println!(
+        "listening on {} with {} workers",
+        listener.local_addr().expect("bound"),
+        opts.threads
+    );
+    let workers = opts.threads;
+    let s = sched.clone();
+    sched.block_on(move || {
+        let mut next = 0;
+        loop {
+            match listener.accept() {
+                Ok((conn, _)) => {
+                    // Deal connections out to the workers in turn (see the module docs).
+                    let _ = s.submit(move || serve(conn), Some(next));
+                    next = (next + 1) % workers;
+                }
+                // Out of descriptors, or the peer gave up before we got to it: carry on.
+                Err(e) => eprintln!("http_hello: accept: {e}"),
+            }
+        }
+    });
+}
+
+/// What to do after answering the requests read so far.
+enum Next {
+    KeepGoing,
+    Close,
+}
+
+/// Serves one connection until the client closes it or a request ends it.
+fn serve(mut conn: TcpStream) {
+    let _ = conn.set_nodelay(true);
+    let mut buf = [0u8; MAX_HEAD];
+    let mut out = Vec::with_capacity(4 * OK_KEEP_ALIVE_10.len());
+    let (mut start, mut end) = (0, 0);
+    // Bytes of a request body still to be read and discarded.
+    let mut body_left = 0usize;
+    loop {
+        if start == end {
+            (start, end) = (0, 0);
+        } else if end == buf.len() {
+            buf.copy_within(start..end, 0);
+            (start, end) = (0, end - start);
+        }
+        match conn.read(&mut buf[end..]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => end += n,
+        }
+        out.clear();
+        let next = answer(&buf, &mut start, end, &mut body_left, &mut out);
+        if !out.is_empty() && conn.write_all(&out).is_err() {
+            return;
+        }
+        if let Next::Close = next {
+            // Let the client read the answer before the connection goes.
+            let _ = conn.shutdown(std::net::Shutdown::Write);
+            return;
+        }
+    }
+}
+
+/// Answers every complete request in `buf[*start..end]`, appending the responses to `out`
+/// and advancing `*start` past them.
+fn answer(
+    buf: &[u8],
+    start: &mut usize,
+    end: usize,
+    body_left: &mut usize,
+    out: &mut Vec<u8>,
+) -> Next {
+    loop {
+        if *body_left > 0 {
+            let skip = (*body_left).min(end - *start);
+            *start += skip;
+            *body_left -= skip;
+            if *body_left > 0 {
+                return Next::KeepGoing;
+            }
+        }
+        if *start == end {
+            return Next::KeepGoing;
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let head_len = match req.parse(&buf[*start..end]) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => {
+                // A partial head that already fills the buffer will never fit.
+                if *start == 0 && end == buf.len() {
+                    out.extend_from_slice(TOO_LARGE);
+                    return Next::Close;
+                }
+                return Next::KeepGoing;
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                out.extend_from_slice(TOO_LARGE);
+                return Next::Close;
+            }
+            Err(_) => {
+                out.extend_from_slice(BAD_REQUEST);
+                return Next::Close;
+            }
+        };
+        *start += head_len;
+        match request_framing(&req) {
+            Ok(framing) => {
+                *body_left = framing.body;
+                if framing.keep_alive {
+                    out.extend_from_slice(if req.version == Some(0) {
+                        OK_KEEP_ALIVE_10
+                    } else {
+                        OK_KEEP_ALIVE
+                    });
+                } else {
+                    out.extend_from_slice(OK_CLOSE);
+                    return Next::Close;
+                }
+            }
+            Err(response) => {
+                out.extend_from_slice(response);
+                return Next::Close;
+            }
+        }
+    }
+}
+
+struct Framing {
+    /// Body bytes that follow the head.
+    body: usize,
+    /// Whether the connection stays open after the response.
+    keep_alive: bool,
+}
+
+/// Reads the headers that matter for framing; an error is the response to send before
+/// closing.
+fn request_framing(req: &httparse::Request<'_, '_>) -> Result<Framing, &'static [u8]> {
+    // HTTP/1.1 keeps connections open unless told otherwise; HTTP/1.0 closes them unless told.
+    let mut keep_alive = req.version == Some(1);
+    let mut body = None;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or(BAD_REQUEST)?;
+            // Two different lengths make the framing ambiguous (RFC 9112, 6.3).
+            if body.is_some_and(|b| b != n) {
+                return Err(BAD_REQUEST);
+            }
+            body = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(NOT_IMPLEMENTED);
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive = true;
+                }
+            }
+        }
+    }
+    Ok(Framing {
+        body: body.unwrap_or(0),
+        keep_alive,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(input: &[u8]) -> (Vec<u8>, bool, usize) {
+        let mut buf = [0u8; MAX_HEAD];
+        buf[..input.len()].copy_from_slice(input);
+        let (mut start, mut body, mut out) = (0, 0, Vec::new());
+        let next = answer(&buf, &mut start, input.len(), &mut body, &mut out);
+        (out, matches!(next, Next::Close), start)
+    }
+
+    #[test]
+    fn pipelined_requests_are_answered_in_order_and_a_partial_one_waits() {
+        let (out, close, used) =
+            run(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\nGET /");
+        assert_eq!(out, [OK_KEEP_ALIVE, OK_KEEP_ALIVE].concat());
+        assert!(!close);
+        assert_eq!(used, 2 * 27);
+    }
+
+    #[test]
+    fn malformed_oversize_and_close_requests() {
+        assert_eq!(run(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n").0, BAD_REQUEST);
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: y\r\n")).collect();
+        let (out, close, _) = run(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes());
+        assert_eq!((out.as_slice(), close), (TOO_LARGE, true));
+        let (out, close, _) = run(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert_eq!((out.as_slice(), close), (OK_CLOSE, true));
+        let (out, close, _) = run(b"GET / HTTP/1.0\r\n\r\n");
+        assert_eq!((out.as_slice(), close), (OK_CLOSE, true));
+        let (out, close, _) = run(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+        assert_eq!((out.as_slice(), close), (OK_KEEP_ALIVE_10, false));
+    }
+
+    #[test]
+    fn bodies_are_skipped() {
+        let (out, close, used) =
+            run(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\n\r\n");
+        assert_eq!(out, [OK_KEEP_ALIVE, OK_KEEP_ALIVE].concat());
+        assert!(!close);
+        assert_eq!(used, 61);
+    }
+}
