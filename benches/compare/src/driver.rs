@@ -330,6 +330,18 @@ fn http(env: &Env, peer: Peer, wrk: &Path) -> PeerRun {
     };
     let log = env.scratch.join(format!("http-{}.log", peer.name()));
     let mut cmd = match peer {
+        Peer::Fibra => match build_http_hello(&env.self_exe) {
+            Ok(bin) => {
+                let mut c = Command::new(bin);
+                c.args(["--port", &port.to_string()])
+                    .args(["--threads", &env.threads.to_string()]);
+                c
+            }
+            Err(e) => {
+                run.status = Status::Failed(e);
+                return run;
+            }
+        },
         Peer::Go => {
             let mut c = Command::new(env.go.as_ref().expect("checked by caller"));
             c.args(["-w", "http", "-port", &port.to_string()])
@@ -375,6 +387,34 @@ fn http(env: &Env, peer: Peer, wrk: &Path) -> PeerRun {
     run
 }
 
+/// Builds fibra's server, `examples/http_hello`, with this binary's profile (so into the same
+/// target directory) and returns its path.
+fn build_http_hello(self_exe: &Path) -> Result<PathBuf, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "fibra", "--example", "http_hello"])
+        .current_dir(root);
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run cargo to build examples/http_hello: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo build --example http_hello failed: {}",
+            last_line(&String::from_utf8_lossy(&out.stderr))
+        ));
+    }
+    let bin = self_exe
+        .parent()
+        .map(|dir| dir.join("examples").join("http_hello"))
+        .filter(|p| p.is_file())
+        .ok_or("built examples/http_hello but cannot find it next to this binary")?;
+    Ok(bin)
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -405,7 +445,10 @@ fn probe(port: u16) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mut buf = [0u8; 1024];
     let mut got = Vec::new();
-    while !got.windows(13).any(|w| w == b"Hello, world!") {
+    while !got
+        .windows(13)
+        .any(|w| w.eq_ignore_ascii_case(b"Hello, world!"))
+    {
         let n = s.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {
             break;
@@ -413,7 +456,8 @@ fn probe(port: u16) -> Result<(), String> {
         got.extend_from_slice(&buf[..n]);
     }
     let text = String::from_utf8_lossy(&got);
-    if text.starts_with("HTTP/1.1 200") && text.contains("Hello, world!") {
+    // fibra's example says "Hello, World!", the others "Hello, world!": same length.
+    if text.starts_with("HTTP/1.1 200") && text.to_ascii_lowercase().contains("hello, world!") {
         Ok(())
     } else {
         Err(format!("unexpected response: {:?}", last_line(&text)))

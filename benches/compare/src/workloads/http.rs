@@ -4,8 +4,8 @@
 //!
 //! tokio and may use the same minimal request framing ([`split_requests`]): a request ends at
 //! the blank line (wrk's GETs carry no body) and pipelined requests are answered in order.
-//! Go uses `net/http` (see `go/http.go`). fibra's server will be `examples/http_hello`, once
-//! `fibra::net` exists.
+//! Go uses `net/http` (see `go/http.go`). fibra's server is `examples/http_hello` (parsed with
+//! httparse), which `crate::driver` builds and starts itself.
 
 use std::io::{Read, Write};
 
@@ -49,7 +49,10 @@ pub fn serve(peer: Peer, port: u16, threads: usize) -> Result<(), String> {
             Ok(())
         }
         Peer::May => serve_may(port, threads),
-        other => Err(format!("no in-process http server for {}", other.name())),
+        other => Err(format!(
+            "no in-process http server for {} (fibra runs examples/http_hello, Go its own binary)",
+            other.name()
+        )),
     }
 }
 

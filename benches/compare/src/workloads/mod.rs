@@ -123,9 +123,6 @@ pub fn find(name: &str) -> Option<&'static Workload> {
 /// installed on the machine (Go and wrk availability is checked by the parent).
 pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
     match (peer, workload) {
-        (Peer::Fibra, "http") => {
-            Some("needs fibra::net (a later issue); examples/http_hello is not written yet")
-        }
         (Peer::Std, "yield_many") => {
             Some("thread::yield_now is only a hint to the OS scheduler: no like-for-like meaning")
         }
@@ -151,6 +148,10 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
             Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
         }
         (Peer::Go, "ping_pong") => Some("go: channels of capacity 1 as oneshots"),
+        (Peer::Fibra, "http") => Some(
+            "fibra: examples/http_hello (httparse; connections dealt to workers in turn), \
+             built by the harness",
+        ),
         (Peer::Go, "http") => {
             Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)")
         }
