@@ -14,6 +14,8 @@ pub mod sleep_storm;
 pub mod spawn_many;
 pub mod spawn_remote;
 pub mod timer_lateness;
+pub mod unblock;
+pub mod unblock_seq;
 pub mod yield_many;
 
 use std::time::Duration;
@@ -82,6 +84,8 @@ pub const WORKLOADS: &[Workload] = &[
     timed("sleep_storm", "ms over 50", 60),
     timed("timer_p50", "µs late", 60),
     timed("timer_p99", "µs late", 60),
+    timed("unblock", "ns/call", 60),
+    timed("unblock_seq", "ns/call", 60),
     Workload {
         name: "idle_cpu",
         unit: "CPU ms in 2 s",
@@ -132,6 +136,9 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
         }
         (Peer::Std, "idle_cpu") => Some("plain threads have no runtime that could idle"),
         (Peer::Std, "park_memory") => Some("100 000 parked OS threads: not a thread workload"),
+        (Peer::May | Peer::Std, "unblock" | "unblock_seq") => {
+            Some("no blocking pool: tokio's spawn_blocking is the peer for fibra::unblock")
+        }
         (Peer::Std, "http") => Some("thread-per-connection server is not part of this comparison"),
         _ => None,
     }
@@ -185,6 +192,8 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "sleep_storm" => sleep_storm::run,
         "timer_p50" => |p, c| timer_lateness::run(p, c, timer_lateness::Pct::P50),
         "timer_p99" => |p, c| timer_lateness::run(p, c, timer_lateness::Pct::P99),
+        "unblock" => unblock::run,
+        "unblock_seq" => unblock_seq::run,
         "idle_cpu" => idle_cpu::run,
         "park_memory" => park_memory::run,
         other => return Err(format!("workload {other} cannot run in-process")),
