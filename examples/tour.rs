@@ -195,7 +195,98 @@ fn main() -> Result<(), fibra::Error> {
         done.load(Ordering::SeqCst),
         sched.submit(|| (), None).unwrap_err()
     );
+
+    executors_and_tasks();
     Ok(())
+}
+
+/// Seed 003's demo on fibra's executors: a task on a `Looper` awaits task 2 on a `ThreadPool`
+/// and task 3 on a `NewThread`; each step prints its thread, and every continuation of the
+/// task is back on the looper thread. Then seed 002's asyncify: blocking file I/O through
+/// `fibra::unblock` (`fibra::fs`) while the looper keeps ticking.
+fn executors_and_tasks() {
+    use fibra::exec::{Executor, Looper, NewThread, ThreadPool};
+
+    println!("\n== 10. Executors and tasks (seed 003): every continuation back on the looper");
+    let looper = Looper::new();
+    let pool = Arc::new(ThreadPool::new(2));
+    let t0 = Instant::now();
+    let step = move |what: &str| {
+        let thread = std::thread::current();
+        println!(
+            "   [{:>4} ms] {:<14} {what}",
+            t0.elapsed().as_millis(),
+            format!("{}:", thread.name().unwrap_or("main"))
+        );
+    };
+    let p = pool.clone();
+    let task = looper.spawn(move || {
+        step("task start ...");
+        fibra::sleep(Duration::from_millis(100));
+        step("slept 100 ms");
+        let two = p
+            .spawn(move || {
+                step("task 2 start ...");
+                fibra::sleep(Duration::from_millis(300));
+                step("task 2 returns after 300 ms");
+                2
+            })
+            .join()
+            .expect("task 2");
+        step(&format!("returns from task 2: {two}"));
+        let three = NewThread
+            .spawn(move || {
+                step("task 3 start ...");
+                fibra::sleep(Duration::from_millis(200));
+                step("task 3 returns after 200 ms");
+                3
+            })
+            .join()
+            .expect("task 3");
+        step(&format!("returns from task 3: {three}"));
+        1 + two + three
+    });
+    task.then(move |v| step(&format!("then: simple task end: {v}")))
+        .catching(move |e| step(&format!("catching: {e}")));
+    let v = task.join().expect("the task");
+    step(&format!("join (the seed's get_result): {v}"));
+
+    println!("   a failing task: fibra's panic hook reports it, then `catching` sees it");
+    let failing = looper.spawn(|| -> i32 {
+        fibra::sleep(Duration::from_millis(10));
+        panic!("task 4 failed on purpose")
+    });
+    failing
+        .then(move |v| step(&format!("then: {v} (not printed)")))
+        .catching(move |e| step(&format!("catching: {e}")))
+        .finally(move || step("finally: runs either way"));
+    let _ = failing.join();
+
+    println!("\n   seed 002's asyncify: fibra::fs on the looper while another looper job ticks");
+    let path = std::env::temp_dir().join(format!("fibra-tour-{}.txt", std::process::id()));
+    let ticker = looper.spawn(move || {
+        for i in 0..3 {
+            step(&format!("tick {i}: the looper is free"));
+            fibra::sleep(Duration::from_millis(5));
+        }
+    });
+    let io = looper.spawn(move || -> std::io::Result<usize> {
+        let data = vec![b'x'; 1 << 20];
+        fibra::fs::write(&path, &data)?;
+        let back = fibra::fs::read(&path)?;
+        fibra::fs::remove_file(&path)?;
+        let on_pool = fibra::unblock(|| std::thread::current().name().map(String::from));
+        step(&format!(
+            "wrote and read back {} KiB; the blocking calls ran on {}",
+            back.len() >> 10,
+            on_pool.as_deref().unwrap_or("?")
+        ));
+        Ok(back.len())
+    });
+    ticker.join().expect("ticker");
+    io.join().expect("no panic").expect("file round trip");
+    looper.shutdown(true);
+    pool.shutdown();
 }
 
 /// User + system CPU time of this process.
