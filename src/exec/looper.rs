@@ -16,7 +16,7 @@ const NAME: &str = "looper";
 ///
 /// Every job and every fiber [`spawn`](Executor::spawn)ed here runs on the looper thread,
 /// and jobs *start* in submission order (FIFO). Unlike the seed's loop, a job is a fiber: when
-/// it waits (`sleep`, `join`, a lock, [`unblock`](crate::unblock)), the next job starts, and
+/// it waits (`sleep`, `join`, a lock, [`unblock`](crate::unblock())), the next job starts, and
 /// the waiting one later resumes — on the looper thread, always.
 ///
 /// Underneath it is a one-worker [`Scheduler`] whose jobs are all pinned to that worker,

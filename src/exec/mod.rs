@@ -4,7 +4,7 @@
 //! `Task<R, Executor>` — a coroutine whose start and every continuation run on its own
 //! executor — is a fiber started with [`Executor::spawn`]: a fiber that has started never
 //! changes thread (DESIGN principle 2), so after every `sleep`, `join`, `yield_now`, lock,
-//! channel receive or [`unblock`](crate::unblock) it resumes on its *home* thread, the
+//! channel receive or [`unblock`](crate::unblock()) it resumes on its *home* thread, the
 //! executor's. The task's `then` / `catching` / `finally` and `get_result` are
 //! [`JoinHandle::then`], [`catching`](JoinHandle::catching),
 //! [`finally`](JoinHandle::finally) and [`join`](JoinHandle::join).
@@ -15,7 +15,7 @@
 //! | [`NewThread`] | `NewThreadExecutor` | on a new thread | a new thread that lives as long as the fiber |
 //! | [`ThreadPool`] | `AsyncExecutor` | on a pool thread | one of the pool's threads |
 //! | [`Looper`] | `LooperExecutor` | on the looper thread, FIFO | the looper thread |
-//! | [`Scheduler`] | — | on a worker | one of the workers |
+//! | [`Scheduler`](crate::Scheduler) | — | on a worker | one of the workers |
 //!
 //! This module owns only these adapters; the fibers themselves are the scheduler's.
 //!
@@ -90,7 +90,7 @@ pub trait Executor {
     /// Runs `f` on this executor and returns a handle to its result: the seed's `Task`.
     ///
     /// fibra's executors run `f` as a fiber homed on their thread: wherever `f` waits
-    /// (`sleep`, `join`, sync primitives, [`unblock`](crate::unblock)), it resumes there.
+    /// (`sleep`, `join`, sync primitives, [`unblock`](crate::unblock())), it resumes there.
     /// This provided version runs `f` as a plain job through
     /// [`execute`](Executor::execute), where fibra's blocking calls block that thread. A
     /// panic in `f` goes to the handle; if the executor drops the job (it has shut down),

@@ -48,7 +48,7 @@ impl OwnedScheduler {
 
     /// Stops the scheduler (dropping queued, unstarted tasks if `discard_queued`) and, unless
     /// called from its own threads, waits for it: parking a calling fiber through
-    /// [`unblock`](crate::unblock), blocking a calling thread.
+    /// [`unblock`](crate::unblock()), blocking a calling thread.
     pub(super) fn stop(&self, discard_queued: bool) {
         let stop = || {
             if discard_queued {

@@ -1,5 +1,5 @@
 //! Files and directories for fibers — the seed's async file-system module, built on
-//! [`unblock`](crate::unblock).
+//! [`unblock`](crate::unblock()).
 //!
 //! Each function has `std::fs`'s signature and behaviour and runs the `std::fs` call on the
 //! blocking pool: inside a fiber only the fiber waits, its worker runs others; on a plain
@@ -8,7 +8,7 @@
 //! same way.
 //!
 //! Every call is one round trip to a pool thread (a few microseconds), so prefer whole-file
-//! calls ([`read`], [`write`]) or large buffers ([`std::io::BufReader`] around a [`File`])
+//! calls ([`read()`], [`write()`]) or large buffers ([`std::io::BufReader`] around a [`File`])
 //! to many small reads. `io_uring` is not used: every operation goes through the pool.
 //!
 //! ```

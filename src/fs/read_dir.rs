@@ -13,7 +13,7 @@ const BATCH: usize = 128;
 
 /// The entries of a directory ([`std::fs::read_dir`]). Opening the directory and reading
 /// the first batch of entries is one call on the blocking pool; the iterator reads the
-/// rest [`BATCH`] entries per call.
+/// rest 128 entries per call.
 ///
 /// ```
 /// let dir = std::env::temp_dir().join(format!("fibra-read-dir-doc-{}", std::process::id()));
