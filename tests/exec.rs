@@ -429,6 +429,9 @@ fn new_thread_gives_each_job_and_fiber_a_thread_of_its_own() {
         for f in fibers {
             assert_eq!(finish(f).as_deref(), Some("new-thread-0"));
         }
+        // A panicking fiber reaches its handle (and its thread still goes away).
+        let p = NewThread.spawn(|| -> u8 { panic!("new thread panic") });
+        assert!(p.join().unwrap_err().is_panic());
     });
 }
 
