@@ -252,8 +252,8 @@ const DROP_CANCEL_ATTEMPTS: usize = 16;
 /// [`Fiber::yield_now`] and be continued with [`Fiber::resume`].
 ///
 /// On its own (this type), a fiber is an asymmetric coroutine driven by the thread that owns
-/// it; it is `!Send` because values on its stack may be `!Send`. Inside a [`Scheduler`]
-/// (`crate::Scheduler`), fibers are created for you by `submit`.
+/// it; it is `!Send` because values on its stack may be `!Send`. Inside a
+/// [`Scheduler`](crate::Scheduler), fibers are created for you by `submit`.
 ///
 /// Blocking fibra calls inside a standalone fiber (join, park, sleep) block the owning thread:
 /// a standalone fiber has no scheduler to switch to.
