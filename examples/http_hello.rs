@@ -29,6 +29,9 @@ use fibra::net::{TcpListener, TcpStream};
 const MAX_HEAD: usize = 8 * 1024;
 /// The most headers a request may carry.
 const MAX_HEADERS: usize = 64;
+/// How long, and how much input at most, a connection being closed drains.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+const LINGER_BYTES: usize = 64 * 1024;
 
 const OK_KEEP_ALIVE: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nHello, World!";
@@ -150,9 +153,26 @@ fn serve(mut conn: TcpStream) {
             return;
         }
         if let Next::Close = next {
-            // Let the client read the answer before the connection goes.
-            let _ = conn.shutdown(std::net::Shutdown::Write);
+            linger_close(&mut conn, &mut buf);
             return;
+        }
+    }
+}
+
+/// Closes after an answer that ends the connection. Closing a socket with unread input
+/// makes the kernel send a reset, which can destroy the answer before the client reads it,
+/// so send a FIN first and drain what the client still sends, for a bounded time and amount.
+fn linger_close(conn: &mut TcpStream, buf: &mut [u8]) {
+    if conn.shutdown(std::net::Shutdown::Write).is_err()
+        || conn.set_read_timeout(Some(LINGER)).is_err()
+    {
+        return;
+    }
+    let mut drained = 0;
+    while drained < LINGER_BYTES {
+        match conn.read(buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => drained += n,
         }
     }
 }
