@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The checks every submission must pass: formatting, lints, the test suite (the README's test
-# command, which includes the doctests) and the benchmarks compiled and run once.
+# The checks every submission must pass: formatting, lints, docs, the test suite (the README's
+# test command, which includes the doctests), loom model checks, and the benchmarks compiled
+# and run once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,8 +17,14 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+echo "== cargo doc (broken links are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
+
 echo "== cargo test (unit, integration and doc tests)"
 cargo test
+
+echo "== loom model checks of fibra::sync"
+bash ci/loom.sh
 
 echo "== benchmarks compile and run once"
 cargo bench -- --test
