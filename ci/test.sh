@@ -23,6 +23,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 echo "== cargo test (unit, integration and doc tests)"
 cargo test
 
+echo "== examples: the echo server's bounded self-test"
+cargo run --release --example echo_server -- --selftest
+
 echo "== loom model checks of fibra::sync"
 bash ci/loom.sh
 

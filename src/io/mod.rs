@@ -61,9 +61,12 @@ pub fn wait_writable(fd: RawFd, timeout: Option<Duration>) -> io::Result<()> {
     wait(fd, reactor::WRITABLE, timeout)
 }
 
-/// Removes `fd` from fibra's epoll instance and wakes whoever waits on it (their wait
+/// Removes `fd` from fibra's epoll instance and wakes the fibers waiting on it (their wait
 /// returns as if the fd were hung up). Call it before closing an fd used with
 /// [`wait_readable`] or [`wait_writable`]. Unknown fds are ignored.
+///
+/// A plain thread waiting on `fd` blocks in `poll(2)`, outside the reactor: for sockets the
+/// kernel wakes it on `shutdown`, but for other fds `deregister` cannot reach it.
 pub fn deregister(fd: RawFd) {
     if let Some(r) = reactor::get() {
         r.deregister_fd(fd);
