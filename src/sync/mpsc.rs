@@ -18,14 +18,15 @@
 //! crossbeam-channel between threads, the yardstick): the receiver of an unbounded
 //! channel takes the whole buffer in one go when it holds several messages (one lock per
 //! batch instead of per message, and less contention with the senders), and a receiving
-//! *thread* that finds the channel empty looks again a few times with growing pauses before
-//! it parks on its futex (a fiber parks at once: that is only a context switch). Disconnection: the last sender (an
+//! *thread* watches its queued node briefly before it parks (see `wait_queue`): a sender
+//! that comes meanwhile delivers straight into its slot and neither side makes a futex
+//! call (a fiber parks at once: that is only a context switch). Disconnection: the last sender (an
 //! atomic count, so cloning takes no lock) wakes the receiver with `DISCONNECTED`; a dropped
 //! receiver wakes every blocked sender with `DISCONNECTED` and its message stays in its slot,
 //! returned in the `SendError`. Messages are never dropped under the internal lock.
 
 use super::deadline_after;
-use super::shim::{may_spin, Arc, AtomicUsize, Ordering, UnsafeCell};
+use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -40,13 +41,6 @@ pub use std::sync::mpsc::{RecvError, RecvTimeoutError, SendError, TryRecvError, 
 const DELIVERED: usize = 1;
 const TAKEN: usize = 2;
 const DISCONNECTED: usize = 3;
-
-/// A receiving *thread* that finds the channel empty looks again this many times, with
-/// growing pauses (spins, then yields: crossbeam's `Backoff`), before it parks: a futex
-/// sleep and wake cost microseconds, and a busy producer refills the channel sooner.
-const RECV_SPIN_STEPS: u32 = 10;
-/// Up to this step a pause is `2^step` spin hints; after it, a `thread::yield_now`.
-const RECV_SPIN_LIMIT: u32 = 6;
 
 /// A message slot on a waiter's stack, reachable from its wait-list node.
 struct Slot<T>(NonNull<UnsafeCell<Option<T>>>);
@@ -385,27 +379,11 @@ impl<T> Receiver<T> {
             return Ok(msg);
         }
         let mut st = self.chan.state.lock();
-        let mut step = 0;
-        loop {
-            if let Some(msg) = self.take(&mut st) {
-                return Ok(msg);
-            }
-            if st.senders_gone {
-                return Err(RecvTimeoutError::Disconnected);
-            }
-            if step == RECV_SPIN_STEPS || !may_spin() {
-                break;
-            }
-            drop(st);
-            if step < RECV_SPIN_LIMIT {
-                for _ in 0..1u32 << step {
-                    std::hint::spin_loop();
-                }
-            } else {
-                std::thread::yield_now();
-            }
-            step += 1;
-            st = self.chan.state.lock();
+        if let Some(msg) = self.take(&mut st) {
+            return Ok(msg);
+        }
+        if st.senders_gone {
+            return Err(RecvTimeoutError::Disconnected);
         }
         let slot = UnsafeCell::new(None);
         match wait(

@@ -38,11 +38,17 @@
 //! Either way the waiter is unparked exactly once, and the registration takes no lock. After
 //! the swap a waker touches the node only to take a published unparker, under the lock.
 //!
+//! A waiting *thread* first watches its node for a few microseconds (bounded backoff): a
+//! wake that comes meanwhile finds `WAITING`, and the thread goes on without any futex call
+//! on either side. A fiber parks at once: it would otherwise hold up its whole worker.
+//!
 //! A timed-out waiter takes the lock: a node still linked is removed and the wait timed out;
 //! a node already unlinked was woken, and the waker's token stands (a wake that races with
 //! the deadline wins, so a grant such as a handed-over lock is never lost).
 
-use super::shim::{park, AtomicU8, Ordering, ParkResult, RawGuard, RawLock, Unparker, UnsafeCell};
+use super::shim::{
+    may_spin, park, AtomicU8, Ordering, ParkResult, RawGuard, RawLock, Unparker, UnsafeCell,
+};
 use std::marker::PhantomPinned;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
@@ -151,6 +157,14 @@ impl Drop for Wakeups {
         }
     }
 }
+
+/// A waiting *thread* watches its own node this many times, with growing pauses (spins,
+/// then yields: crossbeam's `Backoff`), before it parks. A waker that finds the node still
+/// unpublished marks it woken and needs no unpark at all, so a wait that ends within a few
+/// microseconds costs neither side a futex call. Fibers park at once (see `may_spin`).
+const SPIN_STEPS: u32 = 10;
+/// Up to this step a pause is `2^step` spin hints; from it on, a `thread::yield_now`.
+const SPIN_LIMIT: u32 = 6;
 
 /// Node states. See the module docs for the handshake.
 const WAITING: u8 = 0;
@@ -406,6 +420,23 @@ pub(crate) fn wait<'a, S, D: Copy>(
         on_cancel: Some(on_cancel),
     };
     before_park();
+    if may_spin() {
+        for step in 0..SPIN_STEPS {
+            // Acquire: as after a park (see `Withdraw::finish`).
+            if node.state.load(Ordering::Acquire) == WOKEN {
+                // Woken before we published: nobody will unpark us, so there is nothing
+                // to withdraw; this is exactly the state an unparked waiter finds.
+                return withdraw.finish(ParkResult::Unparked);
+            }
+            if step < SPIN_LIMIT {
+                for _ in 0..1u32 << step {
+                    std::hint::spin_loop();
+                }
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
     let parked = park(deadline, |u| node.publish(u));
     withdraw.finish(parked)
 }
@@ -426,7 +457,8 @@ impl<'a, S, D: Copy, F: FnOnce(&mut Guard<'a, S>, Option<usize>)> Withdraw<'a, S
         let node = unsafe { self.node.as_ref() };
         match parked {
             ParkResult::Unparked => {
-                // The only unparker of this park was in the node: a waker marked it WOKEN.
+                // The only unparker of this park was in the node, so a waker marked it
+                // WOKEN (or, after a spin, we saw WOKEN ourselves).
                 // Acquire pairs with the waker's swap (the token, and what it did under the
                 // lock, are visible).
                 let state = node.state.load(Ordering::Acquire);
