@@ -84,7 +84,9 @@ fn sleep_never_returns_early_in_fibers_or_threads() {
 
 #[test]
 fn zero_and_past_deadlines_yield_once_and_return() {
-    let s = scheduler(1);
+    // Both tasks are queued before the worker starts, so neither can finish before the other
+    // exists and the interleaving below is the only possible one.
+    let s = fibra::Scheduler::builder().threads(1).build().unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let (a, b) = (log.clone(), log.clone());
     let h1 = s
@@ -107,6 +109,7 @@ fn zero_and_past_deadlines_yield_once_and_return() {
             Some(0),
         )
         .unwrap();
+    s.start();
     h1.join().unwrap();
     h2.join().unwrap();
     assert_eq!(*log.lock().unwrap(), ["a1", "b1", "a2", "b2"]);

@@ -255,6 +255,12 @@ const DROP_CANCEL_ATTEMPTS: usize = 16;
 /// it; it is `!Send` because values on its stack may be `!Send`. Inside a
 /// [`Scheduler`](crate::Scheduler), fibers are created for you by `submit`.
 ///
+/// `std::thread::panicking()` is per thread, not per fiber: while a fiber that is unwinding
+/// is suspended (a destructor that sleeps, locks or joins), other fibers running on the same
+/// thread see `panicking() == true`, and a mutex guard they drop meanwhile poisons its
+/// mutex. std offers no way to save and restore the panic count on a switch; avoid waiting in
+/// destructors that may run during unwinding.
+///
 /// Blocking fibra calls inside a standalone fiber (join, park, sleep) block the owning thread:
 /// a standalone fiber has no scheduler to switch to.
 ///
