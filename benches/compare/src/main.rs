@@ -15,7 +15,6 @@
 
 mod cli;
 mod driver;
-mod fibra_oneshot;
 mod measure;
 mod plot;
 mod report;

@@ -147,10 +147,6 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
 /// How `peer`'s figure for `workload` is obtained, where that differs from the other peers.
 pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
     match (peer, workload) {
-        (Peer::Fibra, "ping_pong") => Some(
-            "fibra: pairs use the harness's oneshot on fibra::park/Unparker \
-             (fibra::sync::oneshot does not exist yet)",
-        ),
         (Peer::Go, "spawn_remote") => {
             Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
         }

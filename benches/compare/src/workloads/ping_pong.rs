@@ -3,8 +3,8 @@
 //! Figure: ns per round trip (start to last signal, / 1 000), spawns included, as in tokio's
 //! `rt_multi_threaded` bench.
 //!
-//! fibra: no `fibra::sync::oneshot` yet, so the pair uses the harness's park/unpark oneshot
-//! ([`crate::fibra_oneshot`]). tokio: `tokio::sync::oneshot`. may: `may::sync::mpsc` used once.
+//! fibra: `fibra::sync::oneshot`. tokio: `tokio::sync::oneshot`. may: `may::sync::mpsc` used
+//! once.
 //! std: two threads per pair and `std::sync::mpsc`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +12,6 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use super::{Cfg, Peer};
-use crate::fibra_oneshot;
 use crate::measure::{ns_per, repeat};
 use crate::rt;
 
@@ -48,18 +47,18 @@ fn fibra(cfg: Cfg) -> Vec<f64> {
                     let (s2, rem, done) = (s.clone(), rem.clone(), done.clone());
                     let pair = s.submit(
                         move || {
-                            let (ping_tx, ping_rx) = fibra_oneshot::channel::<()>();
-                            let (pong_tx, pong_rx) = fibra_oneshot::channel::<()>();
+                            let (ping_tx, ping_rx) = fibra::sync::oneshot::channel::<()>();
+                            let (pong_tx, pong_rx) = fibra::sync::oneshot::channel::<()>();
                             let partner = s2.submit(
                                 move || {
-                                    ping_rx.recv();
-                                    pong_tx.send(());
+                                    ping_rx.recv().expect("ping");
+                                    pong_tx.send(()).expect("pong");
                                 },
                                 None,
                             );
                             drop(partner.expect("submit"));
-                            ping_tx.send(());
-                            pong_rx.recv();
+                            ping_tx.send(()).expect("ping");
+                            pong_rx.recv().expect("pong");
                             pair_done(&rem, &done);
                         },
                         None,
