@@ -129,7 +129,9 @@ impl Builder {
 /// thread, so `thread_local!` values and `Rc`s held across a suspension stay sound.
 ///
 /// `Scheduler` is `Send + Sync`: share it with an `Arc` and submit from anywhere, including
-/// from its own fibers. Dropping it calls [`stop`](Scheduler::stop).
+/// from its own fibers. Dropping it calls [`stop`](Scheduler::stop). Its `Debug` output is the
+/// diagnostics view: workers, live tasks, stack size and the stack guard mechanism in use
+/// (`madvise(MADV_GUARD_INSTALL)`, or the `mprotect` fallback on kernels before 6.13).
 ///
 /// ```
 /// use std::time::Duration;
@@ -435,6 +437,8 @@ impl std::fmt::Debug for Scheduler {
             .field("name", &self.shared.config.name)
             .field("threads", &self.threads())
             .field("live_tasks", &self.shared.live())
+            .field("stack_size", &self.shared.config.stack_size)
+            .field("stack_guard", &crate::guard_kind())
             .finish()
     }
 }
