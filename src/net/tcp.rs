@@ -4,7 +4,7 @@
 use super::registration::{deadline_after, Registration, Timeouts, READABLE, WRITABLE};
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage};
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io;
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -259,61 +259,7 @@ fn connect_addr(addr: &SocketAddr, deadline: Option<Instant>) -> io::Result<TcpS
     Ok(stream)
 }
 
-impl Read for &TcpStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            (&self.inner).read(buf)
-        })
-    }
-
-    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        let deadline = self.timeouts.read_deadline();
-        self.reg
-            .io(READABLE, deadline, || (&self.inner).read_vectored(bufs))
-    }
-}
-
-impl Write for &TcpStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
-            (&self.inner).write(buf)
-        })
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let deadline = self.timeouts.write_deadline();
-        self.reg
-            .io(WRITABLE, deadline, || (&self.inner).write_vectored(bufs))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Read for TcpStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self).read(buf)
-    }
-
-    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        (&*self).read_vectored(bufs)
-    }
-}
-
-impl Write for TcpStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        (&*self).write(buf)
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        (&*self).write_vectored(bufs)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
+stream_io!(TcpStream);
 
 impl From<std::net::TcpStream> for TcpStream {
     /// Takes over a std stream, switching it to non-blocking mode (fibra emulates blocking
@@ -342,6 +288,90 @@ impl From<TcpStream> for std::net::TcpStream {
 
 /// The fd conversions, `From`/`Into` raw fds and `Debug` of a fibra socket type `$ty` that
 /// wraps the std socket `$std` in a field `inner`; shared by every socket module.
+/// `Read` and `Write` for a stream type and for a shared reference to it: every call is the
+/// std call on `inner`, retried through the reactor with the stream's timeouts.
+macro_rules! stream_io {
+    ($ty:ty) => {
+        impl ::std::io::Read for &$ty {
+            fn read(&mut self, buf: &mut [u8]) -> ::std::io::Result<usize> {
+                let deadline = self.timeouts.read_deadline();
+                self.reg
+                    .io($crate::net::registration::READABLE, deadline, || {
+                        (&self.inner).read(buf)
+                    })
+            }
+
+            fn read_vectored(
+                &mut self,
+                bufs: &mut [::std::io::IoSliceMut<'_>],
+            ) -> ::std::io::Result<usize> {
+                let deadline = self.timeouts.read_deadline();
+                self.reg
+                    .io($crate::net::registration::READABLE, deadline, || {
+                        (&self.inner).read_vectored(bufs)
+                    })
+            }
+        }
+
+        impl ::std::io::Write for &$ty {
+            fn write(&mut self, buf: &[u8]) -> ::std::io::Result<usize> {
+                let deadline = self.timeouts.write_deadline();
+                self.reg
+                    .io($crate::net::registration::WRITABLE, deadline, || {
+                        (&self.inner).write(buf)
+                    })
+            }
+
+            fn write_vectored(
+                &mut self,
+                bufs: &[::std::io::IoSlice<'_>],
+            ) -> ::std::io::Result<usize> {
+                let deadline = self.timeouts.write_deadline();
+                self.reg
+                    .io($crate::net::registration::WRITABLE, deadline, || {
+                        (&self.inner).write_vectored(bufs)
+                    })
+            }
+
+            fn flush(&mut self) -> ::std::io::Result<()> {
+                Ok(())
+            }
+        }
+
+        impl ::std::io::Read for $ty {
+            fn read(&mut self, buf: &mut [u8]) -> ::std::io::Result<usize> {
+                (&*self).read(buf)
+            }
+
+            fn read_vectored(
+                &mut self,
+                bufs: &mut [::std::io::IoSliceMut<'_>],
+            ) -> ::std::io::Result<usize> {
+                (&*self).read_vectored(bufs)
+            }
+        }
+
+        impl ::std::io::Write for $ty {
+            fn write(&mut self, buf: &[u8]) -> ::std::io::Result<usize> {
+                (&*self).write(buf)
+            }
+
+            fn write_vectored(
+                &mut self,
+                bufs: &[::std::io::IoSlice<'_>],
+            ) -> ::std::io::Result<usize> {
+                (&*self).write_vectored(bufs)
+            }
+
+            fn flush(&mut self) -> ::std::io::Result<()> {
+                Ok(())
+            }
+        }
+    };
+}
+
+pub(crate) use stream_io;
+
 macro_rules! fd_traits {
     ($ty:ty, $std:ty) => {
         impl ::std::os::fd::AsRawFd for $ty {

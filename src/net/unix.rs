@@ -29,10 +29,10 @@
 //! ```
 
 use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
-use super::tcp::fd_traits;
+use super::tcp::{fd_traits, stream_io};
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
-use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
@@ -323,61 +323,7 @@ fn connect_stream(addr: &UnixAddr) -> io::Result<UnixStream> {
     Ok(stream)
 }
 
-impl Read for &UnixStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            (&self.inner).read(buf)
-        })
-    }
-
-    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        let deadline = self.timeouts.read_deadline();
-        self.reg
-            .io(READABLE, deadline, || (&self.inner).read_vectored(bufs))
-    }
-}
-
-impl Write for &UnixStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
-            (&self.inner).write(buf)
-        })
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let deadline = self.timeouts.write_deadline();
-        self.reg
-            .io(WRITABLE, deadline, || (&self.inner).write_vectored(bufs))
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Read for UnixStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self).read(buf)
-    }
-
-    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        (&*self).read_vectored(bufs)
-    }
-}
-
-impl Write for UnixStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        (&*self).write(buf)
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        (&*self).write_vectored(bufs)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
+stream_io!(UnixStream);
 
 impl From<stdunix::UnixStream> for UnixStream {
     /// Takes over a std stream, switching it to non-blocking mode (fibra emulates blocking
