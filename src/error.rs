@@ -65,13 +65,18 @@ pub enum SubmitError<F> {
     Stopped(F),
     /// The requested worker index is not below [`Scheduler::threads`](crate::Scheduler::threads).
     NoSuchThread(F),
+    /// The task's stack size (from [`TaskBuilder::stack_size`](crate::TaskBuilder::stack_size))
+    /// is out of range; the [`Error`] says how, as `Builder::build` would.
+    InvalidStackSize(F, Error),
 }
 
 impl<F> SubmitError<F> {
     /// Gives the refused closure back.
     pub fn into_inner(self) -> F {
         match self {
-            SubmitError::Stopped(f) | SubmitError::NoSuchThread(f) => f,
+            SubmitError::Stopped(f)
+            | SubmitError::NoSuchThread(f)
+            | SubmitError::InvalidStackSize(f, _) => f,
         }
     }
 }
@@ -81,6 +86,7 @@ impl<F> fmt::Debug for SubmitError<F> {
         match self {
             SubmitError::Stopped(_) => f.write_str("Stopped(..)"),
             SubmitError::NoSuchThread(_) => f.write_str("NoSuchThread(..)"),
+            SubmitError::InvalidStackSize(_, e) => write!(f, "InvalidStackSize(.., {e:?})"),
         }
     }
 }
@@ -93,6 +99,9 @@ impl<F> fmt::Display for SubmitError<F> {
             }
             SubmitError::NoSuchThread(_) => {
                 f.write_str("no worker thread with that index; the task was not run")
+            }
+            SubmitError::InvalidStackSize(_, e) => {
+                write!(f, "invalid task stack size: {e}; the task was not run")
             }
         }
     }

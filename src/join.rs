@@ -1,10 +1,11 @@
-//! [`JoinHandle`] and [`JoinError`]: a task's result and the one waiter for it.
+//! [`JoinHandle`] and [`JoinError`]: a task's result, its joiners and its continuations.
 
-use crate::fiber::FiberId;
-use crate::sched::task::{Header, Job};
+use crate::fiber::{Cancelled, FiberId};
+use crate::sched::task::{Ended, Header, Job, Start};
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,16 +16,26 @@ type Callback<T> = Box<dyn FnOnce(&Result<T, JoinError>) + Send>;
 pub(crate) struct JoinCell<F, T> {
     header: Header,
     func: UnsafeCell<Option<F>>,
+    /// Written once, under the `callbacks` lock, by whoever publishes the result.
     result: UnsafeCell<Option<Result<T, JoinError>>>,
-    /// Continuations not run yet; `None` once they have run (later ones run at once).
+    /// Continuations not run yet; `None` once the result is published (later ones run at
+    /// once, on the thread that registers them).
     callbacks: parking_lot::Mutex<Option<Vec<Callback<T>>>>,
 }
 
-// SAFETY: `func` is taken exactly once, by the worker that starts the task (or the one that
-// cancels it unstarted); `result` is written once before `Header::complete` (Release) and
-// read only by the `JoinHandle` after it observed completion (Acquire). F and T are Send.
+// SAFETY: a JoinCell moves between threads in an `Arc`; it owns an `F` and a `T`, both Send.
 unsafe impl<F: Send, T: Send> Send for JoinCell<F, T> {}
-// SAFETY: as above; no `&F` or `&T` is ever shared between threads.
+// SAFETY: what threads reach through a shared JoinCell:
+// - `func` is taken exactly once, by the worker that starts the task (or the thread that
+//   fails it unstarted): queues hand a task to one taker.
+// - `result` is written once, under the `callbacks` lock, which also marks it published
+//   (the list becomes `None`). After that it is read by reference from several threads at
+//   once: by continuations on the publishing thread, and by continuations registered later
+//   on their own threads (`on_complete`). Those hand out `&T` only through
+//   `JoinHandle::then`, which requires `T: Sync`, and `&JoinError`, which is Sync.
+//   `take` moves it out only through `JoinHandle::join(self)`, which owns the only handle,
+//   after completion (Acquire on `done`), so no reference from `on_complete` can be live.
+// - `callbacks` is behind a mutex; each callback is `Send` and runs once.
 unsafe impl<F: Send, T: Send> Sync for JoinCell<F, T> {}
 
 impl<F, T> JoinCell<F, T>
@@ -42,22 +53,36 @@ where
         })
     }
 
+    /// Stores the result, runs the continuations, then wakes the joiners. Only the first
+    /// publication counts; a later one (an abandoned fiber that was in the middle of its
+    /// continuations) only makes sure the joiners are woken.
     fn publish(&self, r: Result<T, JoinError>) {
-        if self.header.is_done() {
-            return;
-        }
-        // SAFETY: only the worker owning the task publishes, once (checked above, and the
-        // task reaches at most one of run/fail).
-        unsafe { *self.result.get() = Some(r) };
-        // Continuations run before `complete`, so no `join` can take the result meanwhile.
-        let callbacks = self.callbacks.lock().take().unwrap_or_default();
-        if !callbacks.is_empty() {
-            // SAFETY: written just above; nobody takes it before `complete`.
-            let result = unsafe { (*self.result.get()).as_ref() }.expect("just written");
-            for cb in callbacks {
-                run_callback(cb, result);
+        let callbacks = {
+            let mut callbacks = self.callbacks.lock();
+            match callbacks.take() {
+                Some(list) => {
+                    // SAFETY: the list was still there, so nobody published before us, and
+                    // nobody reads the slot until the list is gone (see the Sync impl).
+                    unsafe { *self.result.get() = Some(r) };
+                    Some(list)
+                }
+                None => {
+                    drop(callbacks);
+                    drop_catching(r);
+                    None
+                }
+            }
+        };
+        if let Some(list) = callbacks {
+            if !list.is_empty() {
+                // SAFETY: written just above; only `join` takes it, after `complete`.
+                let result = unsafe { (*self.result.get()).as_ref() }.expect("just written");
+                for cb in list {
+                    run_callback(cb, result);
+                }
             }
         }
+        // Continuations ran before `complete`, so no `join` can take the result meanwhile.
         self.header.complete();
     }
 }
@@ -71,26 +96,64 @@ where
         &self.header
     }
 
-    fn run(&self) {
+    fn run(&self, start: Start) -> Ended {
         // SAFETY: the starting worker is the only one touching `func` (see the Sync impl).
         let f = unsafe { (*self.func.get()).take() };
-        if let Some(f) = f {
-            let value = f();
-            self.publish(Ok(value));
-        }
+        let (result, ended) = match (start, f) {
+            (Start::Run, Some(f)) => match catch_unwind(AssertUnwindSafe(f)) {
+                Ok(value) => (Ok(value), Ended::Returned),
+                Err(p) if p.is::<Cancelled>() => {
+                    drop_catching(p);
+                    (Err(JoinError::cancelled()), Ended::Cancelled)
+                }
+                Err(p) => (Err(JoinError::panic(p)), Ended::Panicked),
+            },
+            (Start::Fail(err), f) => {
+                drop_catching(f);
+                let ended = if err.is_cancelled() {
+                    Ended::Cancelled
+                } else {
+                    Ended::Panicked
+                };
+                (Err(err), ended)
+            }
+            (Start::Run, None) => unreachable!("a task runs once"),
+        };
+        self.publish(result);
+        ended
     }
 
     fn fail(&self, err: JoinError) {
         // SAFETY: as in `run`; a task that never started still owns its closure.
-        drop(unsafe { (*self.func.get()).take() });
+        drop_catching(unsafe { (*self.func.get()).take() });
         self.publish(Err(err));
+    }
+}
+
+impl<F, T> Drop for JoinCell<F, T> {
+    /// Drops the closure, the result and any continuations not run, catching a panic in
+    /// their destructors: the last reference is often a worker's, and a worker never dies.
+    fn drop(&mut self) {
+        drop_catching(self.func.get_mut().take());
+        drop_catching(self.result.get_mut().take());
+        drop_catching(self.callbacks.get_mut().take());
+    }
+}
+
+/// Drops `value`; a panic in its destructor is reported by the panic hook like any panic
+/// and goes no further. (The payload of that panic is leaked: its own destructor may panic.)
+pub(crate) fn drop_catching<V>(value: V) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        std::mem::forget(payload);
     }
 }
 
 /// Runs one continuation; its panic (already reported by the panic hook) must not unwind
 /// into a worker or the task that completed.
 fn run_callback<T>(cb: Callback<T>, result: &Result<T, JoinError>) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(result)));
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| cb(result))) {
+        drop_catching(payload);
+    }
 }
 
 /// Trait object view of a task that yields a `T`, so `JoinHandle<T>` does not name the closure.
@@ -115,7 +178,7 @@ where
             return None;
         }
         // SAFETY: the result was written before `done` was set (observed above with
-        // Acquire); the JoinHandle is the only reader, and `take` needs it by value.
+        // Acquire); `take` is only called by `JoinHandle::join`, which owns the one handle.
         unsafe { (*self.result.get()).take() }
     }
 
@@ -125,9 +188,10 @@ where
             Some(list) => list.push(cb),
             None => {
                 drop(callbacks);
-                // SAFETY: the list is gone only after `publish` wrote the result (the mutex
-                // orders that write before us), and it cannot have been taken: `take` needs
-                // the JoinHandle by value, and the caller borrows it.
+                // SAFETY: the list is gone only after the result was written under the same
+                // lock, and it cannot have been taken: `take` needs the JoinHandle by value,
+                // and the caller borrows it. Other threads may read it at the same time
+                // (see the Sync impl).
                 if let Some(result) = unsafe { (*self.result.get()).as_ref() } {
                     run_callback(cb, result);
                 }
@@ -172,8 +236,18 @@ impl<T> JoinHandle<T> {
     }
 
     /// Runs `f` with the task's value when it completes successfully — on the thread that
-    /// completes it, or at once on this thread if it already has (seed 003's `then`).
-    /// Returns `&self` for chaining. `f` must not wait for this same task.
+    /// completes it (inside the task's fiber), or at once on this thread if it already has
+    /// (seed 003's `then`). Returns `&self` for chaining. `f` may do anything a fiber may
+    /// (join other tasks, sleep, lock) but must not wait for this same task.
+    ///
+    /// Continuations registered from several threads may run at the same time, each with a
+    /// `&T`, so `T` must be `Sync` (as for sharing a `&T` between threads anywhere):
+    ///
+    /// ```compile_fail
+    /// # let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+    /// let h = sched.submit(|| std::cell::Cell::new(0u64), None).unwrap();
+    /// h.then(|c| c.set(c.get() + 1)); // error: `Cell<u64>` cannot be shared between threads
+    /// ```
     ///
     /// ```
     /// use std::sync::mpsc;
@@ -188,7 +262,10 @@ impl<T> JoinHandle<T> {
     /// assert_eq!(h.join().unwrap(), 6);
     /// assert_eq!(rx.try_iter().collect::<Vec<_>>(), ["then 6", "finally"]);
     /// ```
-    pub fn then(&self, f: impl FnOnce(&T) + Send + 'static) -> &Self {
+    pub fn then(&self, f: impl FnOnce(&T) + Send + 'static) -> &Self
+    where
+        T: Sync,
+    {
         self.cell.on_complete(Box::new(move |r| {
             if let Ok(v) = r {
                 f(v)
@@ -198,7 +275,9 @@ impl<T> JoinHandle<T> {
     }
 
     /// Runs `f` with the error when the task fails (panics, is cancelled, or cannot start) —
-    /// seed 003's `catching`. Same rules as [`then`](JoinHandle::then).
+    /// seed 003's `catching`. Same rules as [`then`](JoinHandle::then): it runs inside a
+    /// fiber (the failed task's own, or one started to report the failure of a task that
+    /// never ran), so it may join, sleep or lock.
     pub fn catching(&self, f: impl FnOnce(&JoinError) + Send + 'static) -> &Self {
         self.cell.on_complete(Box::new(move |r| {
             if let Err(e) = r {
@@ -220,8 +299,9 @@ impl<T> JoinHandle<T> {
         self.cell.header().is_done()
     }
 
-    pub(crate) fn header(&self) -> &Header {
-        self.cell.header()
+    /// Runs `f` (with no access to the result) when the task completes, or at once.
+    pub(crate) fn on_complete(&self, f: impl FnOnce() + Send + 'static) {
+        self.cell.on_complete(Box::new(move |_| f()));
     }
 
     /// The id of the task's fiber (assigned at submit, before it starts).
@@ -249,12 +329,15 @@ impl<T> fmt::Debug for JoinHandle<T> {
 }
 
 /// Why a task produced no value: it panicked, it was cancelled, or it could not start.
+///
+/// `Send + Sync`: the panic payload inside is reachable only by value
+/// ([`into_panic`](JoinError::into_panic)), never by reference.
 pub struct JoinError {
     repr: Repr,
 }
 
 enum Repr {
-    Panic(Box<dyn Any + Send>),
+    Panic(Payload),
     Cancelled,
     NoStack(std::io::Error),
 }
@@ -262,7 +345,7 @@ enum Repr {
 impl JoinError {
     pub(crate) fn panic(p: Box<dyn Any + Send>) -> Self {
         JoinError {
-            repr: Repr::Panic(p),
+            repr: Repr::Panic(Payload(p)),
         }
     }
 
@@ -308,9 +391,24 @@ impl JoinError {
     /// The panic payload, or the error itself if it is not a panic.
     pub fn try_into_panic(self) -> Result<Box<dyn Any + Send>, JoinError> {
         match self.repr {
-            Repr::Panic(p) => Ok(p),
+            Repr::Panic(p) => Ok(p.0),
             other => Err(JoinError { repr: other }),
         }
+    }
+}
+
+/// A panic payload: `Box<dyn Any + Send>` is not `Sync`, so `JoinError` holds it in this
+/// wrapper, which never lends it out by reference.
+struct Payload(Box<dyn Any + Send>);
+
+// SAFETY: a shared `&Payload` gives access only to `message`, which reads the payload as a
+// `&str` or `String` — both `Sync` — and to nothing else; the box itself is only ever moved
+// out by value (`try_into_panic(self)`), which needs the error owned.
+unsafe impl Sync for Payload {}
+
+impl Payload {
+    fn message(&self) -> &str {
+        panic_message(&*self.0)
     }
 }
 
@@ -327,7 +425,7 @@ fn panic_message(p: &(dyn Any + Send)) -> &str {
 impl fmt::Debug for JoinError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.repr {
-            Repr::Panic(p) => write!(f, "JoinError::Panic({:?})", panic_message(&**p)),
+            Repr::Panic(p) => write!(f, "JoinError::Panic({:?})", p.message()),
             Repr::Cancelled => f.write_str("JoinError::Cancelled"),
             Repr::NoStack(e) => write!(f, "JoinError::NoStack({e:?})"),
         }
@@ -337,7 +435,7 @@ impl fmt::Debug for JoinError {
 impl fmt::Display for JoinError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.repr {
-            Repr::Panic(p) => write!(f, "task panicked: {}", panic_message(&**p)),
+            Repr::Panic(p) => write!(f, "task panicked: {}", p.message()),
             Repr::Cancelled => f.write_str("task was cancelled"),
             Repr::NoStack(e) => write!(f, "task could not start: no fiber stack: {e}"),
         }

@@ -3,7 +3,7 @@
 //! Every blocking operation in fibra (join, sleep, sync primitives, I/O readiness) is built
 //! on this. Inside a scheduled fiber, `park` suspends the fiber and only then — back on the
 //! worker's stack — calls the registration closure with an `Unparker` (publish after
-//! suspend, DESIGN principle 1). On a plain thread (or in a standalone fiber, which has no
+//! suspend; docs/design.md, "Principles"). On a plain thread (or in a standalone fiber, which has no
 //! scheduler) it blocks the thread on a futex instead.
 //!
 //! An `Unparker` wakes exactly the park it was made for: each park has a generation, and an
@@ -141,9 +141,7 @@ pub(crate) fn park_inner(deadline: Option<Instant>, register: impl FnOnce(Unpark
             // it exactly once, before the fiber can be resumed.
             let erased: *mut (dyn FnMut(Unparker) + 'static) =
                 unsafe { std::mem::transmute(erased) };
-            meta.timed_out.set(false);
-            suspend(meta, Suspend::Park(erased, deadline));
-            if meta.timed_out.get() {
+            if suspend(meta, Suspend::Park(erased, deadline)) {
                 ParkResult::TimedOut
             } else {
                 ParkResult::Unparked

@@ -47,14 +47,22 @@ fn a_big_stack_allows_deep_recursion() {
 }
 
 #[test]
-fn no_stack_is_an_error_on_the_handle_and_the_scheduler_goes_on() {
+fn an_out_of_range_stack_size_is_refused_with_the_closure_and_the_scheduler_goes_on() {
     let s = scheduler();
-    // 1 EiB is more address space than a 64-bit Linux process has.
-    let h = s.task().stack_size(1 << 60).submit(|| 1, None).unwrap();
-    let err = h.join().unwrap_err();
-    assert!(err.is_no_stack(), "{err:?}");
-    assert!(!err.is_panic() && !err.is_cancelled());
-    assert!(err.to_string().contains("no fiber stack"), "{err}");
+    // 1 EiB is more address space than a 64-bit Linux process has: refused like the builder.
+    match s.task().stack_size(1 << 60).submit(|| 1, None) {
+        Err(fibra::SubmitError::InvalidStackSize(f, e)) => {
+            assert_eq!(f(), 1, "the closure comes back");
+            assert!(matches!(e, fibra::Error::StackTooLarge { .. }), "{e:?}");
+        }
+        other => panic!("expected InvalidStackSize, got {:?}", other.map(|_| ())),
+    }
+    match s.task().stack_size(1).submit(|| 1, None) {
+        Err(e @ fibra::SubmitError::InvalidStackSize(..)) => {
+            assert!(e.to_string().contains("below the minimum"), "{e}");
+        }
+        other => panic!("expected InvalidStackSize, got {:?}", other.map(|_| ())),
+    }
     let ok = s.submit(|| 2, None).unwrap();
     assert!(ok.wait_timeout(Duration::from_secs(30)));
     assert_eq!(ok.join().unwrap(), 2);

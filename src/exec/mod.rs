@@ -52,9 +52,8 @@ pub use new_thread::NewThread;
 pub use thread_pool::ThreadPool;
 
 use crate::join::{JoinCell, JoinError, JoinHandle};
-use crate::sched::task::{Header, Job};
+use crate::sched::task::{Header, Job, Start};
 use crate::stack::DEFAULT_STACK_SIZE;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 /// Something that runs jobs: the seed's `AbstractExecutor`.
@@ -171,9 +170,8 @@ where
 {
     fn run(mut self) {
         let Some(cell) = self.0.take() else { return };
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| cell.run())) {
-            cell.fail(JoinError::panic(p));
-        }
+        // `run` catches the task's panic and publishes it.
+        cell.run(Start::Run);
     }
 }
 

@@ -28,6 +28,8 @@ use std::sync::Arc;
 pub(crate) enum Resume {
     /// Carry on.
     Run,
+    /// Carry on: the timed park the fiber is in ended by its deadline.
+    TimedOut,
     /// Unwind: the fiber is being cancelled (`stop_timeout`, or a dropped standalone fiber).
     Cancel,
     /// The park registration closure panicked; the panic continues in the fiber.
@@ -129,8 +131,6 @@ pub(crate) struct FiberMeta {
     pub(crate) worker: Option<usize>,
     /// Set by the fiber itself when it first runs.
     pub(crate) yielder: Cell<*const Yielder>,
-    /// Set by the home worker when a timed park ended by its deadline.
-    pub(crate) timed_out: Cell<bool>,
 }
 
 impl FiberMeta {
@@ -143,7 +143,6 @@ impl FiberMeta {
             stack_size: 0,
             worker,
             yielder: Cell::new(std::ptr::null()),
-            timed_out: Cell::new(false),
         }
     }
 
@@ -186,16 +185,23 @@ pub(crate) fn leave(prev: *const FiberMeta) {
     CURRENT.with(|c| c.set(prev));
 }
 
-/// Suspends the running fiber with `req` and returns what its resumer passed back, after
-/// acting on cancellation and forwarded panics. Must only be called inside a fiber.
+/// Suspends the running fiber with `req` and acts on what its resumer passed back:
+/// returns whether a timed park ended by its deadline, unwinds for a cancellation, or
+/// continues a forwarded panic. Must only be called inside a fiber.
+///
+/// A cancellation that arrives while this thread is already unwinding (a destructor that
+/// waits during a cancellation's unwind) is not raised again: Rust aborts on a panic during
+/// unwinding, and the fiber is on its way out anyway.
 #[inline]
-pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) {
+pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
     let y = meta.yielder.get();
     // SAFETY: the yielder was stored by this fiber's root function and lives on this fiber's
     // stack, which is the stack we are running on.
     let resumed = unsafe { (*y).suspend(req) };
     match resumed {
-        Resume::Run => {}
+        Resume::Run => false,
+        Resume::TimedOut => true,
+        Resume::Cancel if std::thread::panicking() => false,
         Resume::Cancel => std::panic::resume_unwind(Box::new(Cancelled)),
         Resume::Panic(p) => std::panic::resume_unwind(p),
     }
@@ -212,7 +218,7 @@ pub(crate) fn fiber_root<F: FnOnce()>(
     // SAFETY: the meta outlives the fiber (see FiberMeta); only this fiber writes `yielder`.
     unsafe { (*meta).yielder.set(y) };
     match first {
-        Resume::Run => {}
+        Resume::Run | Resume::TimedOut => {}
         Resume::Cancel => return Outcome::Cancelled,
         Resume::Panic(p) => return Outcome::Panicked(p),
     }
@@ -410,7 +416,9 @@ impl Fiber {
     #[inline]
     pub fn yield_now() {
         match current_meta() {
-            Some(meta) => suspend(meta, Suspend::Yield),
+            Some(meta) => {
+                suspend(meta, Suspend::Yield);
+            }
             None => std::thread::yield_now(),
         }
     }

@@ -19,12 +19,51 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use task::Header;
-use worker::{worker_main, Config, Shared, CANCEL, DONE, NEW, RUNNING_STATE, STOPPING};
+use worker::{worker_main, Config, Phase, Shared, Worker};
 
 /// The most workers a scheduler may have.
 pub const MAX_THREADS: usize = 4096;
 /// The largest fiber stack fibra will map, 1 GiB.
 const MAX_STACK_SIZE: usize = 1 << 30;
+
+/// How long fibers cancelled by `stop_timeout` (or a drop) may take to unwind — their
+/// destructors may still wait — before the shutdown abandons those still alive.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
+/// How long dropping a scheduler that still has live tasks waits for them before it reports
+/// them and cancels them.
+pub const DROP_PATIENCE: Duration = Duration::from_secs(5);
+/// How long `stop` waits before it reports (once) which fibers it is still waiting for.
+const STOP_REPORT_AFTER: Duration = Duration::from_secs(10);
+/// How long a shutdown that abandoned fibers waits for each worker thread to exit before it
+/// leaves a thread that is stuck in a fiber that never suspends.
+const EXIT_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Checks a fiber stack size as the builders do, and rounds it up to whole pages.
+pub(crate) fn check_stack_size(bytes: usize) -> Result<usize, Error> {
+    if bytes < MIN_STACK_SIZE {
+        return Err(Error::StackTooSmall {
+            requested: bytes,
+            minimum: MIN_STACK_SIZE,
+        });
+    }
+    if bytes > MAX_STACK_SIZE {
+        return Err(Error::StackTooLarge { requested: bytes });
+    }
+    Ok(round_size(bytes))
+}
+
+/// How a shutdown treats what is still alive.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shutdown {
+    /// `stop`: wait for everything (reporting once if it takes long).
+    Wait,
+    /// `Looper::shutdown(false)`: fail queued unstarted tasks, wait for started fibers.
+    Discard,
+    /// `stop_timeout`: cancel at the deadline, abandon after the grace.
+    Deadline(Instant),
+    /// `Drop` without `stop`: wait `DROP_PATIENCE`, report, then as `Deadline`.
+    Drop,
+}
 
 /// Configures a [`Scheduler`]; from [`Scheduler::builder`].
 #[derive(Debug, Clone)]
@@ -91,17 +130,7 @@ impl Builder {
                 maximum: MAX_THREADS,
             });
         }
-        if self.stack_size < MIN_STACK_SIZE {
-            return Err(Error::StackTooSmall {
-                requested: self.stack_size,
-                minimum: MIN_STACK_SIZE,
-            });
-        }
-        if self.stack_size > MAX_STACK_SIZE {
-            return Err(Error::StackTooLarge {
-                requested: self.stack_size,
-            });
-        }
+        let stack_size = check_stack_size(self.stack_size)?;
         if self.name.contains('\0') {
             return Err(Error::InvalidName(self.name));
         }
@@ -110,13 +139,17 @@ impl Builder {
         let shared = Shared::new(Config {
             threads,
             name: self.name,
-            stack_size: round_size(self.stack_size),
+            stack_size,
             stack_cache: self.stack_cache,
             use_caller: self.use_caller,
         });
+        let caller_worker = self
+            .use_caller
+            .then(|| Box::new(Worker::new(shared.clone(), 0)));
         Ok(Scheduler {
             shared,
             threads: parking_lot::Mutex::new(Vec::new()),
+            caller_worker: parking_lot::Mutex::new(caller_worker),
         })
     }
 }
@@ -129,7 +162,15 @@ impl Builder {
 /// thread, so `thread_local!` values and `Rc`s held across a suspension stay sound.
 ///
 /// `Scheduler` is `Send + Sync`: share it with an `Arc` and submit from anywhere, including
-/// from its own fibers. Dropping it calls [`stop`](Scheduler::stop). Its `Debug` output is the
+/// from its own fibers.
+///
+/// Dropping it stops it: it refuses new work and waits for what is alive, like
+/// [`stop`](Scheduler::stop), but only for [`DROP_PATIENCE`] (5 s). Tasks still alive then —
+/// often fibers parked on something that can no longer happen — are listed on stderr and
+/// cancelled as [`stop_timeout`](Scheduler::stop_timeout) cancels them. Call `stop` to wait
+/// as long as it takes.
+///
+/// Its `Debug` output is the
 /// diagnostics view: workers, live tasks, stack size and the stack guard mechanism in use
 /// (`madvise(MADV_GUARD_INSTALL)`, or the `mprotect` fallback on kernels before 6.13).
 ///
@@ -149,6 +190,8 @@ impl Builder {
 pub struct Scheduler {
     shared: Arc<Shared>,
     threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// With `use_caller`: worker 0's state while the building thread is not driving it.
+    caller_worker: parking_lot::Mutex<Option<Box<Worker>>>,
 }
 
 impl Default for Builder {
@@ -179,15 +222,9 @@ impl Scheduler {
     /// # Panics
     /// If the OS refuses to create a thread, like [`std::thread::spawn`].
     pub fn start(&self) {
-        if self
-            .shared
-            .state
-            .compare_exchange(NEW, RUNNING_STATE, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
-            return;
+        if self.shared.phase.advance_from(Phase::New, Phase::Running) {
+            self.spawn_workers();
         }
-        self.spawn_workers();
     }
 
     fn spawn_workers(&self) {
@@ -240,7 +277,7 @@ impl Scheduler {
         TaskBuilder {
             sched: self,
             name: None,
-            stack_size: self.shared.config.stack_size,
+            stack_size: Ok(self.shared.config.stack_size),
         }
     }
 
@@ -285,10 +322,15 @@ impl Scheduler {
         };
         self.start();
         if self.drives_caller_worker() {
-            let waiter = Unparker::for_worker(self.shared.clone(), 0);
-            if handle.header().set_waiter(waiter) {
-                self.drive_caller_worker(&|| handle.is_finished(), None);
-            }
+            // The continuation runs once the result is in (just before joiners are woken):
+            // enough for this thread to stop driving worker 0 and join.
+            let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (flag, waiter) = (finished.clone(), Unparker::for_worker(self.shared.clone(), 0));
+            handle.on_complete(move || {
+                flag.store(true, Ordering::Release);
+                waiter.unpark();
+            });
+            self.drive_caller_worker(&|| finished.load(Ordering::Acquire), None);
         }
         match handle.join() {
             Ok(v) => v,
@@ -302,78 +344,155 @@ impl Scheduler {
     /// Stops the scheduler: refuses new work from outside, waits for everything submitted
     /// to finish (fibers parked now and woken later included), then joins the workers.
     ///
+    /// It waits as long as that takes; if that is more than 10 s, it lists the fibers it is
+    /// still waiting for on stderr, once.
+    ///
     /// Called from one of this scheduler's own fibers it cannot wait for itself: it starts
     /// the shutdown and returns; the workers exit once the work has drained.
     pub fn stop(&self) {
-        self.stop_inner(None);
+        self.shutdown(Shutdown::Wait);
     }
 
     /// Like [`stop`](Scheduler::stop), but fibers still alive after `timeout` are cancelled:
     /// each unwinds from its suspension point (destructors run, on its own thread) and its
     /// `JoinHandle` reports [`is_cancelled`](crate::JoinError::is_cancelled); queued tasks
-    /// that never started are dropped likewise. Returns how many tasks were cancelled.
+    /// that never started are failed likewise. Returns how many tasks were cancelled.
     ///
-    /// A fiber that never suspends (a busy loop) cannot be cancelled; `stop_timeout` waits
-    /// for it.
+    /// A fiber is cancelled once: while it unwinds, its waits work as usual, so a destructor
+    /// may flush a file, sleep or take a lock. Fibers that are still alive [`CANCEL_GRACE`]
+    /// (1 s) after the cancellation — a destructor that waits for something that never
+    /// comes, code that catches the cancellation and carries on — are listed on stderr and
+    /// abandoned: their handles report cancelled and they are never resumed (their stacks
+    /// are leaked). A fiber that never suspends (a busy loop) cannot be cancelled at all;
+    /// its worker thread is left running and reported. So `stop_timeout(d)` returns within
+    /// about `d` plus the grace.
     pub fn stop_timeout(&self, timeout: Duration) -> usize {
-        self.stop_inner(Some(timeout))
+        let deadline = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
+        self.shutdown(Shutdown::Deadline(deadline))
     }
 
     /// Stops like [`stop`](Scheduler::stop), except that tasks still queued and not started
     /// are dropped (their handles report cancelled); started fibers run to completion.
     /// Returns how many were dropped. (The seed's `LooperExecutor::shutdown(false)`.)
     pub(crate) fn stop_discarding_queued(&self) -> usize {
-        self.shared.discard_queued.store(true, Ordering::SeqCst);
-        self.stop_inner(None)
+        self.shutdown(Shutdown::Discard)
     }
 
-    fn stop_inner(&self, timeout: Option<Duration>) -> usize {
+    /// The shutdown state machine's driver (the phases are described in `worker.rs`).
+    fn shutdown(&self, how: Shutdown) -> usize {
         let sh = &self.shared;
-        let deadline = timeout.map(|d| Instant::now().checked_add(d).unwrap_or_else(far_future));
-        if sh
-            .state
-            .compare_exchange(NEW, STOPPING, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            // Never started. SeqCst against `admit`: a racing submit either sees STOPPING and
+        if sh.phase.advance_from(Phase::New, Phase::Stopping) {
+            // Never started. SeqCst against `admit`: a racing submit either sees Stopping and
             // is refused, or is counted in `live` here and its task gets workers to run it.
             if sh.live() == 0 {
-                sh.state.store(DONE, Ordering::SeqCst);
+                sh.phase.advance_to(Phase::Done);
                 return 0;
             }
             self.spawn_workers();
         }
-        let _ =
-            sh.state
-                .compare_exchange(RUNNING_STATE, STOPPING, Ordering::SeqCst, Ordering::SeqCst);
+        sh.phase.advance_from(Phase::Running, Phase::Stopping);
+        if how == Shutdown::Discard {
+            sh.phase.advance_to(Phase::Discarding);
+        }
         sh.wake_all();
-        if sh.current_worker().is_some() {
+        if sh.current_worker().is_some() || sh.phase.get() == Phase::Done {
             return 0;
         }
-        let cancel = || {
-            sh.state.fetch_max(CANCEL, Ordering::SeqCst);
-            sh.wake_all();
+        let drained = match how {
+            Shutdown::Wait | Shutdown::Discard => {
+                let drained = self.wait_until(Some(Instant::now() + STOP_REPORT_AFTER));
+                if !drained && sh.phase.get() < Phase::Abandoning {
+                    eprintln!(
+                        "fibra: stop() of scheduler '{}' has waited {} s for {} task(s) still \
+                         alive; still waiting",
+                        sh.config.name,
+                        STOP_REPORT_AFTER.as_secs(),
+                        sh.live()
+                    );
+                    sh.request_report();
+                    self.wait_until(None)
+                } else {
+                    drained
+                }
+            }
+            Shutdown::Deadline(deadline) => self.wait_until(Some(deadline)),
+            Shutdown::Drop => {
+                let drained = self.wait_until(Some(Instant::now() + DROP_PATIENCE));
+                if !drained && sh.phase.get() < Phase::Cancelling {
+                    eprintln!(
+                        "fibra: scheduler '{}' dropped without stop() while {} task(s) are \
+                         alive; after waiting {} s, cancelling them (stop() waits for them)",
+                        sh.config.name,
+                        sh.live(),
+                        DROP_PATIENCE.as_secs()
+                    );
+                    sh.request_report();
+                }
+                drained
+            }
         };
+        if !drained {
+            sh.phase.advance_to(Phase::Cancelling);
+            sh.wake_all();
+            sh.notify_drained();
+            if !self.wait_until(Some(Instant::now() + CANCEL_GRACE)) {
+                sh.phase.advance_to(Phase::Abandoning);
+                sh.wake_all();
+                sh.notify_drained();
+                // Worker 0 of `use_caller`, if its thread is not driving it, cannot act on
+                // the phase itself: abandon its fibers from here (it never runs them).
+                let undriven = self.caller_worker.lock().take();
+                if let Some(worker) = undriven {
+                    worker.abandon_from_outside();
+                }
+            }
+        }
+        self.join_workers();
+        sh.phase.advance_to(Phase::Done);
+        sh.cancelled.swap(0, Ordering::SeqCst)
+    }
+
+    /// Waits until no task is alive, `deadline` passes, or the shutdown is abandoning;
+    /// returns whether drained. On `use_caller`'s building thread it runs worker 0 meanwhile.
+    fn wait_until(&self, deadline: Option<Instant>) -> bool {
+        let sh = &self.shared;
         if self.drives_caller_worker() {
             let until = || {
-                if deadline.is_some_and(|d| Instant::now() >= d)
-                    && sh.state.load(Ordering::SeqCst) < CANCEL
-                {
-                    cancel();
-                }
-                false
+                sh.live() == 0
+                    || deadline.is_some_and(|d| Instant::now() >= d)
+                    || sh.phase.get() >= Phase::Abandoning
             };
-            self.drive_caller_worker(&until, deadline);
-        } else if !sh.wait_drained(deadline) {
-            cancel();
+            if !self.drive_caller_worker(&until, deadline) {
+                // Another thread holds worker 0 (it is in `block_on`): wait like others.
+                return sh.wait_drained(deadline);
+            }
+            return sh.live() == 0;
         }
-        sh.wait_drained(None);
+        sh.wait_drained(deadline)
+    }
+
+    /// Joins the worker threads. After an abandon, a thread still inside a fiber that never
+    /// suspends cannot exit: it is reported and left running.
+    fn join_workers(&self) {
         let threads = std::mem::take(&mut *self.threads.lock());
+        let abandoning = self.shared.phase.get() >= Phase::Abandoning;
+        let patience = Instant::now() + EXIT_PATIENCE;
         for t in threads {
+            if abandoning {
+                while !t.is_finished() && Instant::now() < patience {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if !t.is_finished() {
+                    eprintln!(
+                        "fibra: worker thread '{}' did not exit: a fiber on it runs without \
+                         suspending; leaving the thread running",
+                        t.thread().name().unwrap_or("<unnamed>")
+                    );
+                    continue;
+                }
+            }
             let _ = t.join();
         }
-        sh.state.store(DONE, Ordering::SeqCst);
-        sh.cancelled.swap(0, Ordering::SeqCst)
     }
 
     /// Whether the calling code should run worker 0 itself (`use_caller`, on the building
@@ -382,11 +501,16 @@ impl Scheduler {
         self.shared.owner == Some(std::thread::current().id()) && !fiber::in_fiber()
     }
 
-    fn drive_caller_worker(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
-        let worker = self.shared.caller_worker.lock().take();
-        if let Some(worker) = worker {
-            worker.run(until, wake_at);
-            *self.shared.caller_worker.lock() = Some(worker);
+    /// Runs worker 0 on this thread until `until()`; false if worker 0 was not available.
+    fn drive_caller_worker(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) -> bool {
+        let worker = self.caller_worker.lock().take();
+        match worker {
+            Some(worker) => {
+                worker.run(until, wake_at);
+                *self.caller_worker.lock() = Some(worker);
+                true
+            }
+            None => false,
         }
     }
 }
@@ -396,7 +520,7 @@ impl Scheduler {
 pub struct TaskBuilder<'a> {
     sched: &'a Scheduler,
     name: Option<Arc<str>>,
-    stack_size: usize,
+    stack_size: Result<usize, Error>,
 }
 
 impl TaskBuilder<'_> {
@@ -406,11 +530,13 @@ impl TaskBuilder<'_> {
         self
     }
 
-    /// The fiber's stack size in bytes, rounded up to whole pages and to at least
-    /// [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE). If no stack of that size can be mapped, the
+    /// The fiber's stack size in bytes, rounded up to whole pages. Checked like
+    /// [`Builder::stack_size`]: below [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE) or above
+    /// 1 GiB, [`submit`](TaskBuilder::submit) refuses the task with
+    /// [`SubmitError::InvalidStackSize`]. If no stack of a valid size can be mapped, the
     /// task's [`JoinHandle`] reports [`JoinError::is_no_stack`](crate::JoinError::is_no_stack).
     pub fn stack_size(mut self, bytes: usize) -> Self {
-        self.stack_size = round_size(bytes.max(MIN_STACK_SIZE));
+        self.stack_size = check_stack_size(bytes);
         self
     }
 
@@ -420,14 +546,16 @@ impl TaskBuilder<'_> {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        self.sched
-            .submit_with(f, thread, self.name, self.stack_size)
+        match self.stack_size {
+            Ok(size) => self.sched.submit_with(f, thread, self.name, size),
+            Err(e) => Err(SubmitError::InvalidStackSize(f, e)),
+        }
     }
 }
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        self.stop();
+        self.shutdown(Shutdown::Drop);
     }
 }
 

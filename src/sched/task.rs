@@ -1,53 +1,179 @@
-//! A scheduled task: the type-erased [`Job`] the run queues carry, and its [`Header`] —
-//! identity, park word, completion state, and the fields only its home worker touches.
+//! A scheduled task: the type-erased [`Job`] the run queues carry, its [`Header`] —
+//! identity, [`ParkWord`], completion state and joiners, and the fields only its home worker
+//! touches.
 //!
 //! One allocation per submitted task holds the header, the closure and the result slot
 //! (`join::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by `Arc`.
 
 use crate::fiber::{Coro, FiberId, FiberMeta};
 use crate::join::JoinError;
-use crate::park::{park_inner, ParkResult, Unparker};
 use crate::sched::timers::TimerId;
 use crate::sched::worker::Shared;
+use crate::sync::wait_queue::{wait, Lock, Wait, WaitList};
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Park word states, in the low two bits; the generation is the rest.
-pub(crate) const RUNNING: u64 = 0;
-pub(crate) const PARKED: u64 = 1;
-pub(crate) const NOTIFIED: u64 = 2;
-pub(crate) const STATE_BITS: u32 = 2;
-pub(crate) const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+#[cfg(loom)]
+use loom::sync::atomic::AtomicU64;
+#[cfg(not(loom))]
+use std::sync::atomic::AtomicU64;
+
+/// How a task's fiber starts: run the closure, or publish an error without running it
+/// (cancelled before it started, no stack of its size) — inside a fiber all the same, so
+/// its continuations may wait like any fiber code.
+pub(crate) enum Start {
+    Run,
+    Fail(JoinError),
+}
+
+/// How a task ended, for the worker's count of cancellations.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Ended {
+    Returned,
+    Panicked,
+    Cancelled,
+}
 
 /// A unit of work in the run queues: a task, unstarted or a started fiber.
 pub(crate) trait Job: Send + Sync + 'static {
     /// The shared header.
     fn header(&self) -> &Header;
-    /// Runs the user's closure and publishes its value. Called once, inside the fiber.
-    fn run(&self);
-    /// Publishes `err` as the result instead (panic, cancellation, no stack), dropping the
-    /// closure if it never ran.
+    /// Runs the user's closure (or fails as `start` says) and publishes the result, all
+    /// inside the task's fiber; panics and cancellation are caught here. Called once.
+    fn run(&self, start: Start) -> Ended;
+    /// Publishes `err` as the result from outside any fiber (the task's fiber could not be
+    /// created, or was abandoned), dropping the closure if it never ran.
     fn fail(&self, err: JoinError);
 }
 
-/// What the run queues carry: sylar's `ScheduleTask` (fiber or callback). Unstarted tasks
-/// (`Closure`) may run on any worker unless pinned; a started `Fiber` only on its home worker.
+/// What the run queues carry: sylar's `ScheduleTask` (fiber or job). Unstarted tasks
+/// (`New`) may run on any worker unless pinned; a started `Fiber` only on its home worker.
 pub(crate) enum ScheduleTask {
     /// A task that has not run yet.
-    Closure(Arc<dyn Job>),
+    New(Arc<dyn Job>),
     /// A started fiber to resume.
     Fiber(Arc<dyn Job>),
 }
 
+/// The park word's state, in its low two bits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ParkState {
+    /// Running, ready to run, or finished: no `Unparker` of this generation can act.
+    Running,
+    /// Suspended in `park`, published to wakers.
+    Parked,
+    /// A waker (unparker, timer, canceller) won the wake and queues the fiber.
+    Notified,
+}
+
+/// A task's park word: `(generation << 2) | state`.
+///
+/// Every resumption starts a new generation, and an `Unparker` carries the generation of
+/// the park it was made for, so a stale one (from an earlier park) never wakes a later park.
+/// Of all the wakers racing for one park — unparkers, the timer, cancellation — exactly one
+/// wins [`notify`](ParkWord::notify) and must queue the fiber. Only the home worker moves
+/// the word out of `Notified` or `Running`.
+pub(crate) struct ParkWord(AtomicU64);
+
+const STATE_BITS: u32 = 2;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+const RUNNING: u64 = 0;
+const PARKED: u64 = 1;
+const NOTIFIED: u64 = 2;
+
+impl ParkWord {
+    pub(crate) fn new() -> ParkWord {
+        ParkWord(AtomicU64::new(RUNNING))
+    }
+
+    fn split(word: u64) -> (u64, ParkState) {
+        let state = match word & STATE_MASK {
+            RUNNING => ParkState::Running,
+            PARKED => ParkState::Parked,
+            NOTIFIED => ParkState::Notified,
+            other => unreachable!("park word in state {other}"),
+        };
+        (word >> STATE_BITS, state)
+    }
+
+    /// The home worker is about to resume the fiber: a new generation, `Running`. Every
+    /// `Unparker` made before is stale from now on.
+    #[inline]
+    pub(crate) fn begin_run(&self) {
+        // Relaxed: only the home worker writes the word outside `Parked`, and it got the
+        // fiber (from its own queue, or from a waker through the inbox's Release/Acquire)
+        // after the word left `Parked`.
+        let (gen, state) = Self::split(self.0.load(Ordering::Relaxed));
+        debug_assert_ne!(state, ParkState::Parked, "resuming a fiber still parked");
+        self.0.store(
+            ((gen + 1) << STATE_BITS) | RUNNING,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The home worker publishes a fiber that has just switched out in `park`. Returns the
+    /// generation its `Unparker` must carry.
+    #[inline]
+    pub(crate) fn publish_parked(&self) -> u64 {
+        let (gen, state) = Self::split(self.0.load(Ordering::Relaxed));
+        debug_assert_eq!(state, ParkState::Running, "parking a fiber that is not running");
+        // Release: a waker that wins `notify` on this value sees everything the worker wrote
+        // before (the task's placement above all).
+        self.0.store((gen << STATE_BITS) | PARKED, Ordering::Release);
+        gen
+    }
+
+    /// A waker's move from "parked in generation `gen`" to `Notified`. True for exactly one
+    /// of the racing wakers, which must then queue the fiber on its home worker.
+    #[inline]
+    pub(crate) fn notify(&self, gen: u64) -> bool {
+        let parked = (gen << STATE_BITS) | PARKED;
+        let notified = (gen << STATE_BITS) | NOTIFIED;
+        // AcqRel: Acquire pairs with `publish_parked`'s Release (the winner sees the
+        // placement); Release publishes the waker's own writes to the fiber, which the home
+        // worker acquires through the queue it pops the fiber from.
+        self.0
+            .compare_exchange(parked, notified, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// The generation of the current park, if the fiber is parked and nobody won its wake.
+    pub(crate) fn parked(&self) -> Option<u64> {
+        // Acquire: as in `notify`, for a caller that goes on to notify.
+        match Self::split(self.0.load(Ordering::Acquire)) {
+            (gen, ParkState::Parked) => Some(gen),
+            _ => None,
+        }
+    }
+
+    /// The current state, for diagnostics.
+    pub(crate) fn state(&self) -> ParkState {
+        Self::split(self.0.load(Ordering::Relaxed)).1
+    }
+}
+
 /// Where a started fiber lives. Written once by the worker that starts it, before any
-/// `Unparker` exists; read by unparkers after their compare-and-swap on the park word, which
-/// orders the read after that write.
+/// `Unparker` exists; read by unparkers after they won `ParkWord::notify`, which orders the
+/// read after that write.
 pub(crate) struct Placement {
     pub(crate) sched: *const Shared,
     pub(crate) worker: usize,
+}
+
+/// A started fiber's cancellation, delivered at most once.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Cancel {
+    /// Not cancelled.
+    No,
+    /// The next resumption unwinds the fiber.
+    Requested,
+    /// The fiber has been resumed with its cancellation and is unwinding (or caught it).
+    /// Its waits from now on work as usual — a destructor may flush a file, sleep or lock —
+    /// bounded by the grace `stop_timeout` gives before it abandons what is left.
+    Delivered,
 }
 
 /// State that only the home worker thread (and the fiber itself, on that thread) touches.
@@ -58,13 +184,25 @@ pub(crate) struct Home {
     pub(crate) meta: FiberMeta,
     /// Index in the home worker's registry of live fibers.
     pub(crate) slot: usize,
-    /// Cancellation requested: every resume unwinds the fiber.
-    pub(crate) cancel: bool,
+    pub(crate) cancel: Cancel,
     /// A panic of the park registration closure, to continue inside the fiber.
     pub(crate) pending_panic: Option<Box<dyn Any + Send>>,
     /// The timer of the current timed park, cancelled if something else wakes the fiber.
     pub(crate) timer: Option<TimerId>,
+    /// The current park ended by its deadline; the next resumption says so.
+    pub(crate) timed_out: bool,
+    /// How the task's body ended, written by the fiber as its last act.
+    pub(crate) ended: Ended,
+    /// Set when the fiber is abandoned: keeps its scheduler's shared state alive for as long
+    /// as anything (an `Unparker` in the middle of a wake) can still reach the task.
+    pub(crate) keep_alive: Option<Arc<Shared>>,
 }
+
+/// The waiters of `join`/`wait_timeout`: an intrusive FIFO, nodes on the waiters' stacks.
+type Joiners = WaitList<()>;
+
+/// The token a completing task wakes its joiners with.
+const COMPLETED: usize = 1;
 
 /// The part of a task every holder can see.
 pub(crate) struct Header {
@@ -73,21 +211,23 @@ pub(crate) struct Header {
     pub(crate) stack_size: usize,
     /// Task pinned to a worker (never stolen), or free to run anywhere.
     pub(crate) pinned: Option<usize>,
-    /// `(generation << 2) | RUNNING | PARKED | NOTIFIED`.
-    pub(crate) park: AtomicU64,
+    pub(crate) park: ParkWord,
     done: AtomicBool,
-    /// Set once a joiner has stored its `Unparker`, so completion skips the lock otherwise.
-    has_waiter: AtomicBool,
-    waiter: parking_lot::Mutex<Option<Unparker>>,
+    /// Set once a joiner has queued (under `joiners`' lock), so completion skips the lock
+    /// otherwise.
+    has_joiners: AtomicBool,
+    joiners: Lock<Joiners>,
     pub(crate) placement: UnsafeCell<Placement>,
     pub(crate) home: UnsafeCell<Home>,
 }
 
-// SAFETY: the shared fields are atomics or behind a mutex. `placement` is written once by the
+// SAFETY: the shared fields are atomics or behind a lock. `placement` is written once by the
 // starting worker before it is published (see Placement). `home`, which holds the !Send
 // coroutine, is only touched by the home worker thread: a started fiber never changes thread
-// (DESIGN principle 2), and the worker keeps the fiber in its registry until it has ended,
-// so the coroutine is created, resumed and dropped on that one thread.
+// (docs/design.md, "Principles"), and the worker keeps the fiber in its registry until it has
+// ended, so the coroutine is created, resumed and dropped on that one thread. The one
+// exception is abandonment of `use_caller`'s worker 0 by another thread, which happens only
+// while no thread drives that worker and never runs or drops the coroutine (it is leaked).
 unsafe impl Send for Header {}
 // SAFETY: as for Send.
 unsafe impl Sync for Header {}
@@ -101,10 +241,10 @@ impl Header {
             name: name.clone(),
             stack_size,
             pinned,
-            park: AtomicU64::new(RUNNING),
+            park: ParkWord::new(),
             done: AtomicBool::new(false),
-            has_waiter: AtomicBool::new(false),
-            waiter: parking_lot::Mutex::new(None),
+            has_joiners: AtomicBool::new(false),
+            joiners: Lock::new(WaitList::new()),
             placement: UnsafeCell::new(Placement {
                 sched: std::ptr::null(),
                 worker: 0,
@@ -113,23 +253,14 @@ impl Header {
                 fiber: None,
                 meta: FiberMeta::new(id, name, None),
                 slot: 0,
-                cancel: false,
+                cancel: Cancel::No,
                 pending_panic: None,
                 timer: None,
+                timed_out: false,
+                ended: Ended::Returned,
+                keep_alive: None,
             }),
         }
-    }
-
-    /// Moves the park word from "parked in generation `gen`" to "notified". Exactly one of
-    /// the racing wakers (unparker, timer, canceller) wins and must queue the fiber.
-    pub(crate) fn try_notify(&self, gen: u64) -> bool {
-        let parked = (gen << STATE_BITS) | PARKED;
-        let notified = (gen << STATE_BITS) | NOTIFIED;
-        // AcqRel: Acquire pairs with the worker's Release store of PARKED (so `placement` is
-        // visible to the winner); Release publishes the waker's writes to the fiber.
-        self.park
-            .compare_exchange(parked, notified, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
     }
 
     /// Whether the result has been published.
@@ -137,50 +268,34 @@ impl Header {
         self.done.load(Ordering::Acquire)
     }
 
-    /// Marks the result published and wakes the joiner, if one waits. The result slot must
-    /// be written before this call.
+    /// Marks the result published and wakes every joiner. The result slot must be written
+    /// before this call. Idempotent.
     pub(crate) fn complete(&self) {
         // SeqCst (a Release store at least, so the result written before is visible to
-        // whoever sees `done`): with the SeqCst store of `has_waiter` in `set_waiter`, either
-        // we see the waiter flag or the waiter sees `done` (or both; unpark is idempotent).
+        // whoever sees `done`): with the SeqCst store of `has_joiners` in `wait`, either we
+        // see the flag or the joiner sees `done` (or both).
         self.done.store(true, Ordering::SeqCst);
-        if self.has_waiter.load(Ordering::SeqCst) {
-            let waiter = self.waiter.lock().take();
-            if let Some(u) = waiter {
-                u.unpark();
-            }
+        if self.has_joiners.load(Ordering::SeqCst) {
+            let mut g = self.joiners.lock();
+            let (list, wakes) = g.parts();
+            list.wake_all(COMPLETED, wakes);
         }
-    }
-
-    /// Hands the joiner's `Unparker` to the task, to be used when it completes. Returns
-    /// false (and drops it) if the task has already completed.
-    pub(crate) fn set_waiter(&self, u: Unparker) -> bool {
-        *self.waiter.lock() = Some(u);
-        self.has_waiter.store(true, Ordering::SeqCst);
-        if self.done.load(Ordering::SeqCst) {
-            // Completion may have missed the flag; take the Unparker back ourselves.
-            self.waiter.lock().take();
-            return false;
-        }
-        true
     }
 
     /// Waits for the result (suspending a fiber, blocking a thread) until `deadline`.
-    /// Returns whether the task finished.
+    /// Returns whether the task finished. Any number of joiners may wait at once.
     pub(crate) fn wait(&self, deadline: Option<Instant>) -> bool {
-        loop {
-            if self.is_done() {
-                return true;
-            }
-            let r = park_inner(deadline, |u| {
-                if !self.set_waiter(u.clone()) {
-                    u.unpark();
-                }
-            });
-            if r == ParkResult::TimedOut {
-                self.waiter.lock().take();
-                return self.is_done();
-            }
+        if self.is_done() {
+            return true;
+        }
+        let g = self.joiners.lock();
+        self.has_joiners.store(true, Ordering::SeqCst);
+        if self.done.load(Ordering::SeqCst) {
+            return true;
+        }
+        match wait(g, |list| list, (), deadline, || {}, |_, _| {}) {
+            Wait::Woken(_) => true,
+            Wait::TimedOut(_) => self.is_done(),
         }
     }
 }

@@ -1,7 +1,8 @@
-//! The worker loop, run queues, idle protocol and shutdown.
+//! The worker loop, run queues, idle protocol and shutdown. docs/design.md draws the same
+//! picture at more length.
 //!
 //! # Run queues
-//! Each worker owns three queues:
+//! Each worker has four queues:
 //! - `ready` — started fibers of this worker that may run (yielded, or woken from this
 //!   thread). Owner only, no synchronisation.
 //! - `next` — the task a fiber of this worker spawned last (a LIFO slot, like Go's `runnext`
@@ -17,56 +18,118 @@
 //!
 //! Plus one shared `injector` for unpinned tasks submitted from outside the scheduler.
 //! Only unstarted tasks move between workers; a started fiber runs on its home worker until
-//! it ends (DESIGN principle 2).
+//! it ends (docs/design.md, "Principles").
 //!
 //! # One pass of the loop
-//! Fire due timers (every few ticks), look at the injector first every `INJECTOR_INTERVAL`
-//! ticks (so outside work cannot starve), then: `next` → inbox → ready/local (alternating, so
-//! yielding fibers and new tasks share the thread fairly) → injector → steal half of a peer's
-//! `local`.
+//! Catch up with the shutdown phase if it moved. Then `next_task`: every `TIMER_INTERVAL`
+//! ticks fire due timers, every `IO_POLL_INTERVAL` ticks take a non-blocking look at I/O,
+//! every `INJECTOR_INTERVAL` ticks take from the injector first (so outside work cannot
+//! starve); then `next` (up to a streak) → inbox → ready/local (alternating, so yielding
+//! fibers and new tasks share the thread) → `next` again → due timers → injector → steal
+//! half of a peer's `local`. Nothing found: `idle`.
 //!
 //! # Idle
 //! With nothing to do a worker *spins* a little (at most half the workers spin at once),
 //! looking at the injector and its peers. Then it announces itself in the `IdleSet`, issues a
-//! SeqCst fence, looks once more, and sleeps on its futex until the next timer deadline, or
-//! indefinitely. A submitter pushes, fences, and wakes one idle worker only if nobody is
-//! spinning — the fences on both sides make sure that either the submitter sees the idle
-//! worker or the worker sees the work (Go's protocol). Pinned work and fiber wakes unpark
-//! their target worker directly. There is no periodic polling: an idle scheduler sleeps.
+//! SeqCst fence, looks once more, and sleeps on its futex (or in `epoll_wait`, if no other
+//! worker polls for I/O) until the next timer deadline, or indefinitely. A submitter pushes,
+//! fences, and wakes one idle worker only if nobody is spinning — the fences on both sides
+//! make sure that either the submitter sees the idle worker or the worker sees the work (Go's
+//! protocol). Pinned work and fiber wakes unpark their target worker directly. There is no
+//! periodic polling: an idle scheduler sleeps.
 //!
 //! # Shutdown
-//! `live` counts tasks submitted and not yet finished. `stop()` moves the state to STOPPING
-//! (outside submits are refused; fibers may still spawn children while they finish) and
-//! waits until `live` reaches zero; every worker exits when it sees STOPPING and zero live
-//! tasks. `stop_timeout` moves to CANCEL at its deadline: each worker fails its queued
-//! unstarted tasks and resumes each of its live fibers with a cancellation that unwinds
-//! the fiber's stack, running destructors on its home thread.
+//! One state word, [`Phase`], only ever moves forward: `New → Running → Stopping →
+//! Discarding → Cancelling → Abandoning → Done`. `live` counts tasks submitted and not yet
+//! finished. Each worker remembers the phase it has acted on and catches up, one step at a
+//! time, at the top of its loop:
+//! - `Stopping` (`stop`): outside submits are refused (fibers may still spawn children while
+//!   they finish); a worker exits when `live` reaches zero.
+//! - `Discarding` (`Looper::shutdown(false)`): queued tasks that never started are failed
+//!   (cancelled) instead of run; started fibers finish.
+//! - `Cancelling` (`stop_timeout`'s deadline): unstarted tasks are failed, and every live
+//!   fiber is resumed once with a cancellation that unwinds its stack on its home thread.
+//!   After that one delivery its waits work as usual, so destructors may flush, sleep or lock.
+//! - `Abandoning` (the grace after cancelling ran out): fibers still alive are reported on
+//!   stderr, their results set to cancelled, and they are leaked — never resumed, their
+//!   stacks never reused — and the worker exits.
+//!
+//! A failed task's result is published inside a fiber (its own, or a fresh one when it never
+//! started), so `catching` and `finally` continuations may wait like any fiber code.
 
 use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, Yielder};
 use crate::join::JoinError;
 use crate::park::Unparker;
 use crate::sched::idle::{IdleSet, Parker};
-use crate::sched::task::{Job, Placement, ScheduleTask, PARKED, RUNNING, STATE_BITS, STATE_MASK};
+use crate::sched::task::{Cancel, Ended, Job, ParkState, Placement, ScheduleTask, Start};
 use crate::sched::timers::TimerWheel;
-
-/// A fiber parked with a deadline, and the park generation its timer may end.
-type Timer = (Arc<dyn Job>, u64);
-use crate::stack::StackPool;
+use crate::stack::{FiberStack, StackPool};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{fence, AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-/// Scheduler lifecycle states, in order; the state only moves forward.
-pub(crate) const NEW: u8 = 0;
-pub(crate) const RUNNING_STATE: u8 = 1;
-pub(crate) const STOPPING: u8 = 2;
-pub(crate) const CANCEL: u8 = 3;
-pub(crate) const DONE: u8 = 4;
+/// A fiber parked with a deadline, and the park generation its timer may end.
+type Timer = (Arc<dyn Job>, u64);
+
+/// The scheduler's lifecycle, in order; the state only moves forward (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+#[repr(u8)]
+pub(crate) enum Phase {
+    New = 0,
+    Running = 1,
+    Stopping = 2,
+    Discarding = 3,
+    Cancelling = 4,
+    Abandoning = 5,
+    Done = 6,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::New,
+            1 => Phase::Running,
+            2 => Phase::Stopping,
+            3 => Phase::Discarding,
+            4 => Phase::Cancelling,
+            5 => Phase::Abandoning,
+            _ => Phase::Done,
+        }
+    }
+}
+
+/// The shared phase word.
+pub(crate) struct PhaseWord(AtomicU8);
+
+impl PhaseWord {
+    fn new() -> PhaseWord {
+        PhaseWord(AtomicU8::new(Phase::New as u8))
+    }
+
+    /// The current phase. SeqCst: `admit` and `stop` order it against the `live` count.
+    pub(crate) fn get(&self) -> Phase {
+        Phase::from_u8(self.0.load(Ordering::SeqCst))
+    }
+
+    /// Moves from `from` to `to` if the phase is `from`; returns whether it did.
+    pub(crate) fn advance_from(&self, from: Phase, to: Phase) -> bool {
+        debug_assert!(from < to);
+        self.0
+            .compare_exchange(from as u8, to as u8, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Moves forward to `to` unless the phase is already there or beyond; returns the phase
+    /// before.
+    pub(crate) fn advance_to(&self, to: Phase) -> Phase {
+        Phase::from_u8(self.0.fetch_max(to as u8, Ordering::SeqCst))
+    }
+}
 
 /// Capacity of a worker's stealable queue of unstarted tasks.
 const LOCAL_CAPACITY: usize = 256;
@@ -106,6 +169,9 @@ pub(crate) struct WorkerShared {
     /// The LIFO slot (capacity 1).
     pub(crate) next: ArrayQueue<Arc<dyn Job>>,
     pub(crate) parker: Parker,
+    /// Wakers from other threads between their push into `inbox` and their last touch of
+    /// this worker (see `unpark_fiber`); the shared state is not freed while any is.
+    wakers: AtomicUsize,
 }
 
 /// State shared by a scheduler's handle, its workers and every task it runs.
@@ -113,16 +179,15 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) workers: Box<[WorkerShared]>,
     pub(crate) injector: SegQueue<Arc<dyn Job>>,
-    pub(crate) state: AtomicU8,
+    pub(crate) phase: PhaseWord,
     live: AtomicUsize,
     spinning: AtomicUsize,
     idle: IdleSet,
+    /// Tasks cancelled (or failed unstarted, or abandoned) by the shutdown so far.
     pub(crate) cancelled: AtomicUsize,
-    /// Shutting down without running queued unstarted tasks (`Looper::shutdown(false)`).
-    pub(crate) discard_queued: AtomicBool,
+    /// Bumped to ask every worker to print its live fibers (a shutdown that takes long).
+    report: AtomicUsize,
     drained: (parking_lot::Mutex<()>, parking_lot::Condvar),
-    /// With `use_caller`: worker 0's state while its thread is not inside `block_on`/`stop`.
-    pub(crate) caller_worker: parking_lot::Mutex<Option<Box<Worker>>>,
     /// With `use_caller`: the thread that is worker 0.
     pub(crate) owner: Option<ThreadId>,
 }
@@ -131,40 +196,36 @@ impl Shared {
     pub(crate) fn new(config: Config) -> Arc<Shared> {
         let n = config.threads;
         let owner = config.use_caller.then(|| std::thread::current().id());
-        let shared = Arc::new(Shared {
+        Arc::new(Shared {
             workers: (0..n)
                 .map(|_| WorkerShared {
                     inbox: SegQueue::new(),
                     local: ArrayQueue::new(LOCAL_CAPACITY),
                     next: ArrayQueue::new(1),
                     parker: Parker::new(),
+                    wakers: AtomicUsize::new(0),
                 })
                 .collect(),
             injector: SegQueue::new(),
-            state: AtomicU8::new(NEW),
+            phase: PhaseWord::new(),
             live: AtomicUsize::new(0),
             spinning: AtomicUsize::new(0),
             idle: IdleSet::new(n),
             cancelled: AtomicUsize::new(0),
-            discard_queued: AtomicBool::new(false),
+            report: AtomicUsize::new(0),
             drained: (parking_lot::Mutex::new(()), parking_lot::Condvar::new()),
-            caller_worker: parking_lot::Mutex::new(None),
             owner,
             config,
-        });
-        if shared.config.use_caller {
-            *shared.caller_worker.lock() = Some(Box::new(Worker::new(shared.clone(), 0)));
-        }
-        shared
+        })
     }
 
     /// Counts a new task in, unless the scheduler refuses work. Fibers of this scheduler may
     /// still submit while it drains (they are finishing submitted work).
     pub(crate) fn admit(&self) -> bool {
         self.live.fetch_add(1, Ordering::SeqCst);
-        let st = self.state.load(Ordering::SeqCst);
-        let ok = st < STOPPING
-            || (st == STOPPING && fiber::in_fiber() && self.current_worker().is_some());
+        let phase = self.phase.get();
+        let ok = phase < Phase::Stopping
+            || (phase == Phase::Stopping && fiber::in_fiber() && self.current_worker().is_some());
         if !ok {
             self.task_done();
         }
@@ -173,8 +234,7 @@ impl Shared {
 
     /// Counts a task out; the last one during shutdown lets everybody go.
     pub(crate) fn task_done(&self) {
-        if self.live.fetch_sub(1, Ordering::SeqCst) == 1
-            && self.state.load(Ordering::SeqCst) >= STOPPING
+        if self.live.fetch_sub(1, Ordering::SeqCst) == 1 && self.phase.get() >= Phase::Stopping
         {
             self.wake_all();
             let _g = self.drained.0.lock();
@@ -202,6 +262,18 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Wakes whoever waits in `wait_drained` to look at the clock or the phase again.
+    pub(crate) fn notify_drained(&self) {
+        let _g = self.drained.0.lock();
+        self.drained.1.notify_all();
+    }
+
+    /// Asks every worker to print its live fibers on stderr.
+    pub(crate) fn request_report(&self) {
+        self.report.fetch_add(1, Ordering::SeqCst);
+        self.wake_all();
     }
 
     pub(crate) fn wake_all(&self) {
@@ -236,7 +308,7 @@ impl Shared {
         let here = self.current_worker();
         match job.header().pinned {
             Some(i) => {
-                self.workers[i].inbox.push(ScheduleTask::Closure(job));
+                self.workers[i].inbox.push(ScheduleTask::New(job));
                 if here.map(|w| w.index) != Some(i) {
                     self.workers[i].parker.unpark();
                 }
@@ -248,6 +320,19 @@ impl Shared {
                     self.notify_one();
                 }
             },
+        }
+    }
+}
+
+impl Drop for Shared {
+    /// Waits out wakers still touching a worker (see `unpark_fiber`): a few instructions.
+    fn drop(&mut self) {
+        for w in self.workers.iter() {
+            // Acquire: pairs with the waker's Release decrement, so its last touch of the
+            // worker happens before the memory is freed.
+            while w.wakers.load(Ordering::Acquire) != 0 {
+                std::thread::yield_now();
+            }
         }
     }
 }
@@ -274,13 +359,20 @@ pub fn current_worker() -> Option<usize> {
 }
 
 /// Wakes a parked fiber: the `Unparker` side of the park protocol.
+///
+/// Winning `notify` means the fiber is parked and has not been queued by anybody else, so it
+/// cannot finish before we queue it, and its scheduler's shared state stays alive until then:
+/// `stop` waits for every task, and a fiber abandoned meanwhile keeps that state alive itself
+/// (`Home::keep_alive`), while we hold the task. After the push the fiber may run, finish,
+/// and the scheduler be dropped at once, so from just before the push to our last touch of
+/// the worker we are counted in its `wakers`, which `Shared`'s destructor waits out.
 pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
     let h = job.header();
-    if !h.try_notify(gen) {
+    if !h.park.notify(gen) {
         return;
     }
-    // SAFETY: written before the fiber first parked (see Placement); the fiber is parked, so
-    // its scheduler is alive (it outlives every unfinished task).
+    // SAFETY: written before the fiber first parked (see Placement), and the winner of
+    // `notify` has acquired it; the shared state is alive (see above).
     let (sched, worker) = unsafe {
         let p = &*h.placement.get();
         (&*p.sched, p.worker)
@@ -292,8 +384,13 @@ pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
         }
     }
     let target = &sched.workers[worker];
+    // Relaxed: the push below (Release) carries the increment to whoever pops the fiber,
+    // and from there along the chain that ends in `Shared`'s destructor.
+    target.wakers.fetch_add(1, Ordering::Relaxed);
     target.inbox.push(ScheduleTask::Fiber(job.clone()));
     target.parker.unpark();
+    // Release: our touches of the worker happen before the destructor's Acquire load.
+    target.wakers.fetch_sub(1, Ordering::Release);
 }
 
 /// Pops from a `SegQueue`, looking first: crossbeam's `pop` issues a SeqCst fence when it
@@ -330,8 +427,8 @@ fn poll_io_now() {
     }
 }
 
-/// One worker's private state. Lives on its thread (or, for `use_caller`'s worker 0, in
-/// `Shared::caller_worker` between drives).
+/// One worker's private state. Lives on its thread (or, for `use_caller`'s worker 0, in the
+/// `Scheduler` between drives).
 pub(crate) struct Worker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) index: usize,
@@ -342,9 +439,10 @@ pub(crate) struct Worker {
     timers: RefCell<TimerWheel<Timer>>,
     tick: Cell<u32>,
     next_streak: Cell<u32>,
-    cancelled_all: Cell<bool>,
-    /// This worker has dropped its queued unstarted tasks (`discard_queued` shutdown).
-    discarded: Cell<bool>,
+    /// The shutdown phase this worker has acted on.
+    phase: Cell<Phase>,
+    /// The last report request this worker answered.
+    reported: Cell<usize>,
     rng: Cell<u32>,
 }
 
@@ -360,6 +458,7 @@ impl Drop for ExitWorker {
 impl Worker {
     pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
         let stacks = StackPool::new(shared.config.stack_cache);
+        let reported = shared.report.load(Ordering::Relaxed);
         Worker {
             shared,
             index,
@@ -369,8 +468,8 @@ impl Worker {
             timers: RefCell::new(TimerWheel::default()),
             tick: Cell::new(0),
             next_streak: Cell::new(0),
-            cancelled_all: Cell::new(false),
-            discarded: Cell::new(false),
+            phase: Cell::new(Phase::Running),
+            reported: Cell::new(reported),
             rng: Cell::new(0x9E37_79B9 ^ (index as u32).wrapping_mul(0x85EB_CA6B) | 1),
         }
     }
@@ -389,13 +488,10 @@ impl Worker {
             if until() {
                 return;
             }
-            let state = self.shared.state.load(Ordering::Relaxed);
-            if state >= STOPPING {
-                if state == CANCEL && !self.cancelled_all.get() {
-                    self.cancel_all();
-                } else if !self.discarded.get() && self.shared.discard_queued.load(Ordering::SeqCst)
-                {
-                    self.discard_queued();
+            if self.shutdown_pending() {
+                self.catch_up();
+                if self.phase.get() >= Phase::Abandoning {
+                    return;
                 }
             }
             if let Some(task) = self.next_task() {
@@ -409,8 +505,38 @@ impl Worker {
         }
     }
 
+    /// Whether the shutdown phase moved past what this worker acted on, or a report is due.
+    fn shutdown_pending(&self) -> bool {
+        Phase::from_u8(self.shared.phase.0.load(Ordering::Relaxed)) > self.phase.get()
+            || self.shared.report.load(Ordering::Relaxed) != self.reported.get()
+    }
+
+    /// Acts on every shutdown phase this worker has not acted on yet, in order.
+    fn catch_up(&self) {
+        let report = self.shared.report.load(Ordering::SeqCst);
+        if report != self.reported.get() {
+            self.reported.set(report);
+            self.report_live("still alive");
+        }
+        let target = self.shared.phase.get();
+        while self.phase.get() < target.min(Phase::Abandoning) {
+            let next = Phase::from_u8(self.phase.get() as u8 + 1);
+            self.phase.set(next);
+            match next {
+                Phase::Discarding => self.discard_queued(),
+                Phase::Cancelling => {
+                    self.discard_queued();
+                    self.cancel_all();
+                }
+                Phase::Abandoning => self.abandon_all(),
+                _ => {}
+            }
+        }
+    }
+
     fn should_exit(&self) -> bool {
-        self.shared.state.load(Ordering::SeqCst) >= STOPPING && self.shared.live() == 0
+        let phase = self.shared.phase.get();
+        (phase >= Phase::Stopping && self.shared.live() == 0) || phase >= Phase::Abandoning
     }
 
     #[inline]
@@ -425,13 +551,13 @@ impl Worker {
         }
         if tick.is_multiple_of(INJECTOR_INTERVAL) {
             if let Some(job) = pop(&self.shared.injector) {
-                return Some(ScheduleTask::Closure(job));
+                return Some(ScheduleTask::New(job));
             }
         }
         if self.next_streak.get() < MAX_NEXT_STREAK {
             if let Some(job) = pop_local(&self.me().next) {
                 self.next_streak.set(self.next_streak.get() + 1);
-                return Some(ScheduleTask::Closure(job));
+                return Some(ScheduleTask::New(job));
             }
         }
         self.next_streak.set(0);
@@ -439,7 +565,7 @@ impl Worker {
             return Some(task);
         }
         let from_ready = || self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
-        let from_local = || pop_local(&self.me().local).map(ScheduleTask::Closure);
+        let from_local = || pop_local(&self.me().local).map(ScheduleTask::New);
         let local = if tick & 1 == 0 {
             from_ready().or_else(from_local)
         } else {
@@ -449,13 +575,13 @@ impl Worker {
             return local;
         }
         if let Some(job) = pop_local(&self.me().next) {
-            return Some(ScheduleTask::Closure(job));
+            return Some(ScheduleTask::New(job));
         }
         if self.fire_timers() {
             return self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
         }
         pop(&self.shared.injector)
-            .map(ScheduleTask::Closure)
+            .map(ScheduleTask::New)
             .or_else(|| self.steal(false))
     }
 
@@ -474,10 +600,9 @@ impl Worker {
             // SAFETY: home-worker-only state of a fiber homed here; the timer is gone, so the
             // resumption must not cancel it again.
             unsafe { (*home).timer = None };
-            if h.try_notify(gen) {
-                // SAFETY: as above; the fiber is suspended and reads the flag only after it
-                // resumes on this thread.
-                unsafe { (*home).meta.timed_out.set(true) };
+            if h.park.notify(gen) {
+                // SAFETY: as above; the resumption tells the fiber its park timed out.
+                unsafe { (*home).timed_out = true };
                 self.ready.borrow_mut().push_back(job);
                 woke = true;
             }
@@ -510,7 +635,7 @@ impl Worker {
             let Some(first) = pop_local(victim) else {
                 if take_next {
                     if let Some(job) = pop_local(&workers[v].next) {
-                        return Some(ScheduleTask::Closure(job));
+                        return Some(ScheduleTask::New(job));
                     }
                 }
                 continue;
@@ -521,7 +646,7 @@ impl Worker {
                     self.shared.injector.push(job);
                 }
             }
-            return Some(ScheduleTask::Closure(first));
+            return Some(ScheduleTask::New(first));
         }
         None
     }
@@ -577,7 +702,7 @@ impl Worker {
                     .me()
                     .inbox
                     .pop()
-                    .or_else(|| sh.injector.pop().map(ScheduleTask::Closure))
+                    .or_else(|| sh.injector.pop().map(ScheduleTask::New))
                     .or_else(|| self.steal(round >= STEAL_NEXT_ROUND));
                 if let Some(task) = found {
                     let last_spinner = sh.spinning.fetch_sub(1, Ordering::SeqCst) == 1;
@@ -600,10 +725,7 @@ impl Worker {
         }
         sh.idle.insert(self.index);
         fence(Ordering::SeqCst);
-        let cancel_pending = (sh.state.load(Ordering::SeqCst) == CANCEL
-            && !self.cancelled_all.get())
-            || (sh.discard_queued.load(Ordering::SeqCst) && !self.discarded.get());
-        if self.has_work() || until() || self.should_exit() || cancel_pending {
+        if self.has_work() || until() || self.should_exit() || self.shutdown_pending() {
             sh.idle.remove(self.index);
             return;
         }
@@ -637,26 +759,44 @@ impl Worker {
     #[inline]
     fn run_task(&self, task: ScheduleTask) {
         match task {
-            ScheduleTask::Closure(job) => self.start(job),
+            ScheduleTask::New(job) => self.start(job),
             ScheduleTask::Fiber(job) => self.resume(job),
         }
     }
 
     /// Gives an unstarted task a fiber homed on this worker and runs it.
     fn start(&self, job: Arc<dyn Job>) {
-        if self.cancelled_all.get() {
-            self.drop_unstarted(job);
+        if self.phase.get() >= Phase::Discarding {
+            self.start_failed(job, JoinError::cancelled());
             return;
         }
-        let h = job.header();
-        let stack = match self.stacks.borrow_mut().take(h.stack_size) {
-            Ok(stack) => stack,
-            Err(e) => {
-                job.fail(JoinError::no_stack(e));
+        let stack = self.stacks.borrow_mut().take(job.header().stack_size);
+        match stack {
+            Ok(stack) => self.launch(job, stack, Start::Run),
+            Err(e) => self.start_failed(job, JoinError::no_stack(e)),
+        }
+    }
+
+    /// A task that will not run: its failure is published inside a fiber of the default
+    /// stack size, so its continuations may wait like any fiber code; if not even that
+    /// stack can be had, from here.
+    fn start_failed(&self, job: Arc<dyn Job>, err: JoinError) {
+        let stack = self.stacks.borrow_mut().take(self.shared.config.stack_size);
+        match stack {
+            Ok(stack) => self.launch(job, stack, Start::Fail(err)),
+            Err(_) => {
+                if err.is_cancelled() {
+                    self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                job.fail(err);
                 self.shared.task_done();
-                return;
             }
-        };
+        }
+    }
+
+    /// Creates the task's fiber on `stack`, homed here, and runs it.
+    fn launch(&self, job: Arc<dyn Job>, stack: FiberStack, start: Start) {
+        let h = job.header();
         let home = h.home.get();
         // SAFETY: the task was just taken from a queue and has never run, so this worker is
         // its only owner; no Unparker for it exists yet, and it is published (to unparkers,
@@ -673,9 +813,13 @@ impl Worker {
         let meta: *const FiberMeta = unsafe { &raw const (*home).meta };
         let job_ptr: *const dyn Job = Arc::as_ptr(&job);
         let coro = Coro::with_stack(stack, move |y: &Yielder, first: Resume| {
-            fiber_root(meta, y, first, || {
-                // SAFETY: the registry holds an Arc to the job until the fiber has ended.
-                unsafe { (*job_ptr).run() }
+            fiber_root(meta, y, first, move || {
+                // SAFETY: the registry holds an Arc to the job until the fiber has ended,
+                // and `home` is this fiber's own home state, touched only on this thread.
+                unsafe {
+                    let ended = (*job_ptr).run(start);
+                    (*home).ended = ended;
+                }
             })
         });
         {
@@ -702,18 +846,19 @@ impl Worker {
                 // Woken before its deadline: the timer can never fire for this park.
                 self.timers.borrow_mut().remove(id);
             }
-            match (*home).pending_panic.take() {
-                Some(p) => Resume::Panic(p),
-                None if (*home).cancel => Resume::Cancel,
-                None => Resume::Run,
+            let timed_out = std::mem::take(&mut (*home).timed_out);
+            if let Some(p) = (*home).pending_panic.take() {
+                Resume::Panic(p)
+            } else if (*home).cancel == Cancel::Requested {
+                (*home).cancel = Cancel::Delivered;
+                Resume::Cancel
+            } else if timed_out {
+                Resume::TimedOut
+            } else {
+                Resume::Run
             }
         };
-        // A new generation: every Unparker of an earlier park is now stale.
-        let s = h.park.load(Ordering::Relaxed);
-        h.park.store(
-            (((s >> STATE_BITS) + 1) << STATE_BITS) | RUNNING,
-            Ordering::Relaxed,
-        );
+        h.park.begin_run();
         // SAFETY: as above; the coroutine is only ever resumed from this thread.
         let coro = unsafe { (*home).fiber.as_mut() }.expect("a queued fiber has a coroutine");
         // SAFETY: as above.
@@ -725,7 +870,7 @@ impl Worker {
                 self.ready.borrow_mut().push_back(job);
             }
             corosensei::CoroutineResult::Yield(Suspend::Park(register, deadline)) => {
-                self.park(job, register, deadline);
+                self.publish_park(job, register, deadline);
             }
             corosensei::CoroutineResult::Return(outcome) => self.finish(job, outcome),
         }
@@ -733,20 +878,17 @@ impl Worker {
 
     /// The worker half of `park`: publish the fiber now that it is off the CPU.
     #[inline(never)]
-    fn park(
+    fn publish_park(
         &self,
         job: Arc<dyn Job>,
         register: *mut (dyn FnMut(Unparker) + 'static),
         deadline: Option<Instant>,
     ) {
         let h = job.header();
-        let gen = h.park.load(Ordering::Relaxed) >> STATE_BITS;
-        // Release: an unparker that wins its CAS on this value sees `placement`.
-        h.park
-            .store((gen << STATE_BITS) | PARKED, Ordering::Release);
+        let gen = h.park.publish_parked();
         let home = h.home.get();
         // SAFETY: home-worker-only field.
-        if unsafe { (*home).cancel } {
+        if unsafe { (*home).cancel } == Cancel::Requested {
             self.wake_own(&job, gen);
             return;
         }
@@ -768,81 +910,178 @@ impl Worker {
 
     /// Wakes a fiber of this worker from this worker (cancellation, failed registration).
     fn wake_own(&self, job: &Arc<dyn Job>, gen: u64) {
-        if job.header().try_notify(gen) {
+        if job.header().park.notify(gen) {
             self.ready.borrow_mut().push_back(job.clone());
         }
     }
 
-    /// A fiber ended: recycle its stack, forget it, publish errors, count it out.
+    /// Takes a fiber out of the registry.
+    fn unregister(&self, job: &Arc<dyn Job>) -> Arc<dyn Job> {
+        // SAFETY: home-worker-only field of a fiber homed here.
+        let slot = unsafe { (*job.header().home.get()).slot };
+        let mut registry = self.registry.borrow_mut();
+        let removed = registry.swap_remove(slot);
+        if let Some(moved) = registry.get(slot) {
+            // SAFETY: `moved` is another live fiber homed here.
+            unsafe { (*moved.header().home.get()).slot = slot };
+        }
+        removed
+    }
+
+    /// A fiber ended: recycle its stack, forget it, count it out.
     #[inline(never)]
     fn finish(&self, job: Arc<dyn Job>, outcome: Outcome) {
         let h = job.header();
         let home = h.home.get();
         // SAFETY: home-worker-only fields of a fiber that has just ended here.
-        let (coro, slot) = unsafe { ((*home).fiber.take(), (*home).slot) };
+        let (coro, ended) = unsafe { ((*home).fiber.take(), (*home).ended) };
         if let Some(coro) = coro {
             self.stacks.borrow_mut().give(coro.into_stack());
         }
-        let removed = {
-            let mut registry = self.registry.borrow_mut();
-            let removed = registry.swap_remove(slot);
-            if let Some(moved) = registry.get(slot) {
-                // SAFETY: `moved` is another live fiber homed here.
-                unsafe { (*moved.header().home.get()).slot = slot };
+        drop(self.unregister(&job));
+        // The task's body publishes its own result and catches every unwind; the fiber root
+        // sees an unwind only if the very first resumption cancels, which `start` never does.
+        let cancelled = match outcome {
+            Outcome::Done => ended == Ended::Cancelled,
+            Outcome::Panicked(p) => {
+                job.fail(JoinError::panic(p));
+                false
             }
-            removed
-        };
-        drop(removed);
-        match outcome {
-            Outcome::Done => {}
-            Outcome::Panicked(p) => job.fail(JoinError::panic(p)),
             Outcome::Cancelled => {
-                self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
                 job.fail(JoinError::cancelled());
+                true
             }
+        };
+        if cancelled {
+            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
         }
         self.shared.task_done();
     }
 
-    fn drop_unstarted(&self, job: Arc<dyn Job>) {
-        self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
-        job.fail(JoinError::cancelled());
-        self.shared.task_done();
-    }
-
-    /// Fails every queued unstarted task this worker can reach (its own queues and the
-    /// injector); wakes of started fibers stay queued.
-    fn discard_queued(&self) {
-        self.discarded.set(true);
+    /// Pops every queued unstarted task this worker can reach: its own queues and the
+    /// injector. Wakes of started fibers found in the inbox go to `ready`.
+    fn pop_unstarted(&self) -> Option<Arc<dyn Job>> {
         while let Some(task) = self.me().inbox.pop() {
             match task {
-                ScheduleTask::Closure(job) => self.drop_unstarted(job),
+                ScheduleTask::New(job) => return Some(job),
                 ScheduleTask::Fiber(job) => self.ready.borrow_mut().push_back(job),
             }
         }
-        while let Some(job) = self.me().local.pop().or_else(|| self.me().next.pop()) {
-            self.drop_unstarted(job);
-        }
-        while let Some(job) = self.shared.injector.pop() {
-            self.drop_unstarted(job);
+        self.me()
+            .local
+            .pop()
+            .or_else(|| self.me().next.pop())
+            .or_else(|| self.shared.injector.pop())
+    }
+
+    /// Fails every queued unstarted task this worker can reach (their continuations run in
+    /// fibers, see `start_failed`).
+    fn discard_queued(&self) {
+        while let Some(job) = self.pop_unstarted() {
+            self.start_failed(job, JoinError::cancelled());
         }
     }
 
-    /// `stop_timeout`'s deadline passed: fail every queued unstarted task this worker can
-    /// reach and make each of its live fibers unwind at its next resumption.
+    /// `stop_timeout`'s deadline passed: each live fiber homed here unwinds at its next
+    /// resumption — once; a parked one is woken for it.
     fn cancel_all(&self) {
-        self.cancelled_all.set(true);
-        self.discard_queued();
         let fibers: Vec<Arc<dyn Job>> = self.registry.borrow().clone();
         for job in fibers {
             let h = job.header();
+            let home = h.home.get();
             // SAFETY: home-worker-only field of a fiber homed here.
-            unsafe { (*h.home.get()).cancel = true };
-            let s = h.park.load(Ordering::Acquire);
-            if s & STATE_MASK == PARKED {
-                self.wake_own(&job, s >> STATE_BITS);
+            unsafe {
+                if (*home).cancel != Cancel::No {
+                    continue;
+                }
+                (*home).cancel = Cancel::Requested;
+            }
+            if let Some(gen) = h.park.parked() {
+                self.wake_own(&job, gen);
             }
         }
+    }
+
+    /// The grace after cancelling ran out: report the fibers still alive, give their handles
+    /// a cancelled result, and leak them — never resumed, their stacks never reused (their
+    /// frames may still be borrowed, by a blocking-pool call for instance). Unstarted tasks
+    /// are failed without a fiber: this worker is leaving.
+    fn abandon_all(&self) {
+        while let Some(job) = self.pop_unstarted() {
+            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
+            job.fail(JoinError::cancelled());
+            self.shared.task_done();
+        }
+        self.ready.borrow_mut().clear();
+        let fibers = std::mem::take(&mut *self.registry.borrow_mut());
+        if fibers.is_empty() {
+            return;
+        }
+        self.report(
+            &fibers,
+            "abandoning (leaked, never resumed) fibers that did not end after their cancellation",
+        );
+        for job in fibers {
+            let h = job.header();
+            // Win the wake of a parked fiber, so no Unparker queues it from now on; one that
+            // already won will queue it in an inbox nobody reads, which `keep_alive` allows.
+            if let Some(gen) = h.park.parked() {
+                h.park.notify(gen);
+            }
+            let home = h.home.get();
+            // SAFETY: home-worker-only fields. Either this is the home thread, or (worker 0
+            // of `use_caller`, abandoned by the stopping thread) no thread drives this worker
+            // now. The coroutine is leaked, so nothing on its stack runs or is dropped.
+            unsafe {
+                if let Some(id) = (*home).timer.take() {
+                    self.timers.borrow_mut().remove(id);
+                }
+                (*home).keep_alive = Some(self.shared.clone());
+                if let Some(coro) = (*home).fiber.take() {
+                    std::mem::forget(coro);
+                }
+            }
+            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
+            job.fail(JoinError::cancelled());
+            self.shared.task_done();
+        }
+    }
+
+    /// Prints this worker's live fibers (a shutdown that takes long).
+    fn report_live(&self, what: &str) {
+        let fibers = self.registry.borrow().clone();
+        if !fibers.is_empty() {
+            self.report(&fibers, what);
+        }
+    }
+
+    fn report(&self, fibers: &[Arc<dyn Job>], what: &str) {
+        use std::fmt::Write;
+        let mut msg = format!(
+            "fibra: scheduler '{}', worker {}: {what}:\n",
+            self.shared.config.name, self.index
+        );
+        for job in fibers {
+            let h = job.header();
+            let state = match h.park.state() {
+                ParkState::Parked => "parked",
+                ParkState::Notified | ParkState::Running => "ready",
+            };
+            let _ = writeln!(
+                msg,
+                "  fiber '{}' ({}): {state}",
+                h.name.as_deref().unwrap_or("<unnamed>"),
+                h.id
+            );
+        }
+        eprint!("{msg}");
+    }
+
+    /// Abandons worker 0 of a `use_caller` scheduler from the thread stopping it, which is
+    /// not the building thread, so cannot run it (see `abandon_all`).
+    pub(crate) fn abandon_from_outside(&self) {
+        self.phase.set(Phase::Abandoning);
+        self.abandon_all();
     }
 }
 

@@ -63,7 +63,7 @@ mod poison;
 mod rwlock;
 mod semaphore;
 mod shim;
-mod wait_queue;
+pub(crate) mod wait_queue;
 mod waitgroup;
 
 #[cfg(all(test, loom))]
