@@ -34,6 +34,7 @@
 //! ```
 
 mod registration;
+mod send;
 mod tcp;
 mod udp;
 pub mod unix;

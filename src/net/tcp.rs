@@ -286,10 +286,10 @@ impl From<TcpStream> for std::net::TcpStream {
     }
 }
 
-/// The fd conversions, `From`/`Into` raw fds and `Debug` of a fibra socket type `$ty` that
-/// wraps the std socket `$std` in a field `inner`; shared by every socket module.
-/// `Read` and `Write` for a stream type and for a shared reference to it: every call is the
-/// std call on `inner`, retried through the reactor with the stream's timeouts.
+/// `Read` and `Write` for a stream type and for a shared reference to it, retried through the
+/// reactor with the stream's timeouts. Reads are the std calls on `inner`; writes go through
+/// `net::send`, so that neither `write` nor `write_vectored` can raise
+/// `SIGPIPE` (std's `write_vectored` is a plain `writev`, which does).
 macro_rules! stream_io {
     ($ty:ty) => {
         impl ::std::io::Read for &$ty {
@@ -318,7 +318,7 @@ macro_rules! stream_io {
                 let deadline = self.timeouts.write_deadline();
                 self.reg
                     .io($crate::net::registration::WRITABLE, deadline, || {
-                        (&self.inner).write(buf)
+                        $crate::net::send::send(::std::os::fd::AsRawFd::as_raw_fd(&self.inner), buf)
                     })
             }
 
@@ -329,7 +329,10 @@ macro_rules! stream_io {
                 let deadline = self.timeouts.write_deadline();
                 self.reg
                     .io($crate::net::registration::WRITABLE, deadline, || {
-                        (&self.inner).write_vectored(bufs)
+                        $crate::net::send::send_vectored(
+                            ::std::os::fd::AsRawFd::as_raw_fd(&self.inner),
+                            bufs,
+                        )
                     })
             }
 
@@ -372,6 +375,8 @@ macro_rules! stream_io {
 
 pub(crate) use stream_io;
 
+/// The fd conversions, `From`/`Into` raw fds and `Debug` of a fibra socket type `$ty` that
+/// wraps the std socket `$std` in a field `inner`; shared by every socket module.
 macro_rules! fd_traits {
     ($ty:ty, $std:ty) => {
         impl ::std::os::fd::AsRawFd for $ty {

@@ -2,6 +2,7 @@
 
 use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
 use super::tcp::fd_traits;
+use nix::sys::socket::SockaddrStorage;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -55,17 +56,19 @@ impl UdpSocket {
 
     /// Sends `buf` to the connected peer; returns the bytes sent.
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        let fd = self.inner.as_raw_fd();
         self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
-            self.inner.send(buf)
+            super::send::send(fd, buf)
         })
     }
 
     /// Sends `buf` to `addr` (its first resolved address, as std does); returns the bytes
     /// sent.
     pub fn send_to<A: ToSocketAddrs>(&self, buf: &[u8], addr: A) -> io::Result<usize> {
-        let addr = first_addr(addr)?;
+        let addr = SockaddrStorage::from(first_addr(addr)?);
+        let fd = self.inner.as_raw_fd();
         self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
-            self.inner.send_to(buf, addr)
+            super::send::send_to(fd, buf, &addr)
         })
     }
 
