@@ -10,13 +10,13 @@
 //! the signal kills the process; the parent then requires a clean exit, not death by signal 13,
 //! and the helper's closing line on stderr, which proves the body really ran.
 
+mod common;
+
 use std::env;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, ExitStatus, Stdio};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use fibra::net::unix::{UnixDatagram, UnixStream};
@@ -24,56 +24,12 @@ use fibra::net::{TcpListener, TcpStream, UdpSocket};
 use fibra::Scheduler;
 
 const CHILD_ENV: &str = "FIBRA_SIGPIPE_CHILD";
-const CHILD_LIMIT: Duration = Duration::from_secs(60);
 /// The helper's last line on stderr.
 const DONE: &str = "sigpipe child: every write failed with an error, no signal";
 
-/// True when this process is the child asked to run `helper`.
-fn is_child(helper: &str) -> bool {
-    env::var(CHILD_ENV).is_ok_and(|m| m == helper)
-}
-
-/// Runs the ignored helper test `helper` in a child process (killed after [`CHILD_LIMIT`]);
-/// returns how it ended and what it wrote to stderr.
-fn run_child(helper: &str) -> (ExitStatus, String) {
-    let mut child = Command::new(env::current_exe().expect("current test binary"))
-        .args([
-            helper,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, helper)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the child test process");
-    let mut stderr = child.stderr.take().expect("piped stderr");
-    let reader = thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = stderr.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    });
-    let deadline = Instant::now() + CHILD_LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the child {helper} did not end within {CHILD_LIMIT:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    (status, reader.join().expect("stderr reader"))
-}
-
 /// Runs `helper` in a child and requires that it survived every write.
 fn check_child(helper: &str) {
-    let (status, stderr) = run_child(helper);
+    let (status, stderr) = common::run_child(CHILD_ENV, helper);
     assert_ne!(
         status.signal(),
         Some(libc::SIGPIPE),
@@ -224,7 +180,7 @@ fn writes_to_a_vanished_peer_raise_no_sigpipe_on_a_thread() {
 #[test]
 #[ignore = "child process of writes_to_a_vanished_peer_raise_no_sigpipe_in_a_fiber"]
 fn child_writes_to_a_vanished_peer_in_a_fiber() {
-    if is_child("child_writes_to_a_vanished_peer_in_a_fiber") {
+    if common::is_child(CHILD_ENV, "child_writes_to_a_vanished_peer_in_a_fiber") {
         default_sigpipe();
         let sched = Scheduler::builder().threads(1).build().expect("build");
         let in_fiber = sched.block_on(|| {
@@ -240,7 +196,7 @@ fn child_writes_to_a_vanished_peer_in_a_fiber() {
 #[test]
 #[ignore = "child process of writes_to_a_vanished_peer_raise_no_sigpipe_on_a_thread"]
 fn child_writes_to_a_vanished_peer_on_a_thread() {
-    if is_child("child_writes_to_a_vanished_peer_on_a_thread") {
+    if common::is_child(CHILD_ENV, "child_writes_to_a_vanished_peer_on_a_thread") {
         default_sigpipe();
         all_writes();
         assert!(fibra::current_worker().is_none());
