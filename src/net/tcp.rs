@@ -1,11 +1,12 @@
 //! [`TcpListener`] and [`TcpStream`]: std's TCP API, waiting in the reactor instead of the
 //! kernel.
 
+use super::addr::{resolve, ToSocketAddrs};
 use super::registration::{deadline_after, Registration, Timeouts, READABLE, WRITABLE};
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage};
 use std::io;
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,9 +21,13 @@ pub struct TcpListener {
 }
 
 impl TcpListener {
-    /// Binds to `addr` (the first address that works, as std does).
+    /// Binds to `addr` (the first address that works, as std does). A host name is
+    /// resolved without blocking the worker (see [`ToSocketAddrs`]).
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<TcpListener> {
-        Ok(TcpListener::from(std::net::TcpListener::bind(addr)?))
+        let addrs = resolve(&addr)?;
+        Ok(TcpListener::from(std::net::TcpListener::bind(
+            addrs.as_slice(),
+        )?))
     }
 
     /// Waits for a connection and returns it with the peer's address.
@@ -105,10 +110,11 @@ pub struct TcpStream {
 }
 
 impl TcpStream {
-    /// Connects to `addr`, trying each resolved address in turn like std.
+    /// Connects to `addr`, trying each resolved address in turn like std. A host name is
+    /// resolved without blocking the worker (see [`ToSocketAddrs`]).
     pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<TcpStream> {
         let mut last = None;
-        for a in addr.to_socket_addrs()? {
+        for a in resolve(&addr)? {
             match connect_addr(&a, None) {
                 Ok(s) => return Ok(s),
                 Err(e) => last = Some(e),
