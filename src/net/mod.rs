@@ -8,6 +8,11 @@
 //! Timeouts (`set_read_timeout`, `connect_timeout`) end a wait with
 //! [`io::ErrorKind::WouldBlock`](std::io::ErrorKind::WouldBlock), as std reports them on Linux.
 //!
+//! Addresses are given as [`ToSocketAddrs`], fibra's sealed counterpart of std's trait for the
+//! same types: literal addresses are parsed in place, host names are resolved on the blocking
+//! pool ([`unblock`](crate::unblock())) so that a slow lookup parks only the calling fiber.
+//! No write raises `SIGPIPE`: a vanished peer is an `EPIPE` error from every write call.
+//!
 //! ```
 //! use std::io::{Read, Write};
 //! use fibra::net::{TcpListener, TcpStream};
@@ -33,10 +38,13 @@
 //! server.join().unwrap();
 //! ```
 
+mod addr;
 mod registration;
+mod send;
 mod tcp;
 mod udp;
 pub mod unix;
 
+pub use addr::ToSocketAddrs;
 pub use tcp::{Incoming, TcpListener, TcpStream};
 pub use udp::UdpSocket;

@@ -1,11 +1,12 @@
 //! [`TcpListener`] and [`TcpStream`]: std's TCP API, waiting in the reactor instead of the
 //! kernel.
 
+use super::addr::{resolve, ToSocketAddrs};
 use super::registration::{deadline_after, Registration, Timeouts, READABLE, WRITABLE};
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage};
 use std::io;
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,9 +21,13 @@ pub struct TcpListener {
 }
 
 impl TcpListener {
-    /// Binds to `addr` (the first address that works, as std does).
+    /// Binds to `addr` (the first address that works, as std does). A host name is
+    /// resolved without blocking the worker (see [`ToSocketAddrs`]).
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<TcpListener> {
-        Ok(TcpListener::from(std::net::TcpListener::bind(addr)?))
+        let addrs = resolve(&addr)?;
+        Ok(TcpListener::from(std::net::TcpListener::bind(
+            addrs.as_slice(),
+        )?))
     }
 
     /// Waits for a connection and returns it with the peer's address.
@@ -105,10 +110,11 @@ pub struct TcpStream {
 }
 
 impl TcpStream {
-    /// Connects to `addr`, trying each resolved address in turn like std.
+    /// Connects to `addr`, trying each resolved address in turn like std. A host name is
+    /// resolved without blocking the worker (see [`ToSocketAddrs`]).
     pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<TcpStream> {
         let mut last = None;
-        for a in addr.to_socket_addrs()? {
+        for a in resolve(&addr)? {
             match connect_addr(&a, None) {
                 Ok(s) => return Ok(s),
                 Err(e) => last = Some(e),
@@ -286,10 +292,10 @@ impl From<TcpStream> for std::net::TcpStream {
     }
 }
 
-/// The fd conversions, `From`/`Into` raw fds and `Debug` of a fibra socket type `$ty` that
-/// wraps the std socket `$std` in a field `inner`; shared by every socket module.
-/// `Read` and `Write` for a stream type and for a shared reference to it: every call is the
-/// std call on `inner`, retried through the reactor with the stream's timeouts.
+/// `Read` and `Write` for a stream type and for a shared reference to it, retried through the
+/// reactor with the stream's timeouts. Reads are the std calls on `inner`; writes go through
+/// `net::send`, so that neither `write` nor `write_vectored` can raise
+/// `SIGPIPE` (std's `write_vectored` is a plain `writev`, which does).
 macro_rules! stream_io {
     ($ty:ty) => {
         impl ::std::io::Read for &$ty {
@@ -318,7 +324,7 @@ macro_rules! stream_io {
                 let deadline = self.timeouts.write_deadline();
                 self.reg
                     .io($crate::net::registration::WRITABLE, deadline, || {
-                        (&self.inner).write(buf)
+                        $crate::net::send::send(::std::os::fd::AsRawFd::as_raw_fd(&self.inner), buf)
                     })
             }
 
@@ -329,7 +335,10 @@ macro_rules! stream_io {
                 let deadline = self.timeouts.write_deadline();
                 self.reg
                     .io($crate::net::registration::WRITABLE, deadline, || {
-                        (&self.inner).write_vectored(bufs)
+                        $crate::net::send::send_vectored(
+                            ::std::os::fd::AsRawFd::as_raw_fd(&self.inner),
+                            bufs,
+                        )
                     })
             }
 
@@ -372,6 +381,8 @@ macro_rules! stream_io {
 
 pub(crate) use stream_io;
 
+/// The fd conversions, `From`/`Into` raw fds and `Debug` of a fibra socket type `$ty` that
+/// wraps the std socket `$std` in a field `inner`; shared by every socket module.
 macro_rules! fd_traits {
     ($ty:ty, $std:ty) => {
         impl ::std::os::fd::AsRawFd for $ty {

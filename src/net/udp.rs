@@ -1,9 +1,11 @@
 //! [`UdpSocket`]: std's UDP API, waiting in the reactor instead of the kernel.
 
+use super::addr::{resolve, resolve_first, ToSocketAddrs};
 use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
 use super::tcp::fd_traits;
+use nix::sys::socket::SockaddrStorage;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,30 +44,41 @@ pub struct UdpSocket {
 }
 
 impl UdpSocket {
-    /// Binds to `addr` (the first address that works, as std does).
+    /// Binds to `addr` (the first address that works, as std does). A host name is
+    /// resolved without blocking the worker (see [`ToSocketAddrs`]).
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<UdpSocket> {
-        Ok(UdpSocket::from(std::net::UdpSocket::bind(addr)?))
+        let addrs = resolve(&addr)?;
+        Ok(UdpSocket::from(std::net::UdpSocket::bind(
+            addrs.as_slice(),
+        )?))
     }
 
     /// Sets the default destination of [`send`](UdpSocket::send) and the only source
-    /// [`recv`](UdpSocket::recv) accepts. Does not wait: UDP has no handshake.
+    /// [`recv`](UdpSocket::recv) accepts (the first address that works, as std does). Does not
+    /// wait for the peer: UDP has no handshake. A host name is resolved without blocking the
+    /// worker (see [`ToSocketAddrs`]).
     pub fn connect<A: ToSocketAddrs>(&self, addr: A) -> io::Result<()> {
-        self.inner.connect(addr)
+        let addrs = resolve(&addr)?;
+        self.inner.connect(addrs.as_slice())
     }
 
     /// Sends `buf` to the connected peer; returns the bytes sent.
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        let fd = self.inner.as_raw_fd();
         self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
-            self.inner.send(buf)
+            super::send::send(fd, buf)
         })
     }
 
     /// Sends `buf` to `addr` (its first resolved address, as std does); returns the bytes
-    /// sent.
+    /// sent. A host name is resolved without blocking the worker (see [`ToSocketAddrs`]), on
+    /// every call: to send to a name often, resolve it once (`fibra::unblock(|| ...)` around
+    /// std's `to_socket_addrs`) and pass the `SocketAddr`.
     pub fn send_to<A: ToSocketAddrs>(&self, buf: &[u8], addr: A) -> io::Result<usize> {
-        let addr = first_addr(addr)?;
+        let addr = SockaddrStorage::from(resolve_first(&addr)?);
+        let fd = self.inner.as_raw_fd();
         self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
-            self.inner.send_to(buf, addr)
+            super::send::send_to(fd, buf, &addr)
         })
     }
 
@@ -208,13 +221,6 @@ impl UdpSocket {
     pub fn take_error(&self) -> io::Result<Option<io::Error>> {
         self.inner.take_error()
     }
-}
-
-/// The first address `addr` resolves to, as std's `send_to` uses.
-fn first_addr<A: ToSocketAddrs>(addr: A) -> io::Result<SocketAddr> {
-    addr.to_socket_addrs()?
-        .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no addresses to send data to"))
 }
 
 impl From<std::net::UdpSocket> for UdpSocket {

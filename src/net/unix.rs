@@ -418,8 +418,9 @@ impl UnixDatagram {
 
     /// Sends `buf` to the connected peer; returns the bytes sent.
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        let fd = self.inner.as_raw_fd();
         self.reg.io(WRITABLE, self.timeouts.write_deadline(), || {
-            self.inner.send(buf)
+            super::send::send(fd, buf)
         })
     }
 
@@ -440,7 +441,7 @@ impl UnixDatagram {
     fn send_to_nix(&self, buf: &[u8], addr: &UnixAddr) -> io::Result<usize> {
         let fd = self.inner.as_raw_fd();
         retry_sleeping(self.timeouts.write_deadline(), || {
-            Ok(nix::sys::socket::sendto(fd, buf, addr, MsgFlags::empty())?)
+            super::send::send_to(fd, buf, addr)
         })
     }
 

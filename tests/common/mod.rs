@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use std::any::Any;
+use std::io::Read;
 use std::panic;
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Mutex;
 use std::thread;
@@ -64,3 +66,49 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> Option<String> {
 
 /// A slot where a test keeps a value handed out by a fiber (an `Unparker`).
 pub type Slot<T> = std::sync::Arc<Mutex<Option<T>>>;
+
+/// Runs the ignored helper test `helper` of this test binary in a child process, with the
+/// environment variable `env_key` set to `helper` (the helper does its work only then, so
+/// that `cargo test -- --ignored` leaves it inert); kills it after `2 * LIMIT`. Returns how
+/// it ended and what it wrote to stderr. For what cannot be checked in the test harness's
+/// own process: signals that kill, process-wide settings.
+pub fn run_child(env_key: &str, helper: &str) -> (ExitStatus, String) {
+    let mut child = Command::new(std::env::current_exe().expect("current test binary"))
+        .args([
+            helper,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env_key, helper)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the child test process");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let reader = thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    });
+    let deadline = Instant::now() + 2 * LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child {helper} did not end within {:?}", 2 * LIMIT);
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().expect("stderr reader"))
+}
+
+/// True when this process is the child [`run_child`] started to run `helper`.
+pub fn is_child(env_key: &str, helper: &str) -> bool {
+    std::env::var(env_key).is_ok_and(|h| h == helper)
+}
