@@ -99,6 +99,13 @@ impl FiberStack {
     }
 }
 
+/// Gives an idle stack's memory back and hands it to the global free list, for a stack
+/// whose thread has no pool to return it to (the thread is exiting).
+pub(crate) fn release(stack: FiberStack) {
+    stack.release_memory();
+    slab::free(vec![stack]);
+}
+
 /// Rounds a requested stack size up to whole pages (saturating: an impossible size stays
 /// impossible and fails to map, rather than wrapping to a small one).
 pub(crate) fn round_size(size: usize) -> usize {
