@@ -427,6 +427,32 @@ impl Fiber {
     }
 
     /// The id and name of the running fiber, or `None` outside a fiber.
+    ///
+    /// It answers inside a panic hook too, which is how an application's hook tells which
+    /// fiber panicked. fibra wraps the panic hook in place when the first
+    /// [`Scheduler`](crate::Scheduler) or standalone fiber is built: if that hook is std's
+    /// default, a fiber panic is reported as `fiber '<name>' panicked at <file:line:col>:`
+    /// with the fiber's id and worker; if the application installed its own hook before, that
+    /// hook gets every panic, in fibers as well, once, and runs on the panicking fiber. (A hook
+    /// set after fibra's replaces it, as `std::panic::set_hook` always does.) Cancelling a
+    /// fiber unwinds it without running any hook.
+    ///
+    /// ```
+    /// use fibra::{Fiber, FiberState};
+    /// use std::sync::Mutex;
+    ///
+    /// static PANICKED_IN: Mutex<Option<String>> = Mutex::new(None);
+    /// std::panic::set_hook(Box::new(|_info| {
+    ///     let fiber = Fiber::current().map(|f| format!("{} {:?}", f.id(), f.name()));
+    ///     *PANICKED_IN.lock().unwrap() = fiber;
+    /// }));
+    ///
+    /// let mut fiber = Fiber::with_options(|| panic!("oops"), Some("worker-7"), 64 * 1024)?;
+    /// assert_eq!(fiber.resume(), FiberState::Panicked);
+    /// let expected = format!("{} Some(\"worker-7\")", fiber.id());
+    /// assert_eq!(PANICKED_IN.lock().unwrap().as_deref(), Some(expected.as_str()));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn current() -> Option<FiberInfo> {
         current_meta().map(|m| FiberInfo {
             id: m.id,
