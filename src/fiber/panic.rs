@@ -48,10 +48,12 @@ pub(crate) fn install_panic_hook() {
 /// alignment has) with the vtable of that function's type. If the first hook was the default,
 /// it is the same kind of box, with the same data pointer and vtable.
 ///
-/// - A false positive would need an application hook with that very vtable: a value of a
-///   private std type (which only std's own default hook can be), or a vtable the linker
-///   folded with it because every entry is identical code, that is, a hook that behaves
-///   exactly like the default. Either way fibra's fiber report replaces the same behaviour.
+/// - A false positive would need an application hook with that very vtable: a value of that
+///   private function type, which only std can make (an application that re-installed the
+///   hook `take_hook` gave it has std's default in place, so that is no false positive), or
+///   a vtable the linker folded with it because every entry is identical code, that is, a
+///   hook that behaves exactly like the default. Either way fibra's fiber report replaces
+///   the same behaviour.
 /// - A false negative (rustc emitting the vtable twice) is harmless: fiber panics would then
 ///   go to std's default hook, reported as `thread '<worker>' panicked at` instead of
 ///   `fiber '<name>' panicked at`.
