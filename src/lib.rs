@@ -36,7 +36,9 @@
 //! - **No busy waiting.** Idle workers spin briefly, then sleep on a futex until work or the
 //!   next timer deadline arrives.
 //! - **Nothing lost.** A refused closure comes back in [`SubmitError`]; a panic reaches the
-//!   task's [`JoinHandle`]; a worker never dies; a stack overflow names the fiber and aborts.
+//!   task's [`JoinHandle`] and the panic hook the application installed before fibra's
+//!   ([`Fiber::current`] names the fiber there); a worker never dies; a stack overflow names
+//!   the fiber and aborts.
 //!
 //! [corosensei]: https://docs.rs/corosensei
 

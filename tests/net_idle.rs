@@ -93,7 +93,7 @@ fn ten_thousand_idle_connections_on_two_workers_then_all_answered() {
             fibra::Scheduler::builder()
                 .threads(2)
                 .name("idle")
-                .stack_size(32 * 1024)
+                .stack_size(fibra::MIN_STACK_SIZE)
                 .build()
                 .expect("build"),
         );

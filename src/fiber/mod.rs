@@ -381,16 +381,27 @@ impl Fiber {
                     }
                 };
                 if let Some(coro) = self.coro.take() {
-                    let stack = coro.into_stack();
-                    let _ = STANDALONE_STACKS.try_with(|p| {
-                        let mut pool = p.borrow_mut();
-                        pool.give(stack);
-                        pool.trim(TRIM_BATCH);
-                    });
+                    Fiber::recycle(coro);
                 }
             }
         }
         self.state
+    }
+
+    /// Hands the stack of a finished coroutine back to this thread's pool (or, while the
+    /// thread is exiting and its pool is gone, to the global free list).
+    fn recycle(coro: Coro) {
+        let mut stack = Some(coro.into_stack());
+        let _ = STANDALONE_STACKS.try_with(|p| {
+            if let Some(stack) = stack.take() {
+                let mut pool = p.borrow_mut();
+                pool.give(stack);
+                pool.trim(TRIM_BATCH);
+            }
+        });
+        if let Some(stack) = stack {
+            crate::stack::release(stack);
+        }
     }
 
     /// The fiber's current state.
@@ -424,6 +435,32 @@ impl Fiber {
     }
 
     /// The id and name of the running fiber, or `None` outside a fiber.
+    ///
+    /// It answers inside a panic hook too, which is how an application's hook tells which
+    /// fiber panicked. fibra wraps the panic hook in place when the first
+    /// [`Scheduler`](crate::Scheduler) or standalone fiber is built: if that hook is std's
+    /// default, a fiber panic is reported as `fiber '<name>' panicked at <file:line:col>:`
+    /// with the fiber's id and worker; if the application installed its own hook before, that
+    /// hook gets every panic, in fibers as well, once, and runs on the panicking fiber. (A hook
+    /// set after fibra's replaces it, as `std::panic::set_hook` always does.) Cancelling a
+    /// fiber unwinds it without running any hook.
+    ///
+    /// ```
+    /// use fibra::{Fiber, FiberState};
+    /// use std::sync::Mutex;
+    ///
+    /// static PANICKED_IN: Mutex<Option<String>> = Mutex::new(None);
+    /// std::panic::set_hook(Box::new(|_info| {
+    ///     let fiber = Fiber::current().map(|f| format!("{} {:?}", f.id(), f.name()));
+    ///     *PANICKED_IN.lock().unwrap() = fiber;
+    /// }));
+    ///
+    /// let mut fiber = Fiber::with_options(|| panic!("oops"), Some("worker-7"), 64 * 1024)?;
+    /// assert_eq!(fiber.resume(), FiberState::Panicked);
+    /// let expected = format!("{} Some(\"worker-7\")", fiber.id());
+    /// assert_eq!(PANICKED_IN.lock().unwrap().as_deref(), Some(expected.as_str()));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn current() -> Option<FiberInfo> {
         current_meta().map(|m| FiberInfo {
             id: m.id,
@@ -443,19 +480,44 @@ impl fmt::Debug for Fiber {
 }
 
 impl Drop for Fiber {
-    /// Dropping a suspended fiber unwinds its stack, so its destructors run.
+    /// Dropping a suspended fiber unwinds its stack, so its destructors run; dropping a fiber
+    /// that never ran drops its closure without running it. Either way, and when it has
+    /// ended, its stack goes back to the pool.
     fn drop(&mut self) {
         if self.state == FiberState::Suspended {
             for _ in 0..DROP_CANCEL_ATTEMPTS {
+                // An end (done, cancelled, panicked) recycles the stack in `drive`.
                 if self.drive(Resume::Cancel) != FiberState::Suspended {
-                    return;
+                    break;
                 }
             }
+        }
+        let Some(mut coro) = self.coro.take() else {
+            return;
+        };
+        if !coro.started() {
+            // Never resumed: for an unstarted coroutine, `force_unwind` only drops the
+            // initial closure in place (it runs nothing on the fiber's stack) and marks the
+            // coroutine done, so its stack can be taken out.
+            let dropped = std::panic::catch_unwind(AssertUnwindSafe(|| coro.force_unwind()));
+            if let Err(payload) = dropped {
+                // A destructor of something the closure captured panicked. Drop glue has
+                // still dropped the rest of the closure, but corosensei left the coroutine
+                // marked unstarted, and dropping it so would drop the closure a second time.
+                // SAFETY: the coroutine never ran, so the closure was the only object on its
+                // stack, and it has been dropped: no object there needs its `Drop` any more,
+                // which is `force_reset`'s precondition.
+                unsafe { coro.force_reset() };
+                Fiber::recycle(coro);
+                std::panic::resume_unwind(payload);
+            }
+        }
+        if coro.done() {
+            Fiber::recycle(coro);
+        } else {
             // The fiber keeps catching its cancellation. Leak its stack rather than free
             // memory that live frames still point into.
-            if let Some(coro) = self.coro.take() {
-                std::mem::forget(coro);
-            }
+            std::mem::forget(coro);
         }
     }
 }
