@@ -93,7 +93,7 @@ where
         result: UnsafeCell::new(None),
         completion: Completion::new(),
     };
-    let guard = AwaitCompletion(&call.completion);
+    let guard = AwaitCompletion(&call);
     let job: &(dyn Run + '_) = &call;
     let job: *const (dyn Run + '_) = job;
     // SAFETY: only the lifetime is erased. The `Call` lives on this fiber's stack until it
@@ -110,7 +110,8 @@ where
         call.completion.state.store(QUEUED, Ordering::Relaxed);
         POOL.submit(entry(u));
     });
-    drop(guard);
+    // `park` returned, so the call is complete: nothing for the guard to wait for or drop.
+    std::mem::forget(guard);
     // SAFETY: the pool thread wrote the result before `complete` and the unpark (whose
     // Release/Acquire chain through the park word orders it before this read); nobody else
     // touches it any more.
@@ -254,14 +255,21 @@ impl Completion {
     }
 }
 
-/// Keeps the caller's frame alive until the pool is done with it. On the normal path the
-/// call is already done when this drops (one load); only when `stop_timeout` unwinds the
-/// parked fiber does it block the worker thread, until the running function returns.
-struct AwaitCompletion<'a>(&'a Completion);
+/// Keeps the caller's frame alive until the pool is done with it, when the parked caller is
+/// unwound (`stop_timeout` cancels it): blocks the worker thread until the running function
+/// returns. Then drops what the caller will never receive — the closure if it never ran, the
+/// result or its panic — catching a panic in their destructors, which would otherwise abort
+/// the process in the middle of the caller's unwind.
+struct AwaitCompletion<'a, F, T>(&'a Call<F, T>);
 
-impl Drop for AwaitCompletion<'_> {
+impl<F, T> Drop for AwaitCompletion<'_, F, T> {
     fn drop(&mut self) {
-        self.0.wait_blocking();
+        self.0.completion.wait_blocking();
+        // SAFETY: the pool is done with the call (or never had it), so this thread is the
+        // only one touching it.
+        let (func, result) =
+            unsafe { ((*self.0.func.get()).take(), (*self.0.result.get()).take()) };
+        crate::join::drop_catching((func, result));
     }
 }
 

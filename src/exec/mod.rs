@@ -3,7 +3,7 @@
 //! The seed's `AbstractExecutor` is [`Executor`]: `execute` runs a job somewhere. Its
 //! `Task<R, Executor>` — a coroutine whose start and every continuation run on its own
 //! executor — is a fiber started with [`Executor::spawn`]: a fiber that has started never
-//! changes thread (DESIGN principle 2), so after every `sleep`, `join`, `yield_now`, lock,
+//! changes thread (docs/design.md, "Principles"), so after every `sleep`, `join`, `yield_now`, lock,
 //! channel receive or [`unblock`](crate::unblock()) it resumes on its *home* thread, the
 //! executor's. The task's `then` / `catching` / `finally` and `get_result` are
 //! [`JoinHandle::then`], [`catching`](JoinHandle::catching),

@@ -4,7 +4,7 @@
 //! A fiber never publishes itself to a waker. It *suspends with a request* ([`Suspend`]):
 //! `Yield` (put me at the back of the queue) or `Park` (here is a closure that registers me
 //! somewhere). Whoever resumed it — a scheduler worker, or the caller of [`Fiber::resume`] —
-//! acts on the request only after the switch, on its own stack (DESIGN principle 1). So no
+//! acts on the request only after the switch, on its own stack (docs/design.md, "Principles"). So no
 //! waker can ever see a fiber that is still running.
 //!
 //! This module owns the thread-local "current fiber" pointer, fiber ids and the standalone
@@ -131,6 +131,8 @@ pub(crate) struct FiberMeta {
     pub(crate) worker: Option<usize>,
     /// Set by the fiber itself when it first runs.
     pub(crate) yielder: Cell<*const Yielder>,
+    /// The fiber has raised its cancellation (it is unwinding, or caught it).
+    pub(crate) cancelled: Cell<bool>,
 }
 
 impl FiberMeta {
@@ -143,6 +145,7 @@ impl FiberMeta {
             stack_size: 0,
             worker,
             yielder: Cell::new(std::ptr::null()),
+            cancelled: Cell::new(false),
         }
     }
 
@@ -189,9 +192,11 @@ pub(crate) fn leave(prev: *const FiberMeta) {
 /// returns whether a timed park ended by its deadline, unwinds for a cancellation, or
 /// continues a forwarded panic. Must only be called inside a fiber.
 ///
-/// A cancellation that arrives while this thread is already unwinding (a destructor that
-/// waits during a cancellation's unwind) is not raised again: Rust aborts on a panic during
-/// unwinding, and the fiber is on its way out anyway.
+/// A fiber raises its cancellation once. A second one (a destructor that suspends while the
+/// first unwinds, and whose resumer cancels again) is not raised: a panic escaping a
+/// destructor during unwinding aborts the process, and the fiber is on its way out anyway.
+/// This is tracked per fiber: `std::thread::panicking()` would also be true while *another*
+/// fiber of the same thread is suspended in the middle of its unwind.
 #[inline]
 pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
     let y = meta.yielder.get();
@@ -201,8 +206,11 @@ pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
     match resumed {
         Resume::Run => false,
         Resume::TimedOut => true,
-        Resume::Cancel if std::thread::panicking() => false,
-        Resume::Cancel => std::panic::resume_unwind(Box::new(Cancelled)),
+        Resume::Cancel if meta.cancelled.get() => false,
+        Resume::Cancel => {
+            meta.cancelled.set(true);
+            std::panic::resume_unwind(Box::new(Cancelled))
+        }
         Resume::Panic(p) => std::panic::resume_unwind(p),
     }
 }

@@ -1,10 +1,78 @@
-//! Idle workers: a per-worker futex [`Parker`], and the [`IdleSet`] of parked workers that
-//! `submit` picks one from to wake.
+//! Idle workers: a per-worker futex [`Parker`], the [`IdleSet`] of parked workers that
+//! `submit` picks one from to wake, and [`Idlers`], the two halves of the idle protocol.
+//!
+//! Under `--cfg loom` the atomics are loom's and the futex sleep is a loom condition
+//! variable, so `loom_model.rs` checks this very code.
 
 use crate::io::reactor::{self, Reactor};
-use crate::sys::futex;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+use loom::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::Ordering;
+#[cfg(not(loom))]
+use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, AtomicUsize};
 use std::time::Duration;
+
+/// The idle protocol's shared half: who sleeps, and how many look for work.
+///
+/// A worker that found nothing either *spins* (looks again for a while; at most half the
+/// workers at once) or *announces* itself in the idle set, issues a SeqCst fence and looks
+/// once more before it sleeps. A submitter pushes its work, issues a SeqCst fence, and wakes
+/// an announced worker only if nobody spins. The two fences make sure that either the
+/// submitter sees the announcement or the worker sees the work (Go's protocol): a wake-up is
+/// never lost, and a burst of submits does not wake every worker.
+pub(crate) struct Idlers {
+    set: IdleSet,
+    spinning: AtomicUsize,
+    workers: usize,
+}
+
+impl Idlers {
+    pub(crate) fn new(workers: usize) -> Idlers {
+        Idlers {
+            set: IdleSet::new(workers),
+            spinning: AtomicUsize::new(0),
+            workers,
+        }
+    }
+
+    /// A submitter, after pushing shareable work: the announced worker to wake, if any and
+    /// if nobody spins (a spinner will find the work).
+    pub(crate) fn to_wake(&self) -> Option<usize> {
+        // Pairs with the fence in `announce`.
+        fence(Ordering::SeqCst);
+        if self.spinning.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        self.set.pop()
+    }
+
+    /// A worker about to sleep. The caller must look for work once more afterwards, and
+    /// `withdraw` if it finds some (or when it wakes).
+    pub(crate) fn announce(&self, worker: usize) {
+        self.set.insert(worker);
+        // Pairs with the fence in `to_wake`.
+        fence(Ordering::SeqCst);
+    }
+
+    pub(crate) fn withdraw(&self, worker: usize) {
+        self.set.remove(worker);
+    }
+
+    /// Starts spinning, unless half the workers spin already.
+    pub(crate) fn try_spin(&self) -> bool {
+        if 2 * self.spinning.load(Ordering::Relaxed) < self.workers {
+            self.spinning.fetch_add(1, Ordering::SeqCst);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Stops spinning; true for the last spinner.
+    pub(crate) fn stop_spinning(&self) -> bool {
+        self.spinning.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+}
 
 const EMPTY: u32 = 0;
 const PARKED: u32 = 1;
@@ -18,6 +86,35 @@ pub(crate) struct Parker {
     state: AtomicU32,
     /// Diagnostics: how many times this worker went to sleep.
     pub(crate) sleeps: AtomicI32,
+    #[cfg(loom)]
+    sleep: (loom::sync::Mutex<()>, loom::sync::Condvar),
+}
+
+#[cfg(not(loom))]
+use crate::sys::futex;
+
+/// The futex calls, modelled for loom with a lock and a condition variable (a futex wait
+/// checks the word and sleeps atomically with respect to a wake; so does this).
+#[cfg(loom)]
+mod futex {
+    use super::{AtomicU32, Duration, Ordering};
+
+    pub(super) fn wait(
+        parker: &super::Parker,
+        word: &AtomicU32,
+        expected: u32,
+        _: Option<Duration>,
+    ) {
+        let mut g = parker.sleep.0.lock().unwrap();
+        while word.load(Ordering::SeqCst) == expected {
+            g = parker.sleep.1.wait(g).unwrap();
+        }
+    }
+
+    pub(super) fn wake(parker: &super::Parker, _: &AtomicU32, _: i32) {
+        let _g = parker.sleep.0.lock().unwrap();
+        parker.sleep.1.notify_all();
+    }
 }
 
 impl Parker {
@@ -25,6 +122,8 @@ impl Parker {
         Parker {
             state: AtomicU32::new(EMPTY),
             sleeps: AtomicI32::new(0),
+            #[cfg(loom)]
+            sleep: (loom::sync::Mutex::new(()), loom::sync::Condvar::new()),
         }
     }
 
@@ -49,7 +148,10 @@ impl Parker {
             return;
         }
         self.sleeps.fetch_add(1, Ordering::Relaxed);
+        #[cfg(not(loom))]
         futex::wait(&self.state, PARKED, timeout);
+        #[cfg(loom)]
+        futex::wait(self, &self.state, PARKED, timeout);
         // Whether woken, timed out or interrupted, leave EMPTY; Acquire makes the waker's
         // pushes visible if it was a wake.
         self.state.swap(EMPTY, Ordering::Acquire);
@@ -82,7 +184,10 @@ impl Parker {
     /// `park` return at once.
     pub(crate) fn unpark(&self) {
         match self.state.swap(NOTIFIED, Ordering::Release) {
+            #[cfg(not(loom))]
             PARKED => futex::wake(&self.state, 1),
+            #[cfg(loom)]
+            PARKED => futex::wake(self, &self.state, 1),
             POLLING => {
                 if let Some(r) = reactor::get() {
                     r.wake();

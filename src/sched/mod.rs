@@ -325,7 +325,10 @@ impl Scheduler {
             // The continuation runs once the result is in (just before joiners are woken):
             // enough for this thread to stop driving worker 0 and join.
             let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (flag, waiter) = (finished.clone(), Unparker::for_worker(self.shared.clone(), 0));
+            let (flag, waiter) = (
+                finished.clone(),
+                Unparker::for_worker(self.shared.clone(), 0),
+            );
             handle.on_complete(move || {
                 flag.store(true, Ordering::Release);
                 waiter.unpark();
@@ -367,7 +370,9 @@ impl Scheduler {
     /// its worker thread is left running and reported. So `stop_timeout(d)` returns within
     /// about `d` plus the grace.
     pub fn stop_timeout(&self, timeout: Duration) -> usize {
-        let deadline = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(far_future);
         self.shutdown(Shutdown::Deadline(deadline))
     }
 

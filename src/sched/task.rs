@@ -108,10 +108,8 @@ impl ParkWord {
         // after the word left `Parked`.
         let (gen, state) = Self::split(self.0.load(Ordering::Relaxed));
         debug_assert_ne!(state, ParkState::Parked, "resuming a fiber still parked");
-        self.0.store(
-            ((gen + 1) << STATE_BITS) | RUNNING,
-            Ordering::Relaxed,
-        );
+        self.0
+            .store(((gen + 1) << STATE_BITS) | RUNNING, Ordering::Relaxed);
     }
 
     /// The home worker publishes a fiber that has just switched out in `park`. Returns the
@@ -119,10 +117,15 @@ impl ParkWord {
     #[inline]
     pub(crate) fn publish_parked(&self) -> u64 {
         let (gen, state) = Self::split(self.0.load(Ordering::Relaxed));
-        debug_assert_eq!(state, ParkState::Running, "parking a fiber that is not running");
+        debug_assert_eq!(
+            state,
+            ParkState::Running,
+            "parking a fiber that is not running"
+        );
         // Release: a waker that wins `notify` on this value sees everything the worker wrote
         // before (the task's placement above all).
-        self.0.store((gen << STATE_BITS) | PARKED, Ordering::Release);
+        self.0
+            .store((gen << STATE_BITS) | PARKED, Ordering::Release);
         gen
     }
 

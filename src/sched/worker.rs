@@ -60,7 +60,7 @@
 use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, Yielder};
 use crate::join::JoinError;
 use crate::park::Unparker;
-use crate::sched::idle::{IdleSet, Parker};
+use crate::sched::idle::{Idlers, Parker};
 use crate::sched::task::{Cancel, Ended, Job, ParkState, Placement, ScheduleTask, Start};
 use crate::sched::timers::TimerWheel;
 use crate::stack::{FiberStack, StackPool};
@@ -68,7 +68,7 @@ use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{fence, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -171,7 +171,45 @@ pub(crate) struct WorkerShared {
     pub(crate) parker: Parker,
     /// Wakers from other threads between their push into `inbox` and their last touch of
     /// this worker (see `unpark_fiber`); the shared state is not freed while any is.
-    wakers: AtomicUsize,
+    wakers: WakerCount,
+}
+
+/// Counts the wakers in the middle of a remote wake of one worker, so that the memory they
+/// touch outlives them (see `unpark_fiber`).
+pub(crate) struct WakerCount(WakerAtomic);
+
+#[cfg(loom)]
+type WakerAtomic = loom::sync::atomic::AtomicUsize;
+#[cfg(not(loom))]
+type WakerAtomic = AtomicUsize;
+
+impl WakerCount {
+    pub(crate) fn new() -> WakerCount {
+        WakerCount(WakerAtomic::new(0))
+    }
+
+    /// Before the push that makes the woken fiber runnable.
+    pub(crate) fn enter(&self) {
+        // Relaxed: the push that follows (Release) carries the increment to whoever pops
+        // the fiber, and from there along the chain that ends in `wait_out`.
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// After the waker's last touch of the worker.
+    pub(crate) fn leave(&self) {
+        // Release: the waker's touches happen before `wait_out`'s Acquire load sees it gone.
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Waits until no waker is inside (a few instructions each), before the memory goes.
+    pub(crate) fn wait_out(&self) {
+        while self.0.load(Ordering::Acquire) != 0 {
+            #[cfg(loom)]
+            loom::thread::yield_now();
+            #[cfg(not(loom))]
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// State shared by a scheduler's handle, its workers and every task it runs.
@@ -181,8 +219,7 @@ pub(crate) struct Shared {
     pub(crate) injector: SegQueue<Arc<dyn Job>>,
     pub(crate) phase: PhaseWord,
     live: AtomicUsize,
-    spinning: AtomicUsize,
-    idle: IdleSet,
+    idle: Idlers,
     /// Tasks cancelled (or failed unstarted, or abandoned) by the shutdown so far.
     pub(crate) cancelled: AtomicUsize,
     /// Bumped to ask every worker to print its live fibers (a shutdown that takes long).
@@ -203,14 +240,13 @@ impl Shared {
                     local: ArrayQueue::new(LOCAL_CAPACITY),
                     next: ArrayQueue::new(1),
                     parker: Parker::new(),
-                    wakers: AtomicUsize::new(0),
+                    wakers: WakerCount::new(),
                 })
                 .collect(),
             injector: SegQueue::new(),
             phase: PhaseWord::new(),
             live: AtomicUsize::new(0),
-            spinning: AtomicUsize::new(0),
-            idle: IdleSet::new(n),
+            idle: Idlers::new(n),
             cancelled: AtomicUsize::new(0),
             report: AtomicUsize::new(0),
             drained: (parking_lot::Mutex::new(()), parking_lot::Condvar::new()),
@@ -234,8 +270,7 @@ impl Shared {
 
     /// Counts a task out; the last one during shutdown lets everybody go.
     pub(crate) fn task_done(&self) {
-        if self.live.fetch_sub(1, Ordering::SeqCst) == 1 && self.phase.get() >= Phase::Stopping
-        {
+        if self.live.fetch_sub(1, Ordering::SeqCst) == 1 && self.phase.get() >= Phase::Stopping {
             self.wake_all();
             let _g = self.drained.0.lock();
             self.drained.1.notify_all();
@@ -284,12 +319,7 @@ impl Shared {
 
     /// Wakes one sleeping worker for new shareable work, unless a spinning one will find it.
     pub(crate) fn notify_one(&self) {
-        // Pairs with the fence a worker issues after announcing itself idle (see module docs).
-        fence(Ordering::SeqCst);
-        if self.spinning.load(Ordering::SeqCst) != 0 {
-            return;
-        }
-        if let Some(i) = self.idle.pop() {
+        if let Some(i) = self.idle.to_wake() {
             self.workers[i].parker.unpark();
         }
     }
@@ -328,11 +358,7 @@ impl Drop for Shared {
     /// Waits out wakers still touching a worker (see `unpark_fiber`): a few instructions.
     fn drop(&mut self) {
         for w in self.workers.iter() {
-            // Acquire: pairs with the waker's Release decrement, so its last touch of the
-            // worker happens before the memory is freed.
-            while w.wakers.load(Ordering::Acquire) != 0 {
-                std::thread::yield_now();
-            }
+            w.wakers.wait_out();
         }
     }
 }
@@ -384,13 +410,10 @@ pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
         }
     }
     let target = &sched.workers[worker];
-    // Relaxed: the push below (Release) carries the increment to whoever pops the fiber,
-    // and from there along the chain that ends in `Shared`'s destructor.
-    target.wakers.fetch_add(1, Ordering::Relaxed);
+    target.wakers.enter();
     target.inbox.push(ScheduleTask::Fiber(job.clone()));
     target.parker.unpark();
-    // Release: our touches of the worker happen before the destructor's Acquire load.
-    target.wakers.fetch_sub(1, Ordering::Release);
+    target.wakers.leave();
 }
 
 /// Pops from a `SegQueue`, looking first: crossbeam's `pop` issues a SeqCst fence when it
@@ -695,8 +718,7 @@ impl Worker {
         if !self.ready.borrow().is_empty() || !self.me().inbox.is_empty() {
             return;
         }
-        if 2 * sh.spinning.load(Ordering::Relaxed) < sh.workers.len() {
-            sh.spinning.fetch_add(1, Ordering::SeqCst);
+        if sh.idle.try_spin() {
             for round in 0..SPIN_ROUNDS {
                 let found = self
                     .me()
@@ -705,7 +727,7 @@ impl Worker {
                     .or_else(|| sh.injector.pop().map(ScheduleTask::New))
                     .or_else(|| self.steal(round >= STEAL_NEXT_ROUND));
                 if let Some(task) = found {
-                    let last_spinner = sh.spinning.fetch_sub(1, Ordering::SeqCst) == 1;
+                    let last_spinner = sh.idle.stop_spinning();
                     if last_spinner && !sh.injector.is_empty() {
                         // More shared work than one worker: get another one looking.
                         sh.notify_one();
@@ -721,12 +743,11 @@ impl Worker {
                     std::thread::yield_now();
                 }
             }
-            sh.spinning.fetch_sub(1, Ordering::SeqCst);
+            sh.idle.stop_spinning();
         }
-        sh.idle.insert(self.index);
-        fence(Ordering::SeqCst);
+        sh.idle.announce(self.index);
         if self.has_work() || until() || self.should_exit() || self.shutdown_pending() {
-            sh.idle.remove(self.index);
+            sh.idle.withdraw(self.index);
             return;
         }
         let now = Instant::now();
@@ -753,7 +774,7 @@ impl Worker {
                 _ => self.me().parker.park(timeout),
             }
         }
-        sh.idle.remove(self.index);
+        sh.idle.withdraw(self.index);
     }
 
     #[inline]

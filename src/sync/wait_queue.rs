@@ -26,7 +26,7 @@
 //!
 //! # The node handshake
 //! A waiter links its node (state `WAITING`) under the lock, releases the lock and parks.
-//! Its `Unparker` exists only once the fiber has switched out (DESIGN principle 1), so the
+//! Its `Unparker` exists only once the fiber has switched out (docs/design.md, "Principles"), so the
 //! park registration publishes it: write the unparker into the node, then compare-and-swap
 //! `WAITING → PUBLISHED`. A waker holding the lock unlinks the node, writes the token and
 //! swaps the state to `WOKEN`:

@@ -185,7 +185,10 @@ fn run(shared: &Shared) {
                 let (_, job) = st.jobs.pop_first().expect("checked non-empty");
                 drop(st);
                 // The panic hook has reported it; the timer thread lives on.
-                let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
+                // The panic hook reported it; the payload's own destructor may panic too.
+                if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(job)) {
+                    crate::join::drop_catching(payload);
+                }
                 st = shared.lock();
             }
             Some(deadline) => {
