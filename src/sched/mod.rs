@@ -3,6 +3,8 @@
 //! the builder, `start`, `submit`, `block_on`, `stop`.
 
 mod idle;
+#[cfg(all(test, loom))]
+mod loom_model;
 pub(crate) mod task;
 pub(crate) mod timers;
 pub(crate) mod worker;
