@@ -10,10 +10,20 @@ use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 use std::rc::Rc;
 
-use child_process::{is_child, run_child};
 use fibra::{Fiber, FiberState};
 
-mod child_process;
+mod common;
+
+/// Names the helper a child process is asked to run.
+const CHILD_ENV: &str = "FIBRA_TEST_CHILD";
+
+fn is_child(helper: &str) -> bool {
+    common::is_child(CHILD_ENV, helper)
+}
+
+fn run_child(helper: &str, envs: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    common::run_child_with(CHILD_ENV, helper, envs)
+}
 
 const CYCLES: usize = 20_000;
 

@@ -5,12 +5,22 @@
 //! aborted the process, so each case runs in a child process and the parent checks how it
 //! ended and what it printed.
 
-mod child_process;
+mod common;
+
+/// Names the helper a child process is asked to run.
+const CHILD_ENV: &str = "FIBRA_TEST_CHILD";
+
+fn is_child(helper: &str) -> bool {
+    common::is_child(CHILD_ENV, helper)
+}
+
+fn run_child(helper: &str, envs: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    common::run_child_with(CHILD_ENV, helper, envs)
+}
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
-use child_process::{is_child, run_child};
 use fibra::{Fiber, FiberState, Scheduler, MIN_STACK_SIZE};
 
 const MESSAGE: &str = "min_stack: a panic on the smallest stack";

@@ -4,13 +4,23 @@
 //! panic keeps fibra's `fiber '<name>' panicked at` report. The panic hook is process-wide,
 //! so each case runs in a child process.
 
-mod child_process;
+mod common;
+
+/// Names the helper a child process is asked to run.
+const CHILD_ENV: &str = "FIBRA_TEST_CHILD";
+
+fn is_child(helper: &str) -> bool {
+    common::is_child(CHILD_ENV, helper)
+}
+
+fn run_child(helper: &str, envs: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    common::run_child_with(CHILD_ENV, helper, envs)
+}
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use child_process::{is_child, run_child};
 use fibra::{Fiber, FiberState, Scheduler};
 
 /// What the application's hook saw of one panic.

@@ -71,22 +71,27 @@ pub type Slot<T> = std::sync::Arc<Mutex<Option<T>>>;
 /// environment variable `env_key` set to `helper` (the helper does its work only then, so
 /// that `cargo test -- --ignored` leaves it inert); kills it after `2 * LIMIT`. Returns how
 /// it ended and what it wrote to stderr. For what cannot be checked in the test harness's
-/// own process: signals that kill, process-wide settings.
+/// own process: signals that kill, aborts, process-wide settings such as the panic hook.
 pub fn run_child(env_key: &str, helper: &str) -> (ExitStatus, String) {
-    let mut child = Command::new(std::env::current_exe().expect("current test binary"))
-        .args([
-            helper,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(env_key, helper)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the child test process");
+    run_child_with(env_key, helper, &[])
+}
+
+/// [`run_child`] with extra environment variables for the child.
+pub fn run_child_with(env_key: &str, helper: &str, envs: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut cmd = Command::new(std::env::current_exe().expect("current test binary"));
+    cmd.args([
+        helper,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(env_key, helper)
+    .envs(envs.iter().copied())
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn the child test process");
     let mut stderr = child.stderr.take().expect("piped stderr");
     let reader = thread::spawn(move || {
         let mut bytes = Vec::new();
