@@ -15,7 +15,7 @@ mod panic;
 pub(crate) use panic::install_panic_hook;
 
 use crate::park::Unparker;
-use crate::stack::{round_size, FiberStack, StackPool, DEFAULT_STACK_SIZE};
+use crate::stack::{FiberStack, StackPool, DEFAULT_STACK_SIZE};
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -321,8 +321,9 @@ impl Fiber {
     }
 
     /// Creates a fiber with a name (shown by [`Fiber::current`], in panic and overflow
-    /// messages) and a stack size (rounded up to whole pages, at least
-    /// [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE)).
+    /// messages) and a stack size, rounded up to whole pages. A size below
+    /// [`MIN_STACK_SIZE`](crate::MIN_STACK_SIZE) or above 1 GiB is refused with an
+    /// [`InvalidInput`](std::io::ErrorKind::InvalidInput) error, as the builders refuse it.
     pub fn with_options<F: FnOnce() + 'static>(
         f: F,
         name: Option<&str>,
@@ -339,7 +340,8 @@ impl Fiber {
         install_panic_hook();
         crate::stack::overflow::install_handler();
         crate::stack::overflow::ensure_alt_stack();
-        let size = round_size(stack_size.max(crate::stack::MIN_STACK_SIZE));
+        let size = crate::sched::check_stack_size(stack_size)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let stack = STANDALONE_STACKS.with(|p| p.borrow_mut().take(size))?;
         let mut meta = Box::new(FiberMeta::new(FiberId::next(), name, None));
         meta.set_stack(&stack);
