@@ -257,7 +257,11 @@ fn many_suspended_fibers_coexist() {
 fn an_out_of_range_stack_size_is_an_invalid_input_error() {
     for size in [0, 1, fibra::MIN_STACK_SIZE - 1, 1 << 40] {
         let err = Fiber::with_options(|| {}, None, size).expect_err("refused");
-        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{size}: {err}");
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::InvalidInput,
+            "{size}: {err}"
+        );
     }
     let mut ok = Fiber::with_options(|| {}, Some("ok"), fibra::MIN_STACK_SIZE).expect("minimum");
     assert_eq!(ok.resume(), fibra::FiberState::Done);

@@ -528,10 +528,16 @@ impl Worker {
         }
     }
 
-    /// Whether the shutdown phase moved past what this worker acted on, or a report is due.
+    /// Whether the shutdown phase moved past what this worker acted on. (A report request is
+    /// looked at only on the way to sleep: it comes from a shutdown waiting for idle workers,
+    /// and the busy loop should not load one more shared word per task.)
+    #[inline]
     fn shutdown_pending(&self) -> bool {
         Phase::from_u8(self.shared.phase.0.load(Ordering::Relaxed)) > self.phase.get()
-            || self.shared.report.load(Ordering::Relaxed) != self.reported.get()
+    }
+
+    fn report_pending(&self) -> bool {
+        self.shared.report.load(Ordering::Relaxed) != self.reported.get()
     }
 
     /// Acts on every shutdown phase this worker has not acted on yet, in order.
@@ -714,6 +720,9 @@ impl Worker {
 
     fn idle(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
         let sh = &self.shared;
+        if self.report_pending() {
+            self.catch_up();
+        }
         poll_io_now();
         if !self.ready.borrow().is_empty() || !self.me().inbox.is_empty() {
             return;
@@ -746,7 +755,12 @@ impl Worker {
             sh.idle.stop_spinning();
         }
         sh.idle.announce(self.index);
-        if self.has_work() || until() || self.should_exit() || self.shutdown_pending() {
+        if self.has_work()
+            || until()
+            || self.should_exit()
+            || self.shutdown_pending()
+            || self.report_pending()
+        {
             sh.idle.withdraw(self.index);
             return;
         }
