@@ -1364,3 +1364,152 @@ fn probe_unblock_result_of_a_cancelled_caller_whose_drop_panics() {
          dropped during the fiber's unwinding; its panicking Drop aborts the process",
     );
 }
+
+// ------------------------------------------------------------------ shutdown edges
+
+/// A fiber that never suspends cannot be cancelled; `stop_timeout` still returns (within the
+/// deadline, the grace and the wait for threads to exit), reports the stuck worker, and the
+/// fibers parked on the *other* worker are cancelled normally.
+#[test]
+fn stop_timeout_returns_with_a_fiber_that_never_suspends() {
+    run_child("child_busy_fiber").assert_ok("stop_timeout with a busy-looping fiber");
+}
+
+#[test]
+#[ignore = "child process of stop_timeout_returns_with_a_fiber_that_never_suspends"]
+fn child_busy_fiber() {
+    if !is_child("child_busy_fiber") {
+        return;
+    }
+    let sched = started(2, "busy");
+    let spinning = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let spinning = spinning.clone();
+        sched
+            .submit(
+                move || {
+                    spinning.store(true, Ordering::SeqCst);
+                    loop {
+                        std::hint::spin_loop();
+                    }
+                },
+                Some(0),
+            )
+            .expect("submit")
+    };
+    let sleeper = sched
+        .submit(|| fibra::sleep(Duration::from_secs(3600)), Some(1))
+        .expect("submit");
+    check(
+        eventually(BOUND, || spinning.load(Ordering::SeqCst)),
+        || "the busy fiber never started".into(),
+    );
+    let Some(n) = within(STOP_BOUND, move || {
+        let n = sched.stop_timeout(Duration::from_millis(50));
+        // The scheduler's memory stays with the stuck worker thread; dropping is instant.
+        drop(sched);
+        n
+    }) else {
+        child_fail("stop_timeout(50 ms) did not return with a fiber that never suspends");
+    };
+    check(n >= 1, || format!("stop_timeout returned {n}"));
+    check(
+        sleeper
+            .wait_timeout(Duration::ZERO)
+            .then(|| sleeper.join())
+            .is_some_and(|r| r.is_err_and(|e| e.is_cancelled())),
+        || "the sleeper on the free worker was not cancelled".into(),
+    );
+    check(!busy.is_finished(), || {
+        "the busy fiber cannot have finished".into()
+    });
+    std::mem::forget(busy);
+    eprintln!("CHILD OK");
+    // The busy worker thread keeps spinning: leave without waiting for it.
+    std::process::exit(0);
+}
+
+/// `stop_timeout` with zero and with `Duration::MAX`; `stop` and `stop_timeout` racing from
+/// two threads; `block_on` and `submit` after a stop.
+#[test]
+fn stop_timeout_extremes_and_racing_stops() {
+    with_deadline(|| {
+        // Zero: parked fibers are cancelled at once; the count says how many.
+        let sched = started(2, "zero");
+        let parked: Vec<_> = (0..4)
+            .map(|_| {
+                sched
+                    .submit(|| fibra::sleep(Duration::from_secs(3600)), None)
+                    .expect("submit")
+            })
+            .collect();
+        assert!(eventually(BOUND, || parked
+            .iter()
+            .all(|h| !h.is_finished())));
+        thread::sleep(Duration::from_millis(20));
+        assert_eq!(sched.stop_timeout(Duration::ZERO), 4);
+        for h in parked {
+            assert!(h.join().unwrap_err().is_cancelled());
+        }
+        // After the stop: submit refuses with the closure, block_on runs inline.
+        assert!(sched.submit(|| 1, None).is_err());
+        assert_eq!(sched.block_on(|| 7), 7);
+
+        // Duration::MAX with nothing to cancel returns as soon as the work is done.
+        let sched = started(2, "max");
+        let h = sched.submit(|| 5, None).expect("submit");
+        let begun = Instant::now();
+        assert_eq!(sched.stop_timeout(Duration::MAX), 0);
+        assert!(begun.elapsed() < BOUND);
+        assert_eq!(h.join().unwrap(), 5);
+
+        // stop() and stop_timeout() racing: the timeout escalates, both return.
+        let sched = Arc::new(started(2, "race"));
+        let (h, _gate) = gated_task(&sched);
+        let waiter = {
+            let sched = sched.clone();
+            thread::spawn(move || sched.stop())
+        };
+        thread::sleep(Duration::from_millis(20));
+        let n = sched.stop_timeout(Duration::from_millis(20));
+        assert_eq!(n, 1);
+        waiter.join().expect("stop() returned");
+        assert!(h.join().unwrap_err().is_cancelled());
+    });
+}
+
+/// The last `Arc<Scheduler>` dropped inside one of its own fibers: the drop cannot wait for
+/// itself, so it starts the shutdown and returns; the remaining work still completes.
+#[test]
+fn dropping_the_scheduler_from_its_own_fiber_does_not_hang() {
+    with_deadline(|| {
+        let sched = Arc::new(started(2, "self-drop"));
+        let (tx, rx) = mpsc::channel();
+        let other = sched
+            .submit(
+                || {
+                    fibra::sleep(Duration::from_millis(30));
+                    3
+                },
+                None,
+            )
+            .expect("submit");
+        let s = sched.clone();
+        drop(sched);
+        let last = Arc::downgrade(&s);
+        let _ = s
+            .clone()
+            .submit(
+                move || {
+                    drop(s);
+                    let _ = tx.send(());
+                },
+                None,
+            )
+            .expect("submit");
+        rx.recv_timeout(BOUND)
+            .expect("the fiber dropped the scheduler and went on");
+        assert_eq!(finish(other), 3);
+        assert!(eventually(BOUND, || last.strong_count() == 0));
+    });
+}

@@ -456,7 +456,12 @@ impl Scheduler {
         }
         self.join_workers();
         sh.phase.advance_to(Phase::Done);
-        sh.cancelled.swap(0, Ordering::SeqCst)
+        if how == Shutdown::Wait {
+            // `stop` reports no count; leave it to a racing `stop_timeout` that cancelled.
+            0
+        } else {
+            sh.cancelled.swap(0, Ordering::SeqCst)
+        }
     }
 
     /// Waits until no task is alive, `deadline` passes, or the shutdown is abandoning;
