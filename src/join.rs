@@ -237,7 +237,7 @@ impl<T> JoinHandle<T> {
 
     /// Runs `f` with the task's value when it completes successfully — on the thread that
     /// completes it (inside the task's fiber), or at once on this thread if it already has
-    /// (seed 003's `then`). Returns `&self` for chaining. `f` may do anything a fiber may
+    ///. Returns `&self` for chaining. `f` may do anything a fiber may
     /// (join other tasks, sleep, lock) but must not wait for this same task.
     ///
     /// Continuations registered from several threads may run at the same time, each with a
@@ -275,7 +275,7 @@ impl<T> JoinHandle<T> {
     }
 
     /// Runs `f` with the error when the task fails (panics, is cancelled, or cannot start) —
-    /// seed 003's `catching`. Same rules as [`then`](JoinHandle::then): it runs inside a
+    /// Same rules as [`then`](JoinHandle::then): it runs inside a
     /// fiber (the failed task's own, or one started to report the failure of a task that
     /// never ran), so it may join, sleep or lock.
     pub fn catching(&self, f: impl FnOnce(&JoinError) + Send + 'static) -> &Self {
@@ -287,7 +287,7 @@ impl<T> JoinHandle<T> {
         self
     }
 
-    /// Runs `f` when the task completes either way — seed 003's `finally`. Same rules as
+    /// Runs `f` when the task completes either way. Same rules as
     /// [`then`](JoinHandle::then).
     pub fn finally(&self, f: impl FnOnce() + Send + 'static) -> &Self {
         self.cell.on_complete(Box::new(move |_| f()));

@@ -72,7 +72,7 @@ impl Unparker {
         match &self.target {
             Target::Fiber { job, gen } => crate::sched::unpark_fiber(job, *gen),
             Target::Thread { slot, gen } => slot.unpark(*gen),
-            Target::Worker { shared, index } => shared.workers[*index].parker.unpark(),
+            Target::Worker { shared, index } => shared.workers[*index].sleep.wake(),
         }
     }
 }
@@ -117,16 +117,16 @@ impl fmt::Debug for Unparker {
 /// h.join().unwrap();
 /// ```
 pub fn park(register: impl FnOnce(Unparker)) {
-    park_inner(None, register);
+    park_until(None, register);
 }
 
 /// Like [`park`], but gives up at `deadline`. A wake and a timeout racing at the same instant
 /// resume the caller exactly once, and the result says which one won.
 pub fn park_timeout(deadline: Instant, register: impl FnOnce(Unparker)) -> ParkResult {
-    park_inner(Some(deadline), register)
+    park_until(Some(deadline), register)
 }
 
-pub(crate) fn park_inner(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
+pub(crate) fn park_until(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
     match current_meta() {
         Some(meta) if meta.worker.is_some() => {
             let mut register = Some(register);
@@ -147,14 +147,24 @@ pub(crate) fn park_inner(deadline: Option<Instant>, register: impl FnOnce(Unpark
                 ParkResult::Unparked
             }
         }
-        _ => park_thread(deadline, register),
+        _ => block_thread(deadline, register),
     }
 }
 
-const IDLE: u32 = 0;
-const PARKED: u32 = 1;
-const NOTIFIED: u32 = 2;
-const STATE_BITS: u32 = 2;
+/// The park word's encoding, shared by a task's `ParkWord` (64 bits) and a thread's
+/// `ThreadSlot` (32 bits, for the futex): `(generation << STATE_BITS) | state`.
+pub(crate) mod word {
+    /// Not parked: running, ready, or (a thread) between parks.
+    pub(crate) const RUNNING: u32 = 0;
+    /// Parked and published to wakers.
+    pub(crate) const PARKED: u32 = 1;
+    /// A waker won the wake of this park.
+    pub(crate) const NOTIFIED: u32 = 2;
+    /// How many low bits hold the state.
+    pub(crate) const STATE_BITS: u32 = 2;
+}
+
+use word::{NOTIFIED, PARKED, RUNNING as IDLE, STATE_BITS};
 const GEN_MASK: u32 = u32::MAX >> STATE_BITS;
 
 /// A thread's park word: `(generation << 2) | state`, waited on with a futex.
@@ -195,7 +205,7 @@ impl Drop for NextGeneration<'_> {
     }
 }
 
-fn park_thread(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
+fn block_thread(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
     let slot = SLOT.with(Arc::clone);
     // Only this thread writes the word while it is IDLE, so a plain store is enough.
     let gen = slot.word.load(Ordering::Relaxed) >> STATE_BITS;

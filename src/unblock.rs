@@ -1,5 +1,5 @@
 //! [`unblock`]: run blocking code on a pool of plain threads while the calling fiber is parked
-//! (the seed's `asyncify`), and the settings of that pool.
+//! (often called `asyncify`), and the settings of that pool.
 //!
 //! This module owns the process-wide blocking pool. It touches the scheduler only through
 //! [`crate::park`] and [`Unparker`]: the calling fiber waits exactly like a fiber waiting for a
@@ -47,7 +47,7 @@ pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
 const THREAD_NAME: &str = "fibra-unblock";
 
 /// Runs the blocking function `f` on the blocking pool and returns its value, parking only
-/// the calling fiber meanwhile — the seed's `asyncify`.
+/// the calling fiber meanwhile.
 ///
 /// Inside a scheduled fiber, `f` runs on a pool thread while the fiber is suspended, so its
 /// worker keeps running other fibers; the fiber then resumes on its own worker with the

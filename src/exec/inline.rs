@@ -2,7 +2,7 @@
 
 use super::Executor;
 
-/// Runs every job at once, on the calling thread — the seed's `NoopExecutor`.
+/// Runs every job at once, on the calling thread.
 ///
 /// [`spawn`](Executor::spawn) runs the closure directly (no fiber) and returns a handle that
 /// has already finished; a panic is caught into the handle. Inside a fiber the closure

@@ -11,11 +11,11 @@ use std::thread::ThreadId;
 /// The looper thread's name is `looper-0`.
 const NAME: &str = "looper";
 
-/// One thread that runs jobs in the order they arrive — the seed's `LooperExecutor`, the
-/// event loop of a UI or of a NodeJS-style program.
+/// One thread that runs jobs in the order they arrive: the event loop of a UI or of a
+/// NodeJS-style program.
 ///
 /// Every job and every fiber [`spawn`](Executor::spawn)ed here runs on the looper thread,
-/// and jobs *start* in submission order (FIFO). Unlike the seed's loop, a job is a fiber: when
+/// and jobs *start* in submission order (FIFO). Unlike a plain event loop, a job is a fiber: when
 /// it waits (`sleep`, `join`, a lock, [`unblock`](crate::unblock())), the next job starts, and
 /// the waiting one later resumes — on the looper thread, always.
 ///
@@ -29,8 +29,7 @@ const NAME: &str = "looper";
 /// completion either way. After shutdown, `execute` drops jobs and `spawn` returns
 /// cancelled handles. [`join`](Looper::join) waits for the looper thread to exit after a
 /// shutdown requested anywhere — typically by one of its own jobs. Dropping the looper is
-/// `shutdown(true)` followed by `join` (the seed drops the queue instead; fibra does not lose
-/// work silently).
+/// `shutdown(true)` followed by `join`: queued work is never lost silently.
 ///
 /// ```
 /// use fibra::exec::{Executor, Looper};

@@ -1,21 +1,19 @@
-//! Executors: where a job runs, and where a fiber lives (seeds 000 and 003).
+//! Executors: where a job runs, and where a fiber lives.
 //!
-//! The seed's `AbstractExecutor` is [`Executor`]: `execute` runs a job somewhere. Its
-//! `Task<R, Executor>` — a coroutine whose start and every continuation run on its own
-//! executor — is a fiber started with [`Executor::spawn`]: a fiber that has started never
-//! changes thread (docs/design.md, "Principles"), so after every `sleep`, `join`, `yield_now`, lock,
-//! channel receive or [`unblock`](crate::unblock()) it resumes on its *home* thread, the
-//! executor's. The task's `then` / `catching` / `finally` and `get_result` are
-//! [`JoinHandle::then`], [`catching`](JoinHandle::catching),
-//! [`finally`](JoinHandle::finally) and [`join`](JoinHandle::join).
+//! An [`Executor`] runs a job somewhere (`execute`) and starts fibers homed there
+//! ([`Executor::spawn`]). A fiber that has started never changes thread (docs/design.md,
+//! "Principles"), so after every `sleep`, `join`, `yield_now`, lock, channel receive or
+//! [`unblock`](crate::unblock()) it resumes on its *home* thread, the executor's — and so do
+//! its continuations: [`JoinHandle::then`], [`catching`](JoinHandle::catching) and
+//! [`finally`](JoinHandle::finally). [`join`](JoinHandle::join) waits for its result.
 //!
-//! | executor | seed | `execute(job)` | `spawn(f)`: the fiber's home |
-//! |---|---|---|---|
-//! | [`Inline`] | `NoopExecutor` | at once, on the calling thread | none: `f` runs at once, directly |
-//! | [`NewThread`] | `NewThreadExecutor` | on a new thread | a new thread that lives as long as the fiber |
-//! | [`ThreadPool`] | `AsyncExecutor` | on a pool thread | one of the pool's threads |
-//! | [`Looper`] | `LooperExecutor` | on the looper thread, FIFO | the looper thread |
-//! | [`Scheduler`](crate::Scheduler) | — | on a worker | one of the workers |
+//! | executor | `execute(job)` | `spawn(f)`: the fiber's home |
+//! |---|---|---|
+//! | [`Inline`] | at once, on the calling thread | none: `f` runs at once, directly |
+//! | [`NewThread`] | on a new thread | a new thread that lives as long as the fiber |
+//! | [`ThreadPool`] | on a pool thread | one of the pool's threads |
+//! | [`Looper`] | on the looper thread, FIFO | the looper thread |
+//! | [`Scheduler`](crate::Scheduler) | on a worker | one of the workers |
 //!
 //! This module owns only these adapters; the fibers themselves are the scheduler's.
 //!
@@ -56,7 +54,7 @@ use crate::sched::task::{Header, Job, Start};
 use crate::stack::DEFAULT_STACK_SIZE;
 use std::sync::Arc;
 
-/// Something that runs jobs: the seed's `AbstractExecutor`.
+/// Something that runs jobs: a thread, a pool, an event loop, or a scheduler.
 ///
 /// Implement [`execute`](Executor::execute) and you get a working
 /// [`spawn`](Executor::spawn); fibra's own executors override `spawn` to run the closure
@@ -81,12 +79,11 @@ use std::sync::Arc;
 pub trait Executor {
     /// Runs `job` on this executor, some time from now (or at once, for [`Inline`]).
     ///
-    /// An executor that has shut down drops the job without running it, as the seed's
-    /// `LooperExecutor` does; use [`Scheduler::submit`](crate::Scheduler::submit) where the
+    /// An executor that has shut down drops the job without running it; use [`Scheduler::submit`](crate::Scheduler::submit) where the
     /// refused closure must come back.
     fn execute(&self, job: Box<dyn FnOnce() + Send>);
 
-    /// Runs `f` on this executor and returns a handle to its result: the seed's `Task`.
+    /// Runs `f` on this executor and returns a handle to its result.
     ///
     /// fibra's executors run `f` as a fiber homed on their thread: wherever `f` waits
     /// (`sleep`, `join`, sync primitives, [`unblock`](crate::unblock())), it resumes there.

@@ -8,7 +8,7 @@ use crate::sched::Scheduler;
 /// fiber's one-worker scheduler).
 const NAME: &str = "new-thread";
 
-/// A new thread for every job — the seed's `NewThreadExecutor`.
+/// A new thread for every job.
 ///
 /// [`execute`](Executor::execute) runs the job on a fresh, detached OS thread.
 /// [`spawn`](Executor::spawn) gives the fiber a thread of its own that lives exactly as long

@@ -9,7 +9,7 @@ use crate::sched::Scheduler;
 /// Worker thread names are `pool-0`, `pool-1`, …
 const NAME: &str = "pool";
 
-/// A fixed pool of `n` threads — the seed's `AsyncExecutor` (which used `std::async`).
+/// A fixed pool of `n` threads.
 ///
 /// Underneath it is a started [`Scheduler`] with `n` workers named `pool-<i>`: jobs and
 /// fibers go to any worker, and a fiber stays on the worker that starts it. Dropping the

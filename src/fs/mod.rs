@@ -1,4 +1,4 @@
-//! Files and directories for fibers — the seed's async file-system module, built on
+//! Files and directories for fibers, built on
 //! [`unblock`](crate::unblock()).
 //!
 //! Each function has `std::fs`'s signature and behaviour and runs the `std::fs` call on the

@@ -13,7 +13,7 @@
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
 //! wait is therefore never lost.
 
-use crate::park::{park_inner, ParkResult, Unparker};
+use crate::park::{park_until, ParkResult, Unparker};
 use parking_lot::{Mutex, RwLock};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -110,7 +110,7 @@ impl IoRecord {
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
             // Counted while parked, also if the fiber is cancelled and unwinds from the park.
             let _counted = WaitingGuard::new(&reactor.waiting);
-            let r = park_inner(deadline, |u| {
+            let r = park_until(deadline, |u| {
                 let mut waiters = self.waiters.lock();
                 if self.ready(interest) {
                     drop(waiters);

@@ -1,4 +1,4 @@
-//! Idle workers: a per-worker futex [`Parker`], the [`IdleSet`] of parked workers that
+//! Idle workers: a per-worker futex [`WorkerSleep`], the [`IdleSet`] of parked workers that
 //! `submit` picks one from to wake, and [`Idlers`], the two halves of the idle protocol.
 //!
 //! Under `--cfg loom` the atomics are loom's and the futex sleep is a loom condition
@@ -75,19 +75,20 @@ impl Idlers {
 }
 
 const EMPTY: u32 = 0;
-const PARKED: u32 = 1;
-const NOTIFIED: u32 = 2;
+const SLEEPING: u32 = 1;
+const WOKEN: u32 = 2;
 /// Blocked in the reactor's `epoll_wait` instead of on the futex.
 const POLLING: u32 = 3;
 
-/// A worker's sleep: a token like `std::thread::park`'s. `unpark` before `park` makes the
-/// next `park` return at once, so a wake is never lost.
-pub(crate) struct Parker {
+/// A worker's sleep: a token like `std::thread::park`'s. `wake` before `sleep` makes the
+/// next `sleep` return at once, so a wake is never lost. (Not to be confused with a fiber's
+/// park: this puts the worker *thread* to sleep.)
+pub(crate) struct WorkerSleep {
     state: AtomicU32,
     /// Diagnostics: how many times this worker went to sleep.
     pub(crate) sleeps: AtomicI32,
     #[cfg(loom)]
-    sleep: (loom::sync::Mutex<()>, loom::sync::Condvar),
+    futex_model: (loom::sync::Mutex<()>, loom::sync::Condvar),
 }
 
 #[cfg(not(loom))]
@@ -100,69 +101,69 @@ mod futex {
     use super::{AtomicU32, Duration, Ordering};
 
     pub(super) fn wait(
-        parker: &super::Parker,
+        parker: &super::WorkerSleep,
         word: &AtomicU32,
         expected: u32,
         _: Option<Duration>,
     ) {
-        let mut g = parker.sleep.0.lock().unwrap();
+        let mut g = parker.futex_model.0.lock().unwrap();
         while word.load(Ordering::SeqCst) == expected {
-            g = parker.sleep.1.wait(g).unwrap();
+            g = parker.futex_model.1.wait(g).unwrap();
         }
     }
 
-    pub(super) fn wake(parker: &super::Parker, _: &AtomicU32, _: i32) {
-        let _g = parker.sleep.0.lock().unwrap();
-        parker.sleep.1.notify_all();
+    pub(super) fn wake(parker: &super::WorkerSleep, _: &AtomicU32, _: i32) {
+        let _g = parker.futex_model.0.lock().unwrap();
+        parker.futex_model.1.notify_all();
     }
 }
 
-impl Parker {
+impl WorkerSleep {
     pub(crate) fn new() -> Self {
-        Parker {
+        WorkerSleep {
             state: AtomicU32::new(EMPTY),
             sleeps: AtomicI32::new(0),
             #[cfg(loom)]
-            sleep: (loom::sync::Mutex::new(()), loom::sync::Condvar::new()),
+            futex_model: (loom::sync::Mutex::new(()), loom::sync::Condvar::new()),
         }
     }
 
-    /// Sleeps until `unpark` or `timeout`. Spurious returns are possible; callers re-check.
-    pub(crate) fn park(&self, timeout: Option<Duration>) {
+    /// Sleeps until `wake` or `timeout`. Spurious returns are possible; callers re-check.
+    pub(crate) fn sleep(&self, timeout: Option<Duration>) {
         // Consume a pending notification without sleeping. Acquire pairs with the Release in
-        // `unpark`, so work pushed before the unpark is visible.
+        // `wake`, so work pushed before the wake is visible.
         if self
             .state
-            .compare_exchange(NOTIFIED, EMPTY, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(WOKEN, EMPTY, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
             return;
         }
         if self
             .state
-            .compare_exchange(EMPTY, PARKED, Ordering::Acquire, Ordering::Acquire)
+            .compare_exchange(EMPTY, SLEEPING, Ordering::Acquire, Ordering::Acquire)
             .is_err()
         {
-            // Raced with an unpark: it is NOTIFIED now.
+            // Raced with a wake: it is WOKEN now.
             self.state.store(EMPTY, Ordering::Relaxed);
             return;
         }
         self.sleeps.fetch_add(1, Ordering::Relaxed);
         #[cfg(not(loom))]
-        futex::wait(&self.state, PARKED, timeout);
+        futex::wait(&self.state, SLEEPING, timeout);
         #[cfg(loom)]
-        futex::wait(self, &self.state, PARKED, timeout);
+        futex::wait(self, &self.state, SLEEPING, timeout);
         // Whether woken, timed out or interrupted, leave EMPTY; Acquire makes the waker's
         // pushes visible if it was a wake.
         self.state.swap(EMPTY, Ordering::Acquire);
     }
 
-    /// Like [`park`](Parker::park), but sleeps in the reactor's `epoll_wait` (the caller holds
+    /// Like [`sleep`](WorkerSleep::sleep), but sleeps in the reactor's `epoll_wait` (the caller holds
     /// the poller role), handling I/O readiness while it waits.
-    pub(crate) fn park_polling(&self, reactor: &Reactor, timeout: Option<Duration>) {
+    pub(crate) fn sleep_polling(&self, reactor: &Reactor, timeout: Option<Duration>) {
         if self
             .state
-            .compare_exchange(NOTIFIED, EMPTY, Ordering::Acquire, Ordering::Relaxed)
+            .compare_exchange(WOKEN, EMPTY, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
             return;
@@ -181,13 +182,13 @@ impl Parker {
     }
 
     /// Wakes the worker if it sleeps (on its futex or in `epoll_wait`), or makes its next
-    /// `park` return at once.
-    pub(crate) fn unpark(&self) {
-        match self.state.swap(NOTIFIED, Ordering::Release) {
+    /// `sleep` return at once.
+    pub(crate) fn wake(&self) {
+        match self.state.swap(WOKEN, Ordering::Release) {
             #[cfg(not(loom))]
-            PARKED => futex::wake(&self.state, 1),
+            SLEEPING => futex::wake(&self.state, 1),
             #[cfg(loom)]
-            PARKED => futex::wake(self, &self.state, 1),
+            SLEEPING => futex::wake(self, &self.state, 1),
             POLLING => {
                 if let Some(r) = reactor::get() {
                     r.wake();

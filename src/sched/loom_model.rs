@@ -3,7 +3,7 @@
 //! `task.rs`, `idle.rs` and `worker.rs` (their atomics are loom's under `--cfg loom`); the
 //! threads stand in for a home worker, wakers, a timer and a canceller.
 
-use super::idle::{Idlers, Parker};
+use super::idle::{Idlers, WorkerSleep};
 use super::task::ParkWord;
 use super::worker::WakerCount;
 use loom::cell::UnsafeCell;
@@ -98,14 +98,14 @@ fn park_word_publishes_the_placement_to_the_winner() {
 fn idle_protocol_never_loses_a_submit() {
     loom::model(|| {
         let idlers = Arc::new(Idlers::new(1));
-        let parker = Arc::new(Parker::new());
+        let parker = Arc::new(WorkerSleep::new());
         let queued = Arc::new(AtomicBool::new(false));
         let submitter = {
             let (idlers, parker, queued) = (idlers.clone(), parker.clone(), queued.clone());
             thread::spawn(move || {
                 queued.store(true, Ordering::SeqCst);
                 if let Some(0) = idlers.to_wake() {
-                    parker.unpark();
+                    parker.wake();
                 }
             })
         };
@@ -116,7 +116,7 @@ fn idle_protocol_never_loses_a_submit() {
                 idlers.withdraw(0);
                 break;
             }
-            parker.park(None);
+            parker.sleep(None);
             idlers.withdraw(0);
         }
         submitter.join().unwrap();

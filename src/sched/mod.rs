@@ -108,7 +108,7 @@ impl Builder {
         self
     }
 
-    /// sylar's `use_caller`: the thread that calls `build()` becomes worker 0. No thread is
+    /// The thread that calls `build()` becomes worker 0. No thread is
     /// spawned for it; it runs worker 0's fibers (tasks pinned to 0, fibers started there)
     /// while it is inside [`Scheduler::block_on`] or [`Scheduler::stop`]. Call those on the
     /// building thread: from other threads they cannot run worker 0's work and wait for it.
@@ -380,7 +380,7 @@ impl Scheduler {
 
     /// Stops like [`stop`](Scheduler::stop), except that tasks still queued and not started
     /// are dropped (their handles report cancelled); started fibers run to completion.
-    /// Returns how many were dropped. (The seed's `LooperExecutor::shutdown(false)`.)
+    /// Returns how many were dropped. (`Looper::shutdown(false)`.)
     pub(crate) fn stop_discarding_queued(&self) -> usize {
         self.shutdown(Shutdown::Discard)
     }
@@ -402,7 +402,7 @@ impl Scheduler {
             sh.phase.advance_to(Phase::Discarding);
         }
         sh.wake_all();
-        if sh.current_worker().is_some() || sh.phase.get() == Phase::Done {
+        if sh.local_worker().is_some() || sh.phase.get() == Phase::Done {
             return 0;
         }
         let drained = match how {

@@ -78,11 +78,11 @@ pub(crate) enum ParkState {
 /// the word out of `Notified` or `Running`.
 pub(crate) struct ParkWord(AtomicU64);
 
-const STATE_BITS: u32 = 2;
+use crate::park::word::STATE_BITS;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
-const RUNNING: u64 = 0;
-const PARKED: u64 = 1;
-const NOTIFIED: u64 = 2;
+const RUNNING: u64 = crate::park::word::RUNNING as u64;
+const PARKED: u64 = crate::park::word::PARKED as u64;
+const NOTIFIED: u64 = crate::park::word::NOTIFIED as u64;
 
 impl ParkWord {
     pub(crate) fn new() -> ParkWord {

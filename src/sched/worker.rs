@@ -60,7 +60,7 @@
 use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, Yielder};
 use crate::join::JoinError;
 use crate::park::Unparker;
-use crate::sched::idle::{Idlers, Parker};
+use crate::sched::idle::{Idlers, WorkerSleep};
 use crate::sched::task::{Cancel, Ended, Job, ParkState, Placement, ScheduleTask, Start};
 use crate::sched::timers::TimerWheel;
 use crate::stack::{FiberStack, StackPool};
@@ -168,7 +168,7 @@ pub(crate) struct WorkerShared {
     pub(crate) local: ArrayQueue<Arc<dyn Job>>,
     /// The LIFO slot (capacity 1).
     pub(crate) next: ArrayQueue<Arc<dyn Job>>,
-    pub(crate) parker: Parker,
+    pub(crate) sleep: WorkerSleep,
     /// Wakers from other threads between their push into `inbox` and their last touch of
     /// this worker (see `unpark_fiber`); the shared state is not freed while any is.
     wakers: WakerCount,
@@ -239,7 +239,7 @@ impl Shared {
                     inbox: SegQueue::new(),
                     local: ArrayQueue::new(LOCAL_CAPACITY),
                     next: ArrayQueue::new(1),
-                    parker: Parker::new(),
+                    sleep: WorkerSleep::new(),
                     wakers: WakerCount::new(),
                 })
                 .collect(),
@@ -261,7 +261,7 @@ impl Shared {
         self.live.fetch_add(1, Ordering::SeqCst);
         let phase = self.phase.get();
         let ok = phase < Phase::Stopping
-            || (phase == Phase::Stopping && fiber::in_fiber() && self.current_worker().is_some());
+            || (phase == Phase::Stopping && fiber::in_fiber() && self.local_worker().is_some());
         if !ok {
             self.task_done();
         }
@@ -313,19 +313,19 @@ impl Shared {
 
     pub(crate) fn wake_all(&self) {
         for w in self.workers.iter() {
-            w.parker.unpark();
+            w.sleep.wake();
         }
     }
 
     /// Wakes one sleeping worker for new shareable work, unless a spinning one will find it.
     pub(crate) fn notify_one(&self) {
         if let Some(i) = self.idle.to_wake() {
-            self.workers[i].parker.unpark();
+            self.workers[i].sleep.wake();
         }
     }
 
     /// The worker of *this* scheduler running on the current thread, if any.
-    pub(crate) fn current_worker(&self) -> Option<&Worker> {
+    pub(crate) fn local_worker(&self) -> Option<&Worker> {
         let w = CURRENT_WORKER.with(|c| c.get());
         // SAFETY: CURRENT_WORKER is non-null only while `Worker::run` is on the stack of this
         // thread, which keeps the worker alive.
@@ -335,12 +335,12 @@ impl Shared {
 
     /// Queues a task that has never run.
     pub(crate) fn schedule_new(&self, job: Arc<dyn Job>) {
-        let here = self.current_worker();
+        let here = self.local_worker();
         match job.header().pinned {
             Some(i) => {
                 self.workers[i].inbox.push(ScheduleTask::New(job));
                 if here.map(|w| w.index) != Some(i) {
-                    self.workers[i].parker.unpark();
+                    self.workers[i].sleep.wake();
                 }
             }
             None => match here {
@@ -403,7 +403,7 @@ pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
         let p = &*h.placement.get();
         (&*p.sched, p.worker)
     };
-    if let Some(w) = sched.current_worker() {
+    if let Some(w) = sched.local_worker() {
         if w.index == worker {
             w.ready.borrow_mut().push_back(job.clone());
             return;
@@ -412,7 +412,7 @@ pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
     let target = &sched.workers[worker];
     target.wakers.enter();
     target.inbox.push(ScheduleTask::Fiber(job.clone()));
-    target.parker.unpark();
+    target.sleep.wake();
     target.wakers.leave();
 }
 
@@ -782,10 +782,10 @@ impl Worker {
             match crate::io::reactor::get() {
                 // Nobody polls for I/O: this worker does, sleeping in epoll_wait.
                 Some(reactor) if reactor.try_begin_poll() => {
-                    self.me().parker.park_polling(reactor, timeout);
+                    self.me().sleep.sleep_polling(reactor, timeout);
                     reactor.end_poll();
                 }
-                _ => self.me().parker.park(timeout),
+                _ => self.me().sleep.sleep(timeout),
             }
         }
         sh.idle.withdraw(self.index);
@@ -933,7 +933,7 @@ impl Worker {
             unsafe { (*home).timer = Some(id) };
         }
         let unparker = Unparker::for_fiber(job.clone(), gen);
-        // SAFETY: the closure lives on the suspended fiber's stack (see `park_inner`) and is
+        // SAFETY: the closure lives on the suspended fiber's stack (see `park_until`) and is
         // called exactly once, here, before the fiber can resume.
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*register)(unparker) }));
         if let Err(p) = r {

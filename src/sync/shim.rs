@@ -22,7 +22,7 @@ mod imp {
     /// `register` fires, or until `deadline`. See [`crate::park_timeout`].
     #[inline]
     pub(crate) fn park(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
-        crate::park::park_inner(deadline, register)
+        crate::park::park_until(deadline, register)
     }
 
     /// Whether a waiter may spin briefly before parking: only a thread, whose park is a

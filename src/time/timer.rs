@@ -1,4 +1,4 @@
-//! [`Timer`]: the standalone delayed executor of seed 001. One thread, a deadline-ordered
+//! [`Timer`]: a standalone delayed executor. One thread, a deadline-ordered
 //! map of jobs, and a condition variable the thread sleeps on until the earliest job is due;
 //! scheduling an earlier job wakes it.
 
