@@ -7,7 +7,7 @@ use std::cell::UnsafeCell;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A continuation registered with [`JoinHandle::then`], `catching` or `finally`.
 type Callback<T> = Box<dyn FnOnce(&Result<T, JoinError>) + Send>;
@@ -231,8 +231,9 @@ impl<T> JoinHandle<T> {
     /// Waits at most `timeout` for the task to finish; returns whether it did. The result
     /// stays available to [`join`](JoinHandle::join).
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now().checked_add(timeout);
-        self.cell.header().wait(deadline.or(Some(far_future())))
+        self.cell
+            .header()
+            .wait(Some(crate::time::deadline_after(timeout)))
     }
 
     /// Runs `f` with the task's value when it completes successfully — on the thread that
@@ -308,13 +309,6 @@ impl<T> JoinHandle<T> {
     pub fn id(&self) -> FiberId {
         self.cell.header().id
     }
-}
-
-/// A deadline that saturates instead of overflowing (about thirty years away).
-pub(crate) fn far_future() -> Instant {
-    let now = Instant::now();
-    now.checked_add(Duration::from_secs(30 * 365 * 24 * 3600))
-        .unwrap_or(now)
 }
 
 impl<T> fmt::Debug for JoinHandle<T> {

@@ -72,7 +72,8 @@ pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
 pub use join::{JoinError, JoinHandle};
 pub use park::{park, park_timeout, ParkResult, Unparker};
 pub use sched::{
-    current_worker, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DROP_PATIENCE, MAX_THREADS,
+    current_worker, spawn, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DROP_PATIENCE,
+    MAX_THREADS,
 };
 pub use stack::{
     guard_kind, stack_stats, StackStats, DEFAULT_STACK_CACHE, DEFAULT_STACK_SIZE, MIN_STACK_SIZE,

@@ -831,3 +831,28 @@ fn stop_from_another_thread_waits_for_running_work() {
         assert_eq!(finished, vec![0, 1, 2, 3]);
     });
 }
+
+#[test]
+fn spawn_from_a_fiber_uses_its_scheduler_and_panics_elsewhere() {
+    let sched = fibra::Scheduler::builder().threads(2).build().unwrap();
+    sched.start();
+    let inner = sched.block_on(|| {
+        let h = fibra::spawn(|| fibra::current_worker().is_some());
+        h.join().unwrap()
+    });
+    assert!(
+        inner,
+        "fibra::spawn ran the task on a worker of the calling fiber's scheduler"
+    );
+    assert_eq!(sched.spawn(|| 5).join().unwrap(), 5);
+    let outside = std::panic::catch_unwind(|| fibra::spawn(|| ()));
+    let msg = outside.expect_err("fibra::spawn outside a fiber panics");
+    let msg = msg
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| msg.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(msg.contains("fiber of a fibra Scheduler"), "{msg}");
+    sched.stop();
+    assert!(sched.spawn(|| ()).join().unwrap_err().is_cancelled());
+}

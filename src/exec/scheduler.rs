@@ -1,6 +1,6 @@
 //! [`Executor`] for [`Scheduler`]: jobs and fibers on any of its workers.
 
-use super::{cancelled, Executor};
+use super::Executor;
 use crate::join::JoinHandle;
 use crate::sched::Scheduler;
 
@@ -27,7 +27,6 @@ impl Executor for Scheduler {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        self.submit(f, None)
-            .unwrap_or_else(|refused| cancelled(refused.into_inner()))
+        Scheduler::spawn(self, f)
     }
 }

@@ -8,11 +8,7 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 fn deadline(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.map(|t| {
-        Instant::now()
-            .checked_add(t)
-            .unwrap_or_else(crate::join::far_future)
-    })
+    timeout.map(crate::time::deadline_after)
 }
 
 fn wait(fd: RawFd, interest: u32, timeout: Option<Duration>) -> io::Result<()> {

@@ -2,6 +2,7 @@
 //! around non-blocking system calls, and std-style timeouts.
 
 use crate::io::reactor::{reactor, IoRecord};
+use crate::time::deadline_after;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -125,10 +126,4 @@ impl Timeouts {
     pub(crate) fn write_deadline(&self) -> Option<Instant> {
         self.write().map(deadline_after)
     }
-}
-
-pub(crate) fn deadline_after(d: Duration) -> Instant {
-    Instant::now()
-        .checked_add(d)
-        .unwrap_or_else(crate::join::far_future)
 }

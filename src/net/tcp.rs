@@ -2,7 +2,8 @@
 //! kernel.
 
 use super::addr::{resolve, ToSocketAddrs};
-use super::registration::{deadline_after, Registration, Timeouts, READABLE, WRITABLE};
+use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
+use crate::time::deadline_after;
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage};
 use std::io;

@@ -14,7 +14,7 @@ pub(crate) use worker::unpark_fiber;
 
 use crate::error::{Error, SubmitError};
 use crate::fiber;
-use crate::join::{far_future, JoinCell, JoinHandle};
+use crate::join::{JoinCell, JoinHandle};
 use crate::park::Unparker;
 use crate::stack::{round_size, DEFAULT_STACK_SIZE, MIN_STACK_SIZE};
 use std::sync::atomic::Ordering;
@@ -294,15 +294,28 @@ impl Scheduler {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        if thread.is_some_and(|i| i >= self.threads()) {
-            return Err(SubmitError::NoSuchThread(f));
-        }
-        if !self.shared.admit() {
-            return Err(SubmitError::Stopped(f));
-        }
-        let cell = JoinCell::new(f, Header::new(name, stack_size, thread));
-        self.shared.schedule_new(cell.clone());
-        Ok(JoinHandle::new(cell))
+        submit_to(&self.shared, f, thread, name, stack_size)
+    }
+
+    /// Runs `f` as a fiber on any worker, like [`std::thread::spawn`]: the short form of
+    /// `submit(f, None)`. After a stop, the closure is dropped unrun and the handle reports
+    /// [`is_cancelled`](crate::JoinError::is_cancelled) (use [`submit`](Scheduler::submit) to
+    /// get a refused closure back).
+    ///
+    /// ```
+    /// let sched = fibra::Scheduler::builder().threads(2).build().unwrap();
+    /// sched.start();
+    /// let h = sched.spawn(|| 6 * 7);
+    /// assert_eq!(h.join().unwrap(), 42);
+    /// sched.stop();
+    /// assert!(sched.spawn(|| ()).join().unwrap_err().is_cancelled());
+    /// ```
+    pub fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        spawn_on(&self.shared, f)
     }
 
     /// Runs `f` as a fiber and waits for its value; a panic in `f` resumes on the caller.
@@ -372,10 +385,7 @@ impl Scheduler {
     /// its worker thread is left running and reported. So `stop_timeout(d)` returns within
     /// about `d` plus the grace.
     pub fn stop_timeout(&self, timeout: Duration) -> usize {
-        let deadline = Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(far_future);
-        self.shutdown(Shutdown::Deadline(deadline))
+        self.shutdown(Shutdown::Deadline(crate::time::deadline_after(timeout)))
     }
 
     /// Stops like [`stop`](Scheduler::stop), except that tasks still queued and not started
@@ -524,6 +534,70 @@ impl Scheduler {
             }
             None => false,
         }
+    }
+}
+
+/// Queues `f` as a new task of the scheduler behind `shared`.
+fn submit_to<F, T>(
+    shared: &Shared,
+    f: F,
+    thread: Option<usize>,
+    name: Option<Arc<str>>,
+    stack_size: usize,
+) -> Result<JoinHandle<T>, SubmitError<F>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    if thread.is_some_and(|i| i >= shared.config.threads) {
+        return Err(SubmitError::NoSuchThread(f));
+    }
+    if !shared.admit() {
+        return Err(SubmitError::Stopped(f));
+    }
+    let cell = JoinCell::new(f, Header::new(name, stack_size, thread));
+    shared.schedule_new(cell.clone());
+    Ok(JoinHandle::new(cell))
+}
+
+/// `spawn`'s body: submit to any worker, or a cancelled handle if refused.
+fn spawn_on<F, T>(shared: &Shared, f: F) -> JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    submit_to(shared, f, None, None, shared.config.stack_size)
+        .unwrap_or_else(|refused| crate::exec::cancelled(refused.into_inner()))
+}
+
+/// Runs `f` as a new fiber of the scheduler whose fiber calls it (on any of its workers),
+/// like `tokio::spawn`. Its handle reports cancelled if that scheduler is shutting down and
+/// refuses new work.
+///
+/// # Panics
+/// Outside a fiber of a [`Scheduler`] (on a plain thread, in a standalone [`Fiber`](crate::Fiber)),
+/// with a message that says so: there is no scheduler to spawn on. Use
+/// [`Scheduler::spawn`] there.
+///
+/// ```
+/// let sched = fibra::Scheduler::builder().threads(2).build().unwrap();
+/// let sum = sched.block_on(|| {
+///     let parts: Vec<_> = (1..=4u64).map(|i| fibra::spawn(move || i * i)).collect();
+///     parts.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+/// });
+/// assert_eq!(sum, 30);
+/// ```
+pub fn spawn<F, T>(f: F) -> JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    match worker::current_shared() {
+        Some(shared) if fiber::in_fiber() => spawn_on(&shared, f),
+        _ => panic!(
+            "fibra::spawn must be called from a fiber of a fibra Scheduler; \
+             use Scheduler::spawn or Scheduler::submit elsewhere"
+        ),
     }
 }
 

@@ -106,7 +106,7 @@ impl<T> TimerWheel<T> {
     fn instant_of(&self, t: u64) -> Instant {
         self.start
             .checked_add(Duration::from_millis(t))
-            .unwrap_or_else(crate::join::far_future)
+            .unwrap_or_else(crate::time::far_future)
     }
 
     /// Adds a timer that fires at the first tick at or after `deadline`.
@@ -357,7 +357,7 @@ mod tests {
         let _ = w.pop_due(t0 + Duration::from_millis(100));
         w.insert(t0, 1);
         assert_eq!(w.pop_due(t0 + Duration::from_millis(100)), Some(1));
-        let far = crate::join::far_future();
+        let far = crate::time::far_future();
         let id = w.insert(far, 2);
         assert_eq!(w.pop_due(t0 + Duration::from_secs(86_400)), None);
         assert_eq!(w.remove(id), Some(2));

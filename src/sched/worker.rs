@@ -384,6 +384,13 @@ pub fn current_worker() -> Option<usize> {
     unsafe { w.as_ref() }.map(|w| w.index)
 }
 
+/// The shared state of the scheduler whose worker runs on this thread, if any.
+pub(crate) fn current_shared() -> Option<Arc<Shared>> {
+    let w = CURRENT_WORKER.with(|c| c.get());
+    // SAFETY: see `Shared::local_worker`.
+    unsafe { w.as_ref() }.map(|w| w.shared.clone())
+}
+
 /// Wakes a parked fiber: the `Unparker` side of the park protocol.
 ///
 /// Winning `notify` means the fiber is parked and has not been queued by anybody else, so it

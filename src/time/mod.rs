@@ -7,7 +7,6 @@ mod timer;
 pub use timer::{Timer, TimerHandle};
 
 use crate::fiber::{current_meta, Fiber};
-use crate::join::far_future;
 use crate::park::park_timeout;
 use std::time::{Duration, Instant};
 
@@ -26,10 +25,7 @@ pub fn sleep(duration: Duration) {
         Fiber::yield_now();
         return;
     }
-    let deadline = Instant::now()
-        .checked_add(duration)
-        .unwrap_or_else(far_future);
-    sleep_until(deadline);
+    sleep_until(deadline_after(duration));
 }
 
 /// Sleeps until `deadline`; a deadline in the past yields once and returns.
@@ -52,4 +48,20 @@ pub fn sleep_until(deadline: Instant) {
     while Instant::now() < deadline {
         park_timeout(deadline, drop);
     }
+}
+
+/// The instant `d` from now, saturating about thirty years away instead of overflowing.
+pub(crate) fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d).unwrap_or_else(|| far_future_from(now))
+}
+
+/// A deadline that saturates instead of overflowing (about thirty years away).
+pub(crate) fn far_future() -> Instant {
+    far_future_from(Instant::now())
+}
+
+fn far_future_from(now: Instant) -> Instant {
+    now.checked_add(Duration::from_secs(30 * 365 * 24 * 3600))
+        .unwrap_or(now)
 }
