@@ -39,6 +39,7 @@
 //! ```
 
 mod addr;
+#[macro_use]
 mod registration;
 mod send;
 mod tcp;

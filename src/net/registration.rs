@@ -127,3 +127,47 @@ impl Timeouts {
         self.write().map(deadline_after)
     }
 }
+
+/// The methods every socket with its own `Registration` and shared `Timeouts` has alike
+/// (`TcpStream`, `UdpSocket`, `UnixStream`, `UnixDatagram`): `try_clone` and std's timeout
+/// accessors. The type must have the fields `inner` (the std socket), `reg` and `timeouts`.
+macro_rules! timed_socket {
+    ($T:ident) => {
+        impl $T {
+            /// Another handle to the same socket (a duplicated fd). Timeouts are shared, like
+            /// std's socket options.
+            pub fn try_clone(&self) -> io::Result<$T> {
+                let inner = self.inner.try_clone()?;
+                Ok($T {
+                    reg: Registration::new(inner.as_raw_fd()),
+                    inner,
+                    timeouts: self.timeouts.clone(),
+                })
+            }
+
+            /// Sets the read timeout (`None`: wait forever); a read or receive that times
+            /// out fails with [`io::ErrorKind::WouldBlock`]. A zero duration is an error, as
+            /// in std.
+            pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+                self.timeouts.set_read(timeout)
+            }
+
+            /// Sets the write timeout (`None`: wait forever); a write or send that times out
+            /// fails with [`io::ErrorKind::WouldBlock`]. A zero duration is an error, as in
+            /// std.
+            pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+                self.timeouts.set_write(timeout)
+            }
+
+            /// The read timeout.
+            pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+                Ok(self.timeouts.read())
+            }
+
+            /// The write timeout.
+            pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+                Ok(self.timeouts.write())
+            }
+        }
+    };
+}

@@ -168,18 +168,6 @@ impl TcpStream {
         Ok(())
     }
 
-    /// Another handle to the same connection (a duplicated fd). Timeouts are shared, like
-    /// std's socket options.
-    pub fn try_clone(&self) -> io::Result<TcpStream> {
-        let inner = self.inner.try_clone()?;
-        let reg = Registration::new(inner.as_raw_fd());
-        Ok(TcpStream {
-            inner,
-            reg,
-            timeouts: self.timeouts.clone(),
-        })
-    }
-
     /// Sets `TCP_NODELAY`.
     pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
         self.inner.set_nodelay(nodelay)
@@ -188,26 +176,6 @@ impl TcpStream {
     /// Reads `TCP_NODELAY`.
     pub fn nodelay(&self) -> io::Result<bool> {
         self.inner.nodelay()
-    }
-
-    /// Sets the read timeout (`None`: wait forever). A zero duration is an error, as in std.
-    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_read(timeout)
-    }
-
-    /// Sets the write timeout (`None`: wait forever). A zero duration is an error, as in std.
-    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_write(timeout)
-    }
-
-    /// The read timeout.
-    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.read())
-    }
-
-    /// The write timeout.
-    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.write())
     }
 
     /// Reads without consuming, waiting for data like `read`.
@@ -232,6 +200,8 @@ impl TcpStream {
         self.inner.take_error()
     }
 }
+
+timed_socket!(TcpStream);
 
 fn connect_addr(addr: &SocketAddr, deadline: Option<Instant>) -> io::Result<TcpStream> {
     let family = match addr {

@@ -121,38 +121,6 @@ impl UdpSocket {
         self.inner.peer_addr()
     }
 
-    /// Another handle to the same socket (a duplicated fd). Timeouts are shared, like std's
-    /// socket options.
-    pub fn try_clone(&self) -> io::Result<UdpSocket> {
-        let inner = self.inner.try_clone()?;
-        Ok(UdpSocket {
-            reg: Registration::new(inner.as_raw_fd()),
-            inner,
-            timeouts: self.timeouts.clone(),
-        })
-    }
-
-    /// Sets the read timeout (`None`: wait forever); a receive that times out fails with
-    /// [`io::ErrorKind::WouldBlock`]. A zero duration is an error, as in std.
-    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_read(timeout)
-    }
-
-    /// Sets the write timeout (`None`: wait forever). A zero duration is an error, as in std.
-    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_write(timeout)
-    }
-
-    /// The read timeout.
-    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.read())
-    }
-
-    /// The write timeout.
-    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.write())
-    }
-
     /// Sets `SO_BROADCAST`.
     pub fn set_broadcast(&self, broadcast: bool) -> io::Result<()> {
         self.inner.set_broadcast(broadcast)
@@ -222,6 +190,8 @@ impl UdpSocket {
         self.inner.take_error()
     }
 }
+
+timed_socket!(UdpSocket);
 
 impl From<std::net::UdpSocket> for UdpSocket {
     /// Takes over a std socket, switching it to non-blocking mode (fibra emulates blocking

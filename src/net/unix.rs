@@ -252,38 +252,6 @@ impl UnixStream {
         Ok(())
     }
 
-    /// Another handle to the same connection (a duplicated fd). Timeouts are shared, like
-    /// std's socket options.
-    pub fn try_clone(&self) -> io::Result<UnixStream> {
-        let inner = self.inner.try_clone()?;
-        Ok(UnixStream {
-            reg: Registration::new(inner.as_raw_fd()),
-            inner,
-            timeouts: self.timeouts.clone(),
-        })
-    }
-
-    /// Sets the read timeout (`None`: wait forever); a read that times out fails with
-    /// [`io::ErrorKind::WouldBlock`]. A zero duration is an error, as in std.
-    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_read(timeout)
-    }
-
-    /// Sets the write timeout (`None`: wait forever). A zero duration is an error, as in std.
-    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_write(timeout)
-    }
-
-    /// The read timeout.
-    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.read())
-    }
-
-    /// The write timeout.
-    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.write())
-    }
-
     /// Reads without consuming, waiting for data like `read`.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.reg.io(READABLE, self.timeouts.read_deadline(), || {
@@ -300,6 +268,8 @@ impl UnixStream {
         self.inner.take_error()
     }
 }
+
+timed_socket!(UnixStream);
 
 fn shutdown_bits(how: Shutdown) -> u32 {
     match how {
@@ -479,43 +449,13 @@ impl UnixDatagram {
         Ok(())
     }
 
-    /// Another handle to the same socket (a duplicated fd). Timeouts are shared, like std's
-    /// socket options.
-    pub fn try_clone(&self) -> io::Result<UnixDatagram> {
-        let inner = self.inner.try_clone()?;
-        Ok(UnixDatagram {
-            reg: Registration::new(inner.as_raw_fd()),
-            inner,
-            timeouts: self.timeouts.clone(),
-        })
-    }
-
-    /// Sets the read timeout (`None`: wait forever); a receive that times out fails with
-    /// [`io::ErrorKind::WouldBlock`]. A zero duration is an error, as in std.
-    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_read(timeout)
-    }
-
-    /// Sets the write timeout (`None`: wait forever). A zero duration is an error, as in std.
-    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.timeouts.set_write(timeout)
-    }
-
-    /// The read timeout.
-    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.read())
-    }
-
-    /// The write timeout.
-    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(self.timeouts.write())
-    }
-
     /// Takes the pending socket error (`SO_ERROR`).
     pub fn take_error(&self) -> io::Result<Option<io::Error>> {
         self.inner.take_error()
     }
 }
+
+timed_socket!(UnixDatagram);
 
 impl From<stdunix::UnixDatagram> for UnixDatagram {
     /// Takes over a std socket, switching it to non-blocking mode (fibra emulates blocking

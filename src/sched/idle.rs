@@ -130,8 +130,25 @@ impl WorkerSleep {
 
     /// Sleeps until `wake` or `timeout`. Spurious returns are possible; callers re-check.
     pub(crate) fn sleep(&self, timeout: Option<Duration>) {
-        // Consume a pending notification without sleeping. Acquire pairs with the Release in
-        // `wake`, so work pushed before the wake is visible.
+        self.sleep_as(SLEEPING, || {
+            #[cfg(not(loom))]
+            futex::wait(&self.state, SLEEPING, timeout);
+            #[cfg(loom)]
+            futex::wait(self, &self.state, SLEEPING, timeout);
+        });
+    }
+
+    /// Like [`sleep`](WorkerSleep::sleep), but sleeps in the reactor's `epoll_wait` (the
+    /// caller holds the poller role), handling I/O readiness while it waits.
+    pub(crate) fn sleep_polling(&self, reactor: &Reactor, timeout: Option<Duration>) {
+        self.sleep_as(POLLING, || reactor.poll(timeout));
+    }
+
+    /// The token protocol around one way of sleeping: `state` (SLEEPING or POLLING) tells a
+    /// waker how to reach us while `wait` runs.
+    fn sleep_as(&self, state: u32, wait: impl FnOnce()) {
+        // Consume a pending wake without sleeping. Acquire pairs with the Release in `wake`,
+        // so work pushed before the wake is visible.
         if self
             .state
             .compare_exchange(WOKEN, EMPTY, Ordering::Acquire, Ordering::Relaxed)
@@ -141,7 +158,7 @@ impl WorkerSleep {
         }
         if self
             .state
-            .compare_exchange(EMPTY, SLEEPING, Ordering::Acquire, Ordering::Acquire)
+            .compare_exchange(EMPTY, state, Ordering::Acquire, Ordering::Acquire)
             .is_err()
         {
             // Raced with a wake: it is WOKEN now.
@@ -149,35 +166,9 @@ impl WorkerSleep {
             return;
         }
         self.sleeps.fetch_add(1, Ordering::Relaxed);
-        #[cfg(not(loom))]
-        futex::wait(&self.state, SLEEPING, timeout);
-        #[cfg(loom)]
-        futex::wait(self, &self.state, SLEEPING, timeout);
+        wait();
         // Whether woken, timed out or interrupted, leave EMPTY; Acquire makes the waker's
         // pushes visible if it was a wake.
-        self.state.swap(EMPTY, Ordering::Acquire);
-    }
-
-    /// Like [`sleep`](WorkerSleep::sleep), but sleeps in the reactor's `epoll_wait` (the caller holds
-    /// the poller role), handling I/O readiness while it waits.
-    pub(crate) fn sleep_polling(&self, reactor: &Reactor, timeout: Option<Duration>) {
-        if self
-            .state
-            .compare_exchange(WOKEN, EMPTY, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-        if self
-            .state
-            .compare_exchange(EMPTY, POLLING, Ordering::Acquire, Ordering::Acquire)
-            .is_err()
-        {
-            self.state.store(EMPTY, Ordering::Relaxed);
-            return;
-        }
-        self.sleeps.fetch_add(1, Ordering::Relaxed);
-        reactor.poll(timeout);
         self.state.swap(EMPTY, Ordering::Acquire);
     }
 
