@@ -128,11 +128,37 @@ impl Timeouts {
     }
 }
 
-/// The methods every socket with its own `Registration` and shared `Timeouts` has alike
-/// (`TcpStream`, `UdpSocket`, `UnixStream`, `UnixDatagram`): `try_clone` and std's timeout
-/// accessors. The type must have the fields `inner` (the std socket), `reg` and `timeouts`.
+/// What every socket with its own `Registration` and shared `Timeouts` has alike
+/// (`TcpStream`, `UdpSocket`, `UnixStream`, `UnixDatagram`): `try_clone`, std's timeout
+/// accessors and the conversions from and to the std socket `$Std`. The type must have the
+/// fields `inner` (the std socket), `reg` and `timeouts`.
 macro_rules! timed_socket {
-    ($T:ident) => {
+    ($T:ident, $Std:path) => {
+        impl From<$Std> for $T {
+            /// Takes over a std socket, switching it to non-blocking mode (fibra emulates
+            /// blocking for plain threads). Its std timeouts are not carried over.
+            fn from(inner: $Std) -> Self {
+                // Cannot fail on a valid socket; if it did, calls would block the thread,
+                // no worse.
+                let _ = inner.set_nonblocking(true);
+                $T {
+                    reg: Registration::new(inner.as_raw_fd()),
+                    inner,
+                    timeouts: Arc::default(),
+                }
+            }
+        }
+
+        impl From<$T> for $Std {
+            /// Gives the socket back to std, in blocking mode again.
+            fn from(s: $T) -> Self {
+                let $T { inner, reg, .. } = s;
+                drop(reg);
+                let _ = inner.set_nonblocking(false);
+                inner
+            }
+        }
+
         impl $T {
             /// Another handle to the same socket (a duplicated fd). Timeouts are shared, like
             /// std's socket options.

@@ -201,7 +201,7 @@ impl TcpStream {
     }
 }
 
-timed_socket!(TcpStream);
+timed_socket!(TcpStream, std::net::TcpStream);
 
 fn connect_addr(addr: &SocketAddr, deadline: Option<Instant>) -> io::Result<TcpStream> {
     let family = match addr {
@@ -237,31 +237,6 @@ fn connect_addr(addr: &SocketAddr, deadline: Option<Instant>) -> io::Result<TcpS
 }
 
 stream_io!(TcpStream);
-
-impl From<std::net::TcpStream> for TcpStream {
-    /// Takes over a std stream, switching it to non-blocking mode (fibra emulates blocking
-    /// for plain threads). Its std timeouts are not carried over.
-    fn from(inner: std::net::TcpStream) -> Self {
-        // Cannot fail on a valid socket; if it did, calls would block the thread, no worse.
-        let _ = inner.set_nonblocking(true);
-        let reg = Registration::new(inner.as_raw_fd());
-        TcpStream {
-            inner,
-            reg,
-            timeouts: Arc::default(),
-        }
-    }
-}
-
-impl From<TcpStream> for std::net::TcpStream {
-    /// Gives the socket back to std, in blocking mode again.
-    fn from(s: TcpStream) -> Self {
-        let TcpStream { inner, reg, .. } = s;
-        drop(reg);
-        let _ = inner.set_nonblocking(false);
-        inner
-    }
-}
 
 /// `Read` and `Write` for a stream type and for a shared reference to it, retried through the
 /// reactor with the stream's timeouts. Reads are the std calls on `inner`; writes go through

@@ -191,30 +191,6 @@ impl UdpSocket {
     }
 }
 
-timed_socket!(UdpSocket);
-
-impl From<std::net::UdpSocket> for UdpSocket {
-    /// Takes over a std socket, switching it to non-blocking mode (fibra emulates blocking
-    /// for plain threads). Its std timeouts are not carried over.
-    fn from(inner: std::net::UdpSocket) -> Self {
-        // Cannot fail on a valid socket; if it did, calls would block the thread, no worse.
-        let _ = inner.set_nonblocking(true);
-        UdpSocket {
-            reg: Registration::new(inner.as_raw_fd()),
-            inner,
-            timeouts: Arc::default(),
-        }
-    }
-}
-
-impl From<UdpSocket> for std::net::UdpSocket {
-    /// Gives the socket back to std, in blocking mode again.
-    fn from(s: UdpSocket) -> Self {
-        let UdpSocket { inner, reg, .. } = s;
-        drop(reg);
-        let _ = inner.set_nonblocking(false);
-        inner
-    }
-}
+timed_socket!(UdpSocket, std::net::UdpSocket);
 
 fd_traits!(UdpSocket, std::net::UdpSocket);

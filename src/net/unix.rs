@@ -269,7 +269,7 @@ impl UnixStream {
     }
 }
 
-timed_socket!(UnixStream);
+timed_socket!(UnixStream, stdunix::UnixStream);
 
 fn shutdown_bits(how: Shutdown) -> u32 {
     match how {
@@ -294,30 +294,6 @@ fn connect_stream(addr: &UnixAddr) -> io::Result<UnixStream> {
 }
 
 stream_io!(UnixStream);
-
-impl From<stdunix::UnixStream> for UnixStream {
-    /// Takes over a std stream, switching it to non-blocking mode (fibra emulates blocking
-    /// for plain threads). Its std timeouts are not carried over.
-    fn from(inner: stdunix::UnixStream) -> Self {
-        // Cannot fail on a valid socket; if it did, calls would block the thread, no worse.
-        let _ = inner.set_nonblocking(true);
-        UnixStream {
-            reg: Registration::new(inner.as_raw_fd()),
-            inner,
-            timeouts: Arc::default(),
-        }
-    }
-}
-
-impl From<UnixStream> for stdunix::UnixStream {
-    /// Gives the socket back to std, in blocking mode again.
-    fn from(s: UnixStream) -> Self {
-        let UnixStream { inner, reg, .. } = s;
-        drop(reg);
-        let _ = inner.set_nonblocking(false);
-        inner
-    }
-}
 
 /// A Unix-domain datagram socket, like [`std::os::unix::net::UnixDatagram`]. Receives (and
 /// sends into a full queue) suspend only the calling fiber.
@@ -455,31 +431,7 @@ impl UnixDatagram {
     }
 }
 
-timed_socket!(UnixDatagram);
-
-impl From<stdunix::UnixDatagram> for UnixDatagram {
-    /// Takes over a std socket, switching it to non-blocking mode (fibra emulates blocking
-    /// for plain threads). Its std timeouts are not carried over.
-    fn from(inner: stdunix::UnixDatagram) -> Self {
-        // Cannot fail on a valid socket; if it did, calls would block the thread, no worse.
-        let _ = inner.set_nonblocking(true);
-        UnixDatagram {
-            reg: Registration::new(inner.as_raw_fd()),
-            inner,
-            timeouts: Arc::default(),
-        }
-    }
-}
-
-impl From<UnixDatagram> for stdunix::UnixDatagram {
-    /// Gives the socket back to std, in blocking mode again.
-    fn from(s: UnixDatagram) -> Self {
-        let UnixDatagram { inner, reg, .. } = s;
-        drop(reg);
-        let _ = inner.set_nonblocking(false);
-        inner
-    }
-}
+timed_socket!(UnixDatagram, stdunix::UnixDatagram);
 
 fd_traits!(UnixListener, stdunix::UnixListener);
 fd_traits!(UnixStream, stdunix::UnixStream);
