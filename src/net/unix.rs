@@ -254,13 +254,12 @@ impl UnixStream {
 
     /// Reads without consuming, waiting for data like `read`.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            Ok(nix::sys::socket::recv(
-                self.inner.as_raw_fd(),
-                buf,
-                MsgFlags::MSG_PEEK,
-            )?)
-        })
+        peek(
+            &self.reg,
+            self.timeouts.read_deadline(),
+            self.inner.as_raw_fd(),
+            buf,
+        )
     }
 
     /// Takes the pending socket error (`SO_ERROR`).
@@ -408,13 +407,12 @@ impl UnixDatagram {
 
     /// Like [`recv`](UnixDatagram::recv), but leaves the datagram queued.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            Ok(nix::sys::socket::recv(
-                self.inner.as_raw_fd(),
-                buf,
-                MsgFlags::MSG_PEEK,
-            )?)
-        })
+        peek(
+            &self.reg,
+            self.timeouts.read_deadline(),
+            self.inner.as_raw_fd(),
+            buf,
+        )
     }
 
     /// Shuts down the read, write or both halves. Fibers waiting on this socket wake and see
@@ -436,3 +434,15 @@ timed_socket!(UnixDatagram, stdunix::UnixDatagram);
 fd_traits!(UnixListener, stdunix::UnixListener);
 fd_traits!(UnixStream, stdunix::UnixStream);
 fd_traits!(UnixDatagram, stdunix::UnixDatagram);
+
+/// `recv(MSG_PEEK)` through the reactor: std's Unix sockets have no `peek`.
+fn peek(
+    reg: &Registration,
+    deadline: Option<Instant>,
+    fd: std::os::fd::RawFd,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    reg.io(READABLE, deadline, || {
+        Ok(nix::sys::socket::recv(fd, buf, MsgFlags::MSG_PEEK)?)
+    })
+}
