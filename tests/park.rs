@@ -11,17 +11,8 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
-use common::{finish, wait_until, with_deadline, Slot, LIMIT};
-use fibra::{current_worker, park, Fiber, Scheduler, Unparker};
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
+use common::{finish, started, wait_until, with_deadline, Slot, LIMIT};
+use fibra::{current_worker, park, Fiber, Unparker};
 
 /// Long enough for a wrongly woken fiber to have run on; only ever used to
 /// check that something did *not* happen, so load cannot make it flaky.

@@ -17,17 +17,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use common::{finish, panic_message, wait_until, with_deadline, Slot, LIMIT};
+use common::{finish, panic_message, started, wait_until, with_deadline, Slot, LIMIT};
 use fibra::{current_worker, park, Fiber, Scheduler, SubmitError, Unparker};
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("a valid configuration builds");
-    sched.start();
-    sched
-}
 
 fn thread_name() -> Option<String> {
     thread::current().name().map(str::to_owned)

@@ -9,18 +9,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, wait_until, with_deadline, LIMIT};
+use common::{finish, started, wait_until, with_deadline, LIMIT};
 use fibra::sync::{Condvar, Mutex, WaitGroup};
-use fibra::Scheduler;
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
 
 #[test]
 fn condvar_and_waitgroup_release_fifty_waiting_fibers() {

@@ -9,18 +9,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, wait_until, with_deadline, LIMIT};
+use common::{finish, started, wait_until, with_deadline, LIMIT};
+use fibra::current_worker;
 use fibra::sync::mpsc::{self, RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError};
-use fibra::{current_worker, Scheduler};
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
 
 #[test]
 fn ten_fiber_producers_and_one_thread_producer_sum_exactly() {

@@ -9,18 +9,9 @@ use std::sync::{Arc, TryLockError};
 use std::thread;
 use std::time::Duration;
 
-use common::{finish, wait_until, with_deadline};
+use common::{finish, started, wait_until, with_deadline};
 use fibra::sync::Mutex;
-use fibra::{Fiber, Scheduler};
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
+use fibra::Fiber;
 
 #[test]
 fn hundred_fibers_times_hundred_increments_across_yields_on_one_worker() {

@@ -7,18 +7,8 @@ use std::sync::mpsc::{RecvError, RecvTimeoutError, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, with_deadline, LIMIT};
+use common::{finish, started, with_deadline, LIMIT};
 use fibra::sync::oneshot;
-use fibra::Scheduler;
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
 
 #[test]
 fn from_a_thread_to_a_waiting_fiber() {

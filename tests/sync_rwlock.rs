@@ -8,18 +8,9 @@ use std::sync::{Arc, TryLockError};
 use std::thread;
 use std::time::Duration;
 
-use common::{finish, wait_until, with_deadline};
+use common::{finish, started, wait_until, with_deadline};
 use fibra::sync::{Barrier, RwLock};
-use fibra::{Fiber, Scheduler};
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
+use fibra::Fiber;
 
 #[test]
 fn readers_hold_the_lock_concurrently() {

@@ -8,18 +8,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, wait_until, with_deadline, LIMIT};
+use common::{finish, started, wait_until, with_deadline, LIMIT};
 use fibra::sync::{Mutex, Semaphore};
-use fibra::{Fiber, Scheduler};
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
+use fibra::Fiber;
 
 #[test]
 fn at_most_permits_holders_at_once_from_fibers_and_threads() {

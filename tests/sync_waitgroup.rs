@@ -7,18 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{finish, wait_until, with_deadline, LIMIT};
+use common::{finish, started, wait_until, with_deadline, LIMIT};
 use fibra::sync::WaitGroup;
-use fibra::Scheduler;
-
-fn started(threads: usize) -> Scheduler {
-    let sched = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    sched.start();
-    sched
-}
 
 #[test]
 fn dropping_the_last_handle_releases_fifty_waiting_fibers() {

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fibra::JoinHandle;
+use fibra::{JoinHandle, Scheduler};
 
 /// Long enough that a loaded 2-core machine never reaches it; short enough
 /// that a hang is reported as a failure.
@@ -116,4 +116,14 @@ pub fn run_child_with(env_key: &str, helper: &str, envs: &[(&str, &str)]) -> (Ex
 /// True when this process is the child [`run_child`] started to run `helper`.
 pub fn is_child(env_key: &str, helper: &str) -> bool {
     std::env::var(env_key).is_ok_and(|h| h == helper)
+}
+
+/// A started scheduler with `threads` workers.
+pub fn started(threads: usize) -> Scheduler {
+    let sched = Scheduler::builder()
+        .threads(threads)
+        .build()
+        .expect("a valid configuration builds");
+    sched.start();
+    sched
 }
