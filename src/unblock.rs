@@ -84,7 +84,7 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    let scheduled = crate::fiber::current_meta().is_some_and(|m| m.worker.is_some());
+    let scheduled = crate::fiber::in_scheduled_fiber();
     if !scheduled {
         return f();
     }

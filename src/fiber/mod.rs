@@ -171,6 +171,13 @@ pub(crate) fn current_meta() -> Option<&'static FiberMeta> {
     unsafe { p.as_ref() }
 }
 
+/// Whether the calling code runs inside a fiber of a scheduler (whose waits suspend the
+/// fiber; a standalone fiber's block its thread).
+#[inline]
+pub(crate) fn in_scheduled_fiber() -> bool {
+    current_meta().is_some_and(|m| m.worker.is_some())
+}
+
 /// Whether the calling code runs inside a fiber (scheduled or standalone).
 pub(crate) fn in_fiber() -> bool {
     CURRENT.with(|c| !c.get().is_null())

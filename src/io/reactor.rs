@@ -98,7 +98,7 @@ impl IoRecord {
     /// Waits until `interest` (or a hang-up) is ready, or until `deadline`. In a scheduled
     /// fiber it parks the fiber; elsewhere it blocks the thread in `poll(2)`.
     pub(crate) fn wait(&self, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
-        let scheduled = crate::fiber::current_meta().is_some_and(|m| m.worker.is_some());
+        let scheduled = crate::fiber::in_scheduled_fiber();
         if !scheduled {
             return poll_fd(self.fd, interest, deadline);
         }

@@ -23,7 +23,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::panic::{RefUnwindSafe, UnwindSafe};
-use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
+use std::sync::{LockResult, TryLockError, TryLockResult};
 
 const UNLOCKED: u8 = 0;
 const LOCKED: u8 = 1;
@@ -46,7 +46,7 @@ const HANDED_OVER: usize = 1;
 /// # Poisoning
 /// As with std: if a holder panics, the mutex is *poisoned* when its guard is dropped during
 /// the unwind, and every later [`lock`](Mutex::lock) and [`try_lock`](Mutex::try_lock)
-/// returns an error carrying the guard (take it with [`PoisonError::into_inner`] if the data
+/// returns an error carrying the guard (take it with [`PoisonError::into_inner`](std::sync::PoisonError::into_inner) if the data
 /// is still fine). The same happens when [`Scheduler::stop_timeout`] cancels a fiber holding
 /// the guard, since cancellation unwinds the fiber. [`clear_poison`](Mutex::clear_poison)
 /// resets it.
@@ -129,13 +129,8 @@ impl<T> Mutex<T> {
 
     /// Consumes the mutex and returns its data; `Err` (with the data) if it is poisoned.
     pub fn into_inner(self) -> LockResult<T> {
-        let poisoned = self.poison.get();
-        let value = self.data.into_inner();
-        if poisoned {
-            Err(PoisonError::new(value))
-        } else {
-            Ok(value)
-        }
+        let poison = self.poison;
+        poison.result(self.data.into_inner())
     }
 }
 
@@ -195,13 +190,7 @@ impl<T: ?Sized> Mutex<T> {
 
     /// The data, through `&mut self` (no locking needed); `Err` if poisoned.
     pub fn get_mut(&mut self) -> LockResult<&mut T> {
-        let poisoned = self.poison.get();
-        let data = self.data.exclusive();
-        if poisoned {
-            Err(PoisonError::new(data))
-        } else {
-            Ok(data)
-        }
+        self.poison.result(self.data.exclusive())
     }
 
     fn guard(&self) -> LockResult<MutexGuard<'_, T>> {
@@ -210,11 +199,7 @@ impl<T: ?Sized> Mutex<T> {
             poison: self.poison.enter(),
             _not_send: PhantomData,
         };
-        if self.poison.get() {
-            Err(PoisonError::new(guard))
-        } else {
-            Ok(guard)
-        }
+        self.poison.result(guard)
     }
 
     #[inline]
@@ -346,11 +331,7 @@ impl<'a, T: ?Sized> MutexGuard<'a, T> {
             poison,
             _not_send: PhantomData,
         };
-        if lock.poison.get() {
-            Err(PoisonError::new(guard))
-        } else {
-            Ok(guard)
-        }
+        lock.poison.result(guard)
     }
 }
 

@@ -51,4 +51,14 @@ impl Flag {
         // Relaxed: as in `leave`.
         self.failed.store(false, Ordering::Relaxed);
     }
+
+    /// `value` (a guard, or the data) as std hands it out: `Err` carrying it if poisoned.
+    #[inline]
+    pub(crate) fn result<V>(&self, value: V) -> std::sync::LockResult<V> {
+        if self.get() {
+            Err(std::sync::PoisonError::new(value))
+        } else {
+            Ok(value)
+        }
+    }
 }

@@ -16,7 +16,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::panic::{RefUnwindSafe, UnwindSafe};
-use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
+use std::sync::{LockResult, TryLockError, TryLockResult};
 
 /// The token of a waiter that has been granted the lock.
 const GRANTED: usize = 1;
@@ -113,13 +113,8 @@ impl<T> RwLock<T> {
 
     /// Consumes the lock and returns its data; `Err` (with the data) if poisoned.
     pub fn into_inner(self) -> LockResult<T> {
-        let poisoned = self.poison.get();
-        let value = self.data.into_inner();
-        if poisoned {
-            Err(PoisonError::new(value))
-        } else {
-            Ok(value)
-        }
+        let poison = self.poison;
+        poison.result(self.data.into_inner())
     }
 }
 
@@ -178,13 +173,7 @@ impl<T: ?Sized> RwLock<T> {
 
     /// The data, through `&mut self` (no locking needed); `Err` if poisoned.
     pub fn get_mut(&mut self) -> LockResult<&mut T> {
-        let poisoned = self.poison.get();
-        let data = self.data.exclusive();
-        if poisoned {
-            Err(PoisonError::new(data))
-        } else {
-            Ok(data)
-        }
+        self.poison.result(self.data.exclusive())
     }
 
     fn read_guard(&self) -> LockResult<RwLockReadGuard<'_, T>> {
@@ -192,11 +181,7 @@ impl<T: ?Sized> RwLock<T> {
             lock: self,
             _not_send: PhantomData,
         };
-        if self.poison.get() {
-            Err(PoisonError::new(guard))
-        } else {
-            Ok(guard)
-        }
+        self.poison.result(guard)
     }
 
     fn write_guard(&self) -> LockResult<RwLockWriteGuard<'_, T>> {
@@ -205,11 +190,7 @@ impl<T: ?Sized> RwLock<T> {
             poison: self.poison.enter(),
             _not_send: PhantomData,
         };
-        if self.poison.get() {
-            Err(PoisonError::new(guard))
-        } else {
-            Ok(guard)
-        }
+        self.poison.result(guard)
     }
 
     fn try_acquire(&self, access: Access) -> bool {

@@ -6,7 +6,7 @@ mod timer;
 
 pub use timer::{Timer, TimerHandle};
 
-use crate::fiber::{current_meta, Fiber};
+use crate::fiber::Fiber;
 use crate::park::park_timeout;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ pub fn sleep(duration: Duration) {
 
 /// Sleeps until `deadline`; a deadline in the past yields once and returns.
 pub fn sleep_until(deadline: Instant) {
-    let scheduled = current_meta().is_some_and(|m| m.worker.is_some());
+    let scheduled = crate::fiber::in_scheduled_fiber();
     if Instant::now() >= deadline {
         Fiber::yield_now();
         return;
