@@ -61,7 +61,7 @@ use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, 
 use crate::join::JoinError;
 use crate::park::Unparker;
 use crate::sched::idle::{Idlers, WorkerSleep};
-use crate::sched::task::{Cancel, Ended, Job, ParkState, Placement, ScheduleTask, Start};
+use crate::sched::task::{Cancel, Ended, Home, Job, ParkState, Placement, ScheduleTask, Start};
 use crate::sched::timers::TimerWheel;
 use crate::stack::{FiberStack, StackPool};
 use crossbeam_queue::{ArrayQueue, SegQueue};
@@ -508,6 +508,30 @@ impl Worker {
         &self.shared.workers[self.index]
     }
 
+    /// The home-only state of `job`, a task this worker has started (see `Home`).
+    ///
+    /// Every touch of that state goes through here. Each use is a short borrow that ends
+    /// before anything else can reach the same state: the worker is single-threaded, and
+    /// the fiber itself runs (and writes its `ended`, through a raw pointer to that field
+    /// alone) only inside `resume`, while the worker holds nothing of it but the coroutine.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    fn home<'j>(&self, job: &'j dyn Job) -> &'j mut Home {
+        let h = job.header();
+        // SAFETY: `placement` is written once, by this worker, before any call of `home`.
+        let placement = unsafe { &*h.placement.get() };
+        debug_assert!(
+            std::ptr::eq(placement.sched, Arc::as_ptr(&self.shared))
+                && placement.worker == self.index,
+            "home state touched by a worker that is not the task's home"
+        );
+        // SAFETY: `job` is homed on this worker (asserted above), and only its home worker
+        // touches its home state: on the worker's own thread, or — worker 0 of `use_caller`
+        // abandoned by the stopping thread — while no thread drives this worker. No other
+        // borrow of it is alive (see above), so this `&mut` is unique for its short life.
+        unsafe { &mut *h.home.get() }
+    }
+
     /// Runs the loop until `until()` holds or the scheduler has shut down. `wake_at` bounds
     /// every sleep, for a caller that must look at the clock (`stop_timeout` on worker 0).
     pub(crate) fn run(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
@@ -631,14 +655,11 @@ impl Worker {
         loop {
             let due = self.timers.borrow_mut().pop_due(now);
             let Some((job, gen)) = due else { break };
-            let h = job.header();
-            let home = h.home.get();
-            // SAFETY: home-worker-only state of a fiber homed here; the timer is gone, so the
-            // resumption must not cancel it again.
-            unsafe { (*home).timer = None };
-            if h.park.notify(gen) {
-                // SAFETY: as above; the resumption tells the fiber its park timed out.
-                unsafe { (*home).timed_out = true };
+            // The timer is gone, so the resumption must not cancel it again.
+            self.home(&*job).timer = None;
+            if job.header().park.notify(gen) {
+                // The resumption tells the fiber its park timed out.
+                self.home(&*job).timed_out = true;
                 self.ready.borrow_mut().push_back(job);
                 woke = true;
             }
@@ -838,39 +859,39 @@ impl Worker {
 
     /// Creates the task's fiber on `stack`, homed here, and runs it.
     fn launch(&self, job: Arc<dyn Job>, stack: FiberStack, start: Start) {
-        let h = job.header();
-        let home = h.home.get();
         // SAFETY: the task was just taken from a queue and has never run, so this worker is
         // its only owner; no Unparker for it exists yet, and it is published (to unparkers,
-        // via the park word) only after these writes.
+        // via the park word) only after this write.
         unsafe {
-            *h.placement.get() = Placement {
+            *job.header().placement.get() = Placement {
                 sched: Arc::as_ptr(&self.shared),
                 worker: self.index,
-            };
-            (*home).meta.worker = Some(self.index);
-            (*home).meta.set_stack(&stack);
-        }
-        // SAFETY: `home` is valid (the header lives in `job`).
-        let meta: *const FiberMeta = unsafe { &raw const (*home).meta };
+            }
+        };
+        let home = self.home(&*job);
+        home.meta.worker = Some(self.index);
+        home.meta.set_stack(&stack);
+        // Raw pointers for the fiber, to the metadata (read while it runs) and its `ended`,
+        // taken from the cell itself rather than from a `&mut` that a later `home` call
+        // would invalidate.
+        let cell = job.header().home.get();
+        // SAFETY: only place projections: `cell` points to the live home state in `job`.
+        let (meta, ended): (*const FiberMeta, *mut Ended) =
+            unsafe { (&raw const (*cell).meta, &raw mut (*cell).ended) };
         let job_ptr: *const dyn Job = Arc::as_ptr(&job);
         let coro = Coro::with_stack(stack, move |y: &Yielder, first: Resume| {
             fiber_root(meta, y, first, move || {
-                // SAFETY: the registry holds an Arc to the job until the fiber has ended,
-                // and `home` is this fiber's own home state, touched only on this thread.
-                unsafe {
-                    let ended = (*job_ptr).run(start);
-                    (*home).ended = ended;
-                }
+                // SAFETY: the registry holds an Arc to the job until the fiber has ended; the
+                // fiber runs on its home thread, where nothing else touches `ended` while it
+                // runs (see `Worker::home`).
+                unsafe { *ended = (*job_ptr).run(start) };
             })
         });
         {
             let mut registry = self.registry.borrow_mut();
-            // SAFETY: home-worker-only fields, as above.
-            unsafe {
-                (*home).fiber = Some(coro);
-                (*home).slot = registry.len();
-            }
+            let home = self.home(&*job);
+            home.fiber = Some(coro);
+            home.slot = registry.len();
             registry.push(job.clone());
         }
         self.resume(job);
@@ -879,32 +900,26 @@ impl Worker {
     /// Switches to a fiber homed here and acts on what it asks when it comes back.
     #[inline(always)]
     fn resume(&self, job: Arc<dyn Job>) {
-        let h = job.header();
-        let home = h.home.get();
-        // SAFETY: `job` is a live fiber homed on this worker (only its home worker ever
-        // queues it for resumption); its home-only fields are ours to touch on this thread.
-        let input = unsafe {
-            if let Some(id) = (*home).timer.take() {
-                // Woken before its deadline: the timer can never fire for this park.
-                self.timers.borrow_mut().remove(id);
-            }
-            let timed_out = std::mem::take(&mut (*home).timed_out);
-            if let Some(p) = (*home).pending_panic.take() {
-                Resume::Panic(p)
-            } else if (*home).cancel == Cancel::Requested {
-                (*home).cancel = Cancel::Delivered;
-                Resume::Cancel
-            } else if timed_out {
-                Resume::TimedOut
-            } else {
-                Resume::Run
-            }
+        let home = self.home(&*job);
+        if let Some(id) = home.timer.take() {
+            // Woken before its deadline: the timer can never fire for this park.
+            self.timers.borrow_mut().remove(id);
+        }
+        let timed_out = std::mem::take(&mut home.timed_out);
+        let input = if let Some(p) = home.pending_panic.take() {
+            Resume::Panic(p)
+        } else if home.cancel == Cancel::Requested {
+            home.cancel = Cancel::Delivered;
+            Resume::Cancel
+        } else if timed_out {
+            Resume::TimedOut
+        } else {
+            Resume::Run
         };
-        h.park.begin_run();
-        // SAFETY: as above; the coroutine is only ever resumed from this thread.
-        let coro = unsafe { (*home).fiber.as_mut() }.expect("a queued fiber has a coroutine");
-        // SAFETY: as above.
-        let prev = fiber::enter(unsafe { &raw const (*home).meta });
+        job.header().park.begin_run();
+        let meta: *const FiberMeta = &home.meta;
+        let coro = home.fiber.as_mut().expect("a queued fiber has a coroutine");
+        let prev = fiber::enter(meta);
         let result = coro.resume(input);
         fiber::leave(prev);
         match result {
@@ -926,26 +941,21 @@ impl Worker {
         register: *mut (dyn FnMut(Unparker) + 'static),
         deadline: Option<Instant>,
     ) {
-        let h = job.header();
-        let gen = h.park.publish_parked();
-        let home = h.home.get();
-        // SAFETY: home-worker-only field.
-        if unsafe { (*home).cancel } == Cancel::Requested {
+        let gen = job.header().park.publish_parked();
+        if self.home(&*job).cancel == Cancel::Requested {
             self.wake_own(&job, gen);
             return;
         }
         if let Some(d) = deadline {
             let id = self.timers.borrow_mut().insert(d, (job.clone(), gen));
-            // SAFETY: home-worker-only field.
-            unsafe { (*home).timer = Some(id) };
+            self.home(&*job).timer = Some(id);
         }
         let unparker = Unparker::for_fiber(job.clone(), gen);
         // SAFETY: the closure lives on the suspended fiber's stack (see `park_until`) and is
         // called exactly once, here, before the fiber can resume.
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*register)(unparker) }));
         if let Err(p) = r {
-            // SAFETY: home-worker-only field.
-            unsafe { (*home).pending_panic = Some(p) };
+            self.home(&*job).pending_panic = Some(p);
             self.wake_own(&job, gen);
         }
     }
@@ -959,13 +969,11 @@ impl Worker {
 
     /// Takes a fiber out of the registry.
     fn unregister(&self, job: &Arc<dyn Job>) -> Arc<dyn Job> {
-        // SAFETY: home-worker-only field of a fiber homed here.
-        let slot = unsafe { (*job.header().home.get()).slot };
+        let slot = self.home(&**job).slot;
         let mut registry = self.registry.borrow_mut();
         let removed = registry.swap_remove(slot);
         if let Some(moved) = registry.get(slot) {
-            // SAFETY: `moved` is another live fiber homed here.
-            unsafe { (*moved.header().home.get()).slot = slot };
+            self.home(&**moved).slot = slot;
         }
         removed
     }
@@ -973,10 +981,8 @@ impl Worker {
     /// A fiber ended: recycle its stack, forget it, count it out.
     #[inline(never)]
     fn finish(&self, job: Arc<dyn Job>, outcome: Outcome) {
-        let h = job.header();
-        let home = h.home.get();
-        // SAFETY: home-worker-only fields of a fiber that has just ended here.
-        let (coro, ended) = unsafe { ((*home).fiber.take(), (*home).ended) };
+        let home = self.home(&*job);
+        let (coro, ended) = (home.fiber.take(), home.ended);
         if let Some(coro) = coro {
             self.stacks.borrow_mut().give(coro.into_stack());
         }
@@ -1029,16 +1035,12 @@ impl Worker {
     fn cancel_all(&self) {
         let fibers: Vec<Arc<dyn Job>> = self.registry.borrow().clone();
         for job in fibers {
-            let h = job.header();
-            let home = h.home.get();
-            // SAFETY: home-worker-only field of a fiber homed here.
-            unsafe {
-                if (*home).cancel != Cancel::No {
-                    continue;
-                }
-                (*home).cancel = Cancel::Requested;
+            let home = self.home(&*job);
+            if home.cancel != Cancel::No {
+                continue;
             }
-            if let Some(gen) = h.park.parked() {
+            home.cancel = Cancel::Requested;
+            if let Some(gen) = job.header().park.parked() {
                 self.wake_own(&job, gen);
             }
         }
@@ -1070,18 +1072,14 @@ impl Worker {
             if let Some(gen) = h.park.parked() {
                 h.park.notify(gen);
             }
-            let home = h.home.get();
-            // SAFETY: home-worker-only fields. Either this is the home thread, or (worker 0
-            // of `use_caller`, abandoned by the stopping thread) no thread drives this worker
-            // now. The coroutine is leaked, so nothing on its stack runs or is dropped.
-            unsafe {
-                if let Some(id) = (*home).timer.take() {
-                    self.timers.borrow_mut().remove(id);
-                }
-                (*home).keep_alive = Some(self.shared.clone());
-                if let Some(coro) = (*home).fiber.take() {
-                    std::mem::forget(coro);
-                }
+            let home = self.home(&*job);
+            if let Some(id) = home.timer.take() {
+                self.timers.borrow_mut().remove(id);
+            }
+            home.keep_alive = Some(self.shared.clone());
+            // Leaked, so nothing on its stack runs or is dropped, on any thread.
+            if let Some(coro) = home.fiber.take() {
+                std::mem::forget(coro);
             }
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
             job.fail(JoinError::cancelled());
