@@ -105,6 +105,8 @@ pub trait Executor {
     }
 }
 
+// The forwarding impls for `&E` and `Arc<E>` are written out, like std's for its own traits:
+// a blanket impl over `Deref` would overlap the concrete executors' impls.
 impl<E: Executor> Executor for &E {
     fn execute(&self, job: Box<dyn FnOnce() + Send>) {
         (**self).execute(job)

@@ -197,3 +197,27 @@ macro_rules! timed_socket {
         }
     };
 }
+
+/// The receiving half every datagram socket has alike (`UdpSocket`, `UnixDatagram`):
+/// `recv` and `recv_from`, std's calls on `inner` retried through the reactor with the
+/// socket's read timeout. `$Addr` is the socket's address type.
+macro_rules! datagram_recv {
+    ($T:ident, $Addr:ty) => {
+        impl $T {
+            /// Receives one datagram from the connected peer into `buf` (the excess of a
+            /// longer datagram is discarded); returns its length.
+            pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+                self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+                    self.inner.recv(buf)
+                })
+            }
+
+            /// Receives one datagram into `buf`; returns its length and its sender.
+            pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, $Addr)> {
+                self.reg.io(READABLE, self.timeouts.read_deadline(), || {
+                    self.inner.recv_from(buf)
+                })
+            }
+        }
+    };
+}

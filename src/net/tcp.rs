@@ -21,6 +21,28 @@ pub struct TcpListener {
     inner: std::net::TcpListener,
 }
 
+/// `IP_TTL` and `SO_ERROR`, forwarded to the std socket in `inner` (listeners and streams).
+macro_rules! ip_socket_options {
+    ($T:ident) => {
+        impl $T {
+            /// Sets `IP_TTL`.
+            pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+                self.inner.set_ttl(ttl)
+            }
+
+            /// Reads `IP_TTL`.
+            pub fn ttl(&self) -> io::Result<u32> {
+                self.inner.ttl()
+            }
+
+            /// Takes the pending socket error (`SO_ERROR`).
+            pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+                self.inner.take_error()
+            }
+        }
+    };
+}
+
 impl TcpListener {
     /// Binds to `addr` (the first address that works, as std does). A host name is
     /// resolved without blocking the worker (see [`ToSocketAddrs`]).
@@ -51,22 +73,9 @@ impl TcpListener {
     pub fn try_clone(&self) -> io::Result<TcpListener> {
         Ok(TcpListener::from(self.inner.try_clone()?))
     }
-
-    /// Sets `IP_TTL`.
-    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
-        self.inner.set_ttl(ttl)
-    }
-
-    /// Reads `IP_TTL`.
-    pub fn ttl(&self) -> io::Result<u32> {
-        self.inner.ttl()
-    }
-
-    /// Takes the pending socket error (`SO_ERROR`).
-    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
-        self.inner.take_error()
-    }
 }
+
+ip_socket_options!(TcpListener);
 
 /// Iterator over [`TcpListener::accept`]ed streams; from [`TcpListener::incoming`].
 pub struct Incoming<'a> {
@@ -184,22 +193,9 @@ impl TcpStream {
             self.inner.peek(buf)
         })
     }
-
-    /// Sets `IP_TTL`.
-    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
-        self.inner.set_ttl(ttl)
-    }
-
-    /// Reads `IP_TTL`.
-    pub fn ttl(&self) -> io::Result<u32> {
-        self.inner.ttl()
-    }
-
-    /// Takes the pending socket error (`SO_ERROR`).
-    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
-        self.inner.take_error()
-    }
 }
+
+ip_socket_options!(TcpStream);
 
 timed_socket!(TcpStream, std::net::TcpStream);
 

@@ -82,21 +82,6 @@ impl UdpSocket {
         })
     }
 
-    /// Receives one datagram from the connected peer into `buf` (the excess of a longer
-    /// datagram is discarded); returns its length.
-    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            self.inner.recv(buf)
-        })
-    }
-
-    /// Receives one datagram into `buf`; returns its length and its sender.
-    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            self.inner.recv_from(buf)
-        })
-    }
-
     /// Like [`recv`](UdpSocket::recv), but leaves the datagram queued.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.reg.io(READABLE, self.timeouts.read_deadline(), || {
@@ -191,6 +176,7 @@ impl UdpSocket {
     }
 }
 
+datagram_recv!(UdpSocket, SocketAddr);
 timed_socket!(UdpSocket, std::net::UdpSocket);
 
 fd_traits!(UdpSocket, std::net::UdpSocket);

@@ -254,12 +254,7 @@ impl UnixStream {
 
     /// Reads without consuming, waiting for data like `read`.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        peek(
-            &self.reg,
-            self.timeouts.read_deadline(),
-            self.inner.as_raw_fd(),
-            buf,
-        )
+        peek(&self.reg, &self.timeouts, self.inner.as_raw_fd(), buf)
     }
 
     /// Takes the pending socket error (`SO_ERROR`).
@@ -390,29 +385,9 @@ impl UnixDatagram {
         })
     }
 
-    /// Receives one datagram from the connected peer into `buf` (the excess of a longer
-    /// datagram is discarded); returns its length.
-    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            self.inner.recv(buf)
-        })
-    }
-
-    /// Receives one datagram into `buf`; returns its length and its sender.
-    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            self.inner.recv_from(buf)
-        })
-    }
-
     /// Like [`recv`](UnixDatagram::recv), but leaves the datagram queued.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        peek(
-            &self.reg,
-            self.timeouts.read_deadline(),
-            self.inner.as_raw_fd(),
-            buf,
-        )
+        peek(&self.reg, &self.timeouts, self.inner.as_raw_fd(), buf)
     }
 
     /// Shuts down the read, write or both halves. Fibers waiting on this socket wake and see
@@ -429,6 +404,7 @@ impl UnixDatagram {
     }
 }
 
+datagram_recv!(UnixDatagram, SocketAddr);
 timed_socket!(UnixDatagram, stdunix::UnixDatagram);
 
 fd_traits!(UnixListener, stdunix::UnixListener);
@@ -438,11 +414,11 @@ fd_traits!(UnixDatagram, stdunix::UnixDatagram);
 /// `recv(MSG_PEEK)` through the reactor: std's Unix sockets have no `peek`.
 fn peek(
     reg: &Registration,
-    deadline: Option<Instant>,
+    timeouts: &Timeouts,
     fd: std::os::fd::RawFd,
     buf: &mut [u8],
 ) -> io::Result<usize> {
-    reg.io(READABLE, deadline, || {
+    reg.io(READABLE, timeouts.read_deadline(), || {
         Ok(nix::sys::socket::recv(fd, buf, MsgFlags::MSG_PEEK)?)
     })
 }

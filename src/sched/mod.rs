@@ -258,7 +258,7 @@ impl Scheduler {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        self.submit_with(f, thread, None, self.shared.config.stack_size)
+        submit_to(&self.shared, f, thread, None, self.shared.config.stack_size)
     }
 
     /// Starts a task with options: a name (shown by [`Fiber::current`](crate::Fiber::current),
@@ -281,20 +281,6 @@ impl Scheduler {
             name: None,
             stack_size: Ok(self.shared.config.stack_size),
         }
-    }
-
-    pub(crate) fn submit_with<F, T>(
-        &self,
-        f: F,
-        thread: Option<usize>,
-        name: Option<Arc<str>>,
-        stack_size: usize,
-    ) -> Result<JoinHandle<T>, SubmitError<F>>
-    where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
-    {
-        submit_to(&self.shared, f, thread, name, stack_size)
     }
 
     /// Runs `f` as a fiber on any worker, like [`std::thread::spawn`]: the short form of
@@ -633,7 +619,7 @@ impl TaskBuilder<'_> {
         T: Send + 'static,
     {
         match self.stack_size {
-            Ok(size) => self.sched.submit_with(f, thread, self.name, size),
+            Ok(size) => submit_to(&self.sched.shared, f, thread, self.name, size),
             Err(e) => Err(SubmitError::InvalidStackSize(f, e)),
         }
     }

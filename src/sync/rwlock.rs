@@ -161,6 +161,8 @@ impl<T: ?Sized> RwLock<T> {
         }
     }
 
+    // The poisoning accessors below repeat `Mutex`'s on purpose: they are std's API on each
+    // type, with each type's own docs; the shared logic lives in `poison::Flag`.
     /// Whether a writer panicked while holding the lock.
     pub fn is_poisoned(&self) -> bool {
         self.poison.get()
