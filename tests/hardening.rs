@@ -557,22 +557,12 @@ fn child_detached_result_bomb() {
         return;
     }
     let sched = started(2, "bomb-result");
-    for w in 0..2 {
-        // The gate is a std channel, so the test holds no reference to the task: the
-        // worker drops the last one, and with it the Bomb.
-        let (gate_tx, gate_rx) = mpsc::channel::<()>();
-        let handle = sched
-            .submit(
-                move || {
-                    let _ = gate_rx.recv();
-                    Bomb
-                },
-                Some(w),
-            )
-            .expect("submit");
-        drop(handle);
-        gate_tx.send(()).expect("the task waits at its gate");
-    }
+    detach_on_each_worker(&sched, |gate| {
+        move || {
+            let _ = gate.recv();
+            Bomb
+        }
+    });
     check(
         eventually(BOUND, || BOMBS.load(Ordering::SeqCst) == 2),
         || "the two detached results were never dropped".into(),
@@ -588,6 +578,21 @@ fn worker_survives_a_detached_result_whose_drop_panics() {
     );
 }
 
+/// Submits `task(gate)` pinned to each of the two workers and drops its handle, then opens
+/// its gate. The gate is a std channel, so the test holds no reference to the task: the
+/// worker drops the last one, and with it whatever the task leaves behind.
+fn detach_on_each_worker<F, T>(sched: &Scheduler, task: impl Fn(mpsc::Receiver<()>) -> F)
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    for w in 0..2 {
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        drop(sched.submit(task(gate_rx), Some(w)).expect("submit"));
+        gate_tx.send(()).expect("the task waits at its gate");
+    }
+}
+
 // Defect 7b: the panic payload of a detached task panics when the worker frees it.
 #[test]
 #[ignore = "child process of worker_survives_a_detached_panic_payload_whose_drop_panics"]
@@ -596,20 +601,12 @@ fn child_detached_payload_bomb() {
         return;
     }
     let sched = started(2, "bomb-payload");
-    for w in 0..2 {
-        let (gate_tx, gate_rx) = mpsc::channel::<()>();
-        let handle = sched
-            .submit(
-                move || -> u8 {
-                    let _ = gate_rx.recv();
-                    panic::panic_any(Bomb)
-                },
-                Some(w),
-            )
-            .expect("submit");
-        drop(handle);
-        gate_tx.send(()).expect("the task waits at its gate");
-    }
+    detach_on_each_worker(&sched, |gate| {
+        move || -> u8 {
+            let _ = gate.recv();
+            panic::panic_any(Bomb)
+        }
+    });
     check(
         eventually(BOUND, || BOMBS.load(Ordering::SeqCst) == 2),
         || "the two panic payloads were never dropped".into(),
