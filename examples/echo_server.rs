@@ -12,7 +12,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fibra::net::{TcpListener, TcpStream};
 
@@ -124,10 +124,25 @@ fn main() {
     let acceptor = sched
         .submit(
             move || {
+                let mut delay = Duration::ZERO;
                 for conn in listener.incoming() {
                     match conn {
                         Ok(conn) => {
+                            delay = Duration::ZERO;
                             let _ = s.submit(move || echo(conn), None);
+                        }
+                        // Out of descriptors or memory: an immediate retry fails again. Back
+                        // off (5 ms doubling to 1 s) while the open connections close theirs.
+                        Err(e)
+                            if matches!(
+                                e.raw_os_error(),
+                                Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                            ) =>
+                        {
+                            delay =
+                                (delay * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                            eprintln!("echo_server: accept: {e}; retrying in {delay:?}");
+                            fibra::sleep(delay);
                         }
                         Err(e) => eprintln!("echo_server: accept: {e}"),
                     }

@@ -22,6 +22,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fibra::net::{TcpListener, TcpStream};
 
@@ -108,18 +109,36 @@ fn main() {
     let s = sched.clone();
     sched.block_on(move || {
         let mut next = 0;
+        let mut delay = Duration::ZERO;
         loop {
             match listener.accept() {
                 Ok((conn, _)) => {
+                    delay = Duration::ZERO;
                     // Deal connections out to the workers in turn (see the module docs).
                     let _ = s.submit(move || serve(conn), Some(next));
                     next = (next + 1) % workers;
                 }
-                // Out of descriptors, or the peer gave up before we got to it: carry on.
+                // Out of descriptors or memory: the connection stays queued and an immediate
+                // retry fails again. Back off as Go's http.Server does (5 ms doubling to
+                // 1 s) and let the connections being served close theirs.
+                Err(e) if out_of_resources(&e) => {
+                    delay = (delay * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                    eprintln!("http_hello: accept: {e}; retrying in {delay:?}");
+                    fibra::sleep(delay);
+                }
+                // The peer gave up before we got to it, and the like: next one.
                 Err(e) => eprintln!("http_hello: accept: {e}"),
             }
         }
     });
+}
+
+/// Whether an `accept` error is about the process or the system rather than the connection.
+fn out_of_resources(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 /// What to do after answering the requests read so far.

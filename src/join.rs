@@ -220,6 +220,7 @@ impl<T> JoinHandle<T> {
     /// Waits for the task and returns its value, or why there is none. Inside a fiber this
     /// suspends only the fiber; on a plain thread it blocks the thread.
     pub fn join(self) -> Result<T, JoinError> {
+        crate::coop::spend();
         self.cell.header().wait(None);
         match self.cell.take() {
             Some(r) => r,
@@ -231,6 +232,7 @@ impl<T> JoinHandle<T> {
     /// Waits at most `timeout` for the task to finish; returns whether it did. The result
     /// stays available to [`join`](JoinHandle::join).
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        crate::coop::spend();
         self.cell
             .header()
             .wait(Some(crate::time::deadline_after(timeout)))

@@ -45,6 +45,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod coop;
 mod error;
 pub mod exec;
 mod fiber;

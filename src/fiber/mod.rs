@@ -133,6 +133,11 @@ pub(crate) struct FiberMeta {
     pub(crate) yielder: Cell<*const Yielder>,
     /// The fiber has raised its cancellation (it is unwinding, or caught it).
     pub(crate) cancelled: Cell<bool>,
+    /// Operations left before the next one yields (see `crate::coop`); reset by the worker
+    /// at every resumption.
+    pub(crate) budget: Cell<u32>,
+    /// Inside `coop::unconstrained`: a spent budget is refilled instead of yielding.
+    pub(crate) unconstrained: Cell<bool>,
 }
 
 impl FiberMeta {
@@ -146,6 +151,8 @@ impl FiberMeta {
             worker,
             yielder: Cell::new(std::ptr::null()),
             cancelled: Cell::new(false),
+            budget: Cell::new(crate::coop::BUDGET),
+            unconstrained: Cell::new(false),
         }
     }
 
@@ -438,9 +445,42 @@ impl Fiber {
 
     /// Suspends the running fiber.
     ///
-    /// In a standalone fiber, control returns to the caller of [`Fiber::resume`]. In a
-    /// scheduled fiber, the fiber goes to the back of its worker's run queue and other fibers
-    /// run. Outside any fiber this is [`std::thread::yield_now`].
+    /// In a standalone fiber, control returns to the caller of [`Fiber::resume`]. Outside any
+    /// fiber this is [`std::thread::yield_now`].
+    ///
+    /// In a scheduled fiber, the fiber goes behind everything runnable on its worker (a
+    /// started fiber never changes worker). Before it runs again, its worker runs:
+    /// - every fiber that was ready on it, in order — woken fibers included, whether woken
+    ///   from this worker or from another thread;
+    /// - the task this fiber (or the one before it) spawned last, if it has not started;
+    /// - one task submitted from outside the scheduler, if any waits in the shared queue
+    ///   (a task nobody else takes first: idle workers take from it too).
+    ///
+    /// Unstarted tasks spawned earlier on this worker take turns with the ready fibers, so
+    /// some of them may run after the yielded fiber. If nothing else is runnable, the fiber
+    /// continues at once. fibra's own operations yield the same way when the fiber's
+    /// cooperative budget is spent (see [`crate::coop`]).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+    /// let log = Arc::new(Mutex::new(Vec::new()));
+    /// let tasks: Vec<_> = (0..3)
+    ///     .map(|i| {
+    ///         let log = log.clone();
+    ///         let step = move || {
+    ///             for _ in 0..2 {
+    ///                 log.lock().unwrap().push(i);
+    ///                 fibra::Fiber::yield_now();
+    ///             }
+    ///         };
+    ///         sched.submit(step, None).unwrap()
+    ///     })
+    ///     .collect();
+    /// sched.start();
+    /// tasks.into_iter().for_each(|t| t.join().unwrap());
+    /// assert_eq!(*log.lock().unwrap(), [0, 1, 2, 0, 1, 2]);
+    /// ```
     #[inline]
     pub fn yield_now() {
         match current_meta() {

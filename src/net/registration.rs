@@ -47,6 +47,7 @@ impl Registration {
         deadline: Option<Instant>,
         mut op: impl FnMut() -> io::Result<R>,
     ) -> io::Result<R> {
+        crate::coop::spend();
         loop {
             let seen = self.record.get().map(|r| r.snapshot());
             match op() {

@@ -54,6 +54,46 @@ impl TcpListener {
     }
 
     /// Waits for a connection and returns it with the peer's address.
+    ///
+    /// # Errors
+    /// As `accept(2)`. Some errors are about the process or the system, not the
+    /// connection: `EMFILE` (out of descriptors), `ENFILE`, `ENOBUFS`, `ENOMEM`. The pending
+    /// connection stays queued, so retrying at once fails again: an accept loop must not
+    /// spin on them but back off and give the fibers that would close descriptors time to
+    /// run, as Go's `http.Server` does — 5 ms, doubling up to 1 s, reset by a success:
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn serve(_: fibra::net::TcpStream) {}
+    /// # let sched = fibra::Scheduler::builder().build().unwrap();
+    /// # sched.start();
+    /// # sched.block_on(|| {
+    /// let listener = fibra::net::TcpListener::bind("127.0.0.1:8080")?;
+    /// let mut delay = Duration::ZERO;
+    /// loop {
+    ///     match listener.accept() {
+    ///         Ok((conn, _)) => {
+    ///             delay = Duration::ZERO;
+    ///             fibra::spawn(move || serve(conn));
+    ///         }
+    ///         Err(e) if matches!(
+    ///             e.raw_os_error(),
+    ///             Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    ///         ) => {
+    ///             delay = (delay * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    ///             eprintln!("accept: {e}; retrying in {delay:?}");
+    ///             fibra::sleep(delay);
+    ///         }
+    ///         // The peer gave up before we got to it, and the like: next one.
+    ///         Err(e) => eprintln!("accept: {e}"),
+    ///     }
+    /// }
+    /// # #[allow(unreachable_code)] std::io::Result::Ok(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// Each call spends from the fiber's cooperative budget ([`crate::coop`]), so even a
+    /// loop that retries at once lets the other fibers of its worker run now and then.
     pub fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let (s, addr) = self.reg.io(READABLE, None, || self.inner.accept())?;
         Ok((TcpStream::from(s), addr))

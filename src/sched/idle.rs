@@ -23,6 +23,8 @@ use std::time::Duration;
 pub(crate) struct Idlers {
     set: IdleSet,
     spinning: AtomicUsize,
+    /// Which workers spin, for a spawner that hands one of them a task directly.
+    spinners: IdleSet,
     workers: usize,
 }
 
@@ -31,6 +33,7 @@ impl Idlers {
         Idlers {
             set: IdleSet::new(workers),
             spinning: AtomicUsize::new(0),
+            spinners: IdleSet::new(workers),
             workers,
         }
     }
@@ -46,6 +49,14 @@ impl Idlers {
         self.set.pop()
     }
 
+    /// A fiber spawned a task into its worker's `next` slot and may keep running: the
+    /// announced worker to wake so it can help, if any and if nobody spins. The same
+    /// protocol as `to_wake`: a worker going to sleep either is seen here, or sees the
+    /// occupied slot after its own announcement (and then naps instead of sleeping).
+    pub(crate) fn to_help(&self) -> Option<usize> {
+        self.to_wake()
+    }
+
     /// A worker about to sleep. The caller must look for work once more afterwards, and
     /// `withdraw` if it finds some (or when it wakes).
     pub(crate) fn announce(&self, worker: usize) {
@@ -59,9 +70,10 @@ impl Idlers {
     }
 
     /// Starts spinning, unless half the workers spin already.
-    pub(crate) fn try_spin(&self) -> bool {
+    pub(crate) fn try_spin(&self, worker: usize) -> bool {
         if 2 * self.spinning.load(Ordering::Relaxed) < self.workers {
             self.spinning.fetch_add(1, Ordering::SeqCst);
+            self.spinners.insert(worker);
             true
         } else {
             false
@@ -69,8 +81,15 @@ impl Idlers {
     }
 
     /// Stops spinning; true for the last spinner.
-    pub(crate) fn stop_spinning(&self) -> bool {
+    pub(crate) fn stop_spinning(&self, worker: usize) -> bool {
+        self.spinners.remove(worker);
         self.spinning.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    /// A spinning worker to hand a task to directly, taken out of the spinner set so that
+    /// nobody else picks it too. It keeps spinning, and looks at its inbox every round.
+    pub(crate) fn take_spinner(&self) -> Option<usize> {
+        self.spinners.pop()
     }
 }
 

@@ -129,7 +129,7 @@ fn idle_protocol_a_spinner_finds_the_work() {
     loom::model(|| {
         let idlers = Arc::new(Idlers::new(2));
         let queued = Arc::new(AtomicBool::new(false));
-        assert!(idlers.try_spin());
+        assert!(idlers.try_spin(0));
         let submitter = {
             let (idlers, queued) = (idlers.clone(), queued.clone());
             thread::spawn(move || {
@@ -141,7 +141,7 @@ fn idle_protocol_a_spinner_finds_the_work() {
         assert_eq!(woken, None, "nobody announced, so nobody is woken");
         // The spinner's next look (after the submitter's push) finds it.
         assert!(queued.load(Ordering::SeqCst));
-        assert!(idlers.stop_spinning());
+        assert!(idlers.stop_spinning(0));
     });
 }
 

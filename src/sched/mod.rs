@@ -229,16 +229,32 @@ impl Scheduler {
         }
     }
 
+    /// Spawns the worker threads and waits until each runs: work submitted right after
+    /// `start` then finds every worker looking for it, and the first burst of spawns can
+    /// spread over all of them (a started fiber never moves).
     fn spawn_workers(&self) {
         let first = usize::from(self.shared.config.use_caller);
+        let running = Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
         let mut threads = self.threads.lock();
         for index in first..self.threads() {
             let shared = self.shared.clone();
+            let running = running.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("{}-{index}", self.shared.config.name))
-                .spawn(move || worker_main(shared, index))
+                .spawn(move || {
+                    worker_main(shared, index, move || {
+                        *running.0.lock() += 1;
+                        running.1.notify_all();
+                    })
+                })
                 .unwrap_or_else(|e| panic!("fibra: cannot spawn worker thread {index}: {e}"));
             threads.push(handle);
+        }
+        let spawned = threads.len();
+        drop(threads);
+        let mut n = running.0.lock();
+        while *n < spawned {
+            running.1.wait(&mut n);
         }
     }
 

@@ -9,7 +9,9 @@
 //!   and tokio's LIFO slot). It runs as soon as the spawning fiber suspends, while what it
 //!   shares with its parent is still in cache, and a chain of spawns or a ping-pong pair stays
 //!   on one worker instead of bouncing between cores. At most `MAX_NEXT_STREAK` tasks in a
-//!   row come from it, so it cannot starve the other queues. Spinning peers may steal it.
+//!   row come from it, so it cannot starve the other queues. A spinning peer takes it only
+//!   when this worker has run one fiber for `NEXT_STEAL_AFTER` (its spawner keeps running;
+//!   see `push_next` and docs/design.md, "Fairness").
 //! - `local` — unstarted tasks submitted from this worker's fibers (what `next` displaced).
 //!   A bounded lock-free queue (`ArrayQueue`) so idle peers can steal from it; on overflow
 //!   half moves to the injector.
@@ -23,14 +25,14 @@
 //! # One pass of the loop
 //! Catch up with the shutdown phase if it moved. Then `next_task`: every `TIMER_INTERVAL`
 //! ticks fire due timers, every `IO_POLL_INTERVAL` ticks take a non-blocking look at I/O,
-//! every `INJECTOR_INTERVAL` ticks take from the injector first (so outside work cannot
-//! starve); then `next` (up to a streak) → inbox → ready/local (alternating, so yielding
+//! every `INJECTOR_INTERVAL` ticks and after every yield take from the injector first (so
+//! outside work cannot starve, and a yield goes behind it); then `next` (up to a streak) → inbox → ready/local (alternating, so yielding
 //! fibers and new tasks share the thread) → `next` again → due timers → injector → steal
 //! half of a peer's `local`. Nothing found: `idle`.
 //!
 //! # Idle
-//! With nothing to do a worker *spins* a little (at most half the workers spin at once),
-//! looking at the injector and its peers. Then it announces itself in the `IdleSet`, issues a
+//! With nothing to do a worker *spins* for `SPIN_FOR` (at most half the workers spin at
+//! once), looking at its inbox, the injector and its peers. Then it announces itself in the `IdleSet`, issues a
 //! SeqCst fence, looks once more, and sleeps on its futex (or in `epoll_wait`, if no other
 //! worker polls for I/O) until the next timer deadline, or indefinitely. A submitter pushes,
 //! fences, and wakes one idle worker only if nobody is spinning — the fences on both sides
@@ -68,7 +70,7 @@ use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -137,11 +139,17 @@ const LOCAL_CAPACITY: usize = 256;
 const INJECTOR_INTERVAL: u32 = 61;
 /// Every this many ticks a busy worker checks its timers.
 const TIMER_INTERVAL: u32 = 16;
+/// After a yield, a worker takes a task from the injector first if at most this many fibers
+/// are ready on it (see `next_task`).
+pub(crate) const YIELD_PULL_READY_MAX: usize = 8;
 /// How many tasks in a row a worker takes from its `next` slot before looking elsewhere.
 const MAX_NEXT_STREAK: u32 = 3;
-/// From this spin round on, an idle worker may take a peer's `next` slot: the owner had
-/// a grace period to run it itself.
-const STEAL_NEXT_ROUND: u32 = 3;
+/// A spinning worker takes the task in a peer's `next` slot only once the peer has run the
+/// same fiber for this long since the spinner first saw it there: a spawner that suspends
+/// soon (a chain of spawns, a ping-pong pair) runs its task itself, with its data still in
+/// cache; one that keeps running gets help. Go waits about as long before it steals a P's
+/// `runnext`.
+const NEXT_STEAL_AFTER: Duration = Duration::from_micros(5);
 /// Every this many ticks a busy worker takes a non-blocking look at I/O readiness, while
 /// fibers wait for I/O and no idle worker is polling.
 const IO_POLL_INTERVAL: u32 = 61;
@@ -150,8 +158,16 @@ const TRIM_QUIET: Duration = Duration::from_millis(50);
 /// How many idle stacks a worker releases per sleep, and how long it sleeps between batches.
 const TRIM_BATCH: usize = 64;
 const TRIM_PAUSE: Duration = Duration::from_millis(5);
-/// How many rounds an idle worker looks for work before it sleeps.
-const SPIN_ROUNDS: u32 = 12;
+/// How long an idle worker looks for work before it sleeps: the first half with a short
+/// pause between looks, so work a busy peer queues is taken within a microsecond or two
+/// (before the peer gets to it itself), the second half yielding the thread between looks.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+/// How long an idle worker sleeps before answering a request for help it made on behalf of a
+/// busy peer (see `ask_help_for_peer`). While it is open the peer's spawns wake nobody, so a
+/// peer running a chain of spawns is not disturbed more often than this.
+const PEER_HELP_NAP: Duration = Duration::from_millis(1);
+/// Pause instructions between two looks of a spinning worker.
+const SPIN_PAUSES: u32 = 32;
 
 /// Scheduler configuration, validated by the builder.
 pub(crate) struct Config {
@@ -169,10 +185,94 @@ pub(crate) struct WorkerShared {
     /// The LIFO slot (capacity 1).
     pub(crate) next: ArrayQueue<Arc<dyn Job>>,
     pub(crate) sleep: WorkerSleep,
+    /// The worker's tick, published at every pass of its loop: a spinning peer that sees it
+    /// unchanged for `NEXT_STEAL_AFTER` knows the worker is stuck in one fiber, and may take
+    /// the task waiting in its `next` slot.
+    progress: Padded<AtomicU32>,
+    /// An open request for help with the task in this worker's `next` slot.
+    help: HelpSlot,
     /// Wakers from other threads between their push into `inbox` and their last touch of
     /// this worker (see `unpark_fiber`); the shared state is not freed while any is.
     wakers: WakerCount,
 }
+
+const HELP_NONE: u8 = 0;
+/// Being written or answered.
+const HELP_CLAIMED: u8 = 1;
+const HELP_ASKED: u8 = 2;
+
+/// A request for help with the task in a worker's `next` slot: made by the worker when one of
+/// its fibers spawns (the spawner may keep running), or by an idle peer on its behalf before
+/// it sleeps; answered by the next idle peer that looks (see `Worker::answer_help`). One at
+/// a time per worker: while one is open, spawns wake nobody else.
+#[derive(Default)]
+struct HelpSlot {
+    state: AtomicU8,
+    /// The worker's progress when the request was made.
+    progress: AtomicU32,
+    /// When, in nanoseconds since the scheduler's epoch.
+    at: AtomicU64,
+}
+
+impl HelpSlot {
+    /// Claims the slot to open a request, if none is open.
+    fn claim(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == HELP_NONE
+            && self
+                .state
+                .compare_exchange(
+                    HELP_NONE,
+                    HELP_CLAIMED,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Opens the request claimed, made at `at` when the asker's progress was `progress`.
+    fn open(&self, progress: u32, at: u64) {
+        self.progress.store(progress, Ordering::Relaxed);
+        self.at.store(at, Ordering::Relaxed);
+        self.state.store(HELP_ASKED, Ordering::Release);
+    }
+
+    /// Takes the open request to answer it, if there is one: its progress and time.
+    fn take(&self) -> Option<(u32, u64)> {
+        let taken = self.state.load(Ordering::Acquire) == HELP_ASKED
+            && self
+                .state
+                .compare_exchange(
+                    HELP_ASKED,
+                    HELP_CLAIMED,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        taken.then(|| {
+            (
+                self.progress.load(Ordering::Relaxed),
+                self.at.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Frees the slot claimed (answered, or not opened after all).
+    fn close(&self) {
+        self.state.store(HELP_NONE, Ordering::Release);
+    }
+}
+
+/// What an idle worker found when it looked for a request for help.
+enum Help {
+    None,
+    /// The asker had moved on: its task runs there.
+    Stale,
+    Taken(ScheduleTask),
+}
+
+/// A value on a cache line of its own, so the owner's writes do not slow its neighbours.
+#[repr(align(128))]
+struct Padded<T>(T);
 
 /// Counts the wakers in the middle of a remote wake of one worker, so that the memory they
 /// touch outlives them (see `unpark_fiber`).
@@ -227,6 +327,8 @@ pub(crate) struct Shared {
     drained: (parking_lot::Mutex<()>, parking_lot::Condvar),
     /// With `use_caller`: the thread that is worker 0.
     pub(crate) owner: Option<ThreadId>,
+    /// The origin of the help requests' clock.
+    epoch: Instant,
 }
 
 impl Shared {
@@ -240,6 +342,8 @@ impl Shared {
                     local: ArrayQueue::new(LOCAL_CAPACITY),
                     next: ArrayQueue::new(1),
                     sleep: WorkerSleep::new(),
+                    progress: Padded(AtomicU32::new(0)),
+                    help: HelpSlot::default(),
                     wakers: WakerCount::new(),
                 })
                 .collect(),
@@ -252,7 +356,13 @@ impl Shared {
             drained: (parking_lot::Mutex::new(()), parking_lot::Condvar::new()),
             owner,
             config,
+            epoch: Instant::now(),
         })
+    }
+
+    /// Nanoseconds since `epoch`.
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Counts a new task in, unless the scheduler refuses work. Fibers of this scheduler may
@@ -469,11 +579,25 @@ pub(crate) struct Worker {
     timers: RefCell<TimerWheel<Timer>>,
     tick: Cell<u32>,
     next_streak: Cell<u32>,
+    /// The last fiber run yielded: before it runs again, the worker looks at the injector
+    /// (a yield goes behind outside submissions too, when no idle peer takes them).
+    yielded: Cell<bool>,
+    /// The burst of spawns of the fiber running now (see `push_next`).
+    burst: RefCell<Burst>,
     /// The shutdown phase this worker has acted on.
     phase: Cell<Phase>,
     /// The last report request this worker answered.
     reported: Cell<usize>,
     rng: Cell<u32>,
+}
+
+/// The peers recruited to help with one fiber's spawns, and how many tasks were dealt.
+#[derive(Default)]
+struct Burst {
+    /// The worker's tick when the burst began: a later tick means another fiber runs.
+    tick: u32,
+    peers: Vec<usize>,
+    dealt: usize,
 }
 
 /// Restores `CURRENT_WORKER` when a drive ends, even by unwinding.
@@ -498,6 +622,8 @@ impl Worker {
             timers: RefCell::new(TimerWheel::default()),
             tick: Cell::new(0),
             next_streak: Cell::new(0),
+            yielded: Cell::new(false),
+            burst: RefCell::new(Burst::default()),
             phase: Cell::new(Phase::Running),
             reported: Cell::new(reported),
             rng: Cell::new(0x9E37_79B9 ^ (index as u32).wrapping_mul(0x85EB_CA6B) | 1),
@@ -603,6 +729,18 @@ impl Worker {
     fn next_task(&self) -> Option<ScheduleTask> {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
+        self.me().progress.0.store(tick, Ordering::Relaxed);
+        // A yield goes behind outside submissions too — while few fibers are ready here:
+        // a worker with many would otherwise take a whole batch of them, one per yield,
+        // before an idle peer wakes, and a started fiber never moves.
+        if self.yielded.replace(false)
+            && self.ready.borrow().len() <= YIELD_PULL_READY_MAX
+            && !self.shared.injector.is_empty()
+        {
+            if let Some(job) = self.take_injected() {
+                return Some(ScheduleTask::New(job));
+            }
+        }
         if tick.is_multiple_of(TIMER_INTERVAL) {
             self.fire_timers();
         }
@@ -610,7 +748,7 @@ impl Worker {
             poll_io_now();
         }
         if tick.is_multiple_of(INJECTOR_INTERVAL) {
-            if let Some(job) = pop(&self.shared.injector) {
+            if let Some(job) = self.take_injected() {
                 return Some(ScheduleTask::New(job));
             }
         }
@@ -640,9 +778,20 @@ impl Worker {
         if self.fire_timers() {
             return self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
         }
-        pop(&self.shared.injector)
+        self.take_injected()
             .map(ScheduleTask::New)
-            .or_else(|| self.steal(false))
+            .or_else(|| self.steal())
+    }
+
+    /// Takes a task submitted from outside. If more wait, gets another idle worker looking
+    /// (unless one spins already): a worker woken for the first of a batch must not end up
+    /// starting them all, since a started fiber never moves (Go's spinning-M handoff).
+    fn take_injected(&self) -> Option<Arc<dyn Job>> {
+        let job = pop(&self.shared.injector)?;
+        if !self.shared.injector.is_empty() {
+            self.shared.notify_one();
+        }
+        Some(job)
     }
 
     /// Wakes the fibers whose deadline has passed; returns whether any woke.
@@ -667,9 +816,8 @@ impl Worker {
         woke
     }
 
-    /// Takes a task from a random peer's stealable queue, and up to half of the rest; with
-    /// `take_next`, a peer's `next` slot too.
-    fn steal(&self, take_next: bool) -> Option<ScheduleTask> {
+    /// Takes a task from a random peer's stealable queue, and up to half of the rest.
+    fn steal(&self) -> Option<ScheduleTask> {
         let workers = &self.shared.workers;
         let n = workers.len();
         if n == 1 {
@@ -690,11 +838,6 @@ impl Worker {
             let victim = &workers[v].local;
             let available = victim.len();
             let Some(first) = pop_local(victim) else {
-                if take_next {
-                    if let Some(job) = pop_local(&workers[v].next) {
-                        return Some(ScheduleTask::New(job));
-                    }
-                }
                 continue;
             };
             for _ in 0..available / 2 {
@@ -708,12 +851,154 @@ impl Worker {
         None
     }
 
-    /// Puts a task a fiber of this worker spawned in the `next` slot; the task it displaces
-    /// moves to the stealable queue, and an idle peer is woken to help with it.
+    /// Takes the task in a peer's `next` slot if that peer has been running one fiber for
+    /// `NEXT_STEAL_AFTER` since `watch` first saw the task there (see `NEXT_STEAL_AFTER`).
+    /// `watch` remembers the peer, its progress and when, across the rounds of one spin.
+    fn steal_next(&self, watch: &mut Option<(usize, u32, Instant)>) -> Option<ScheduleTask> {
+        let workers = &self.shared.workers;
+        if let Some((v, progress, since)) = *watch {
+            let w = &workers[v];
+            if !w.next.is_empty() && w.progress.0.load(Ordering::Relaxed) == progress {
+                if since.elapsed() < NEXT_STEAL_AFTER {
+                    return None;
+                }
+                *watch = None;
+                return pop_local(&w.next).map(ScheduleTask::New);
+            }
+            *watch = None;
+        }
+        let n = workers.len();
+        let start = self.rng.get() as usize % n;
+        for k in 0..n {
+            let v = (start + k) % n;
+            let w = &workers[v];
+            if v != self.index && !w.next.is_empty() {
+                *watch = Some((v, w.progress.0.load(Ordering::Relaxed), Instant::now()));
+                break;
+            }
+        }
+        None
+    }
+
+    /// A fiber of this worker spawned into the `next` slot and may keep running: unless a
+    /// request for help is open already, or a peer spins (it watches the slot, see
+    /// `steal_next`), wake a sleeping peer to answer one (Go wakes a P on every `go`
+    /// statement by the same rule). Returns the peer woken.
+    ///
+    /// The woken peer does not spin: it takes the task only if this worker has not moved on
+    /// since, and otherwise goes back to sleep. A chain of spawns or a ping-pong pair, whose
+    /// spawner suspends at once, keeps its tasks here (tokio made its LIFO slot freely
+    /// stealable and reverted it after a 30% throughput loss), and no peer spins next to the
+    /// busy worker (on a VM or an SMT core, a spinner takes cycles from its neighbour).
+    fn ask_help(&self) -> Option<usize> {
+        let slot = &self.me().help;
+        if !slot.claim() {
+            return None;
+        }
+        let Some(i) = self.shared.idle.to_help() else {
+            slot.close();
+            return None;
+        };
+        slot.open(self.tick.get(), self.shared.now_ns());
+        self.shared.workers[i].sleep.wake();
+        Some(i)
+    }
+
+    /// Opens a request for help on behalf of a peer whose `next` slot holds a task, if none
+    /// is open: this worker is about to sleep, and the peer's own request may have missed
+    /// its announcement. Returns when to answer it.
+    fn ask_help_for_peer(&self) -> Option<Instant> {
+        for (v, w) in self.shared.workers.iter().enumerate() {
+            if v != self.index && !w.next.is_empty() && w.help.claim() {
+                w.help
+                    .open(w.progress.0.load(Ordering::Relaxed), self.shared.now_ns());
+                return Some(Instant::now() + PEER_HELP_NAP);
+            }
+        }
+        None
+    }
+
+    /// Answers an open request for help: takes the asker's `next` task if the asker has not
+    /// moved on since it asked, once `NEXT_STEAL_AFTER` has passed since then.
+    fn answer_help(&self) -> Help {
+        let sh = &self.shared;
+        for (v, w) in sh.workers.iter().enumerate() {
+            let slot = &w.help;
+            let Some((mut progress, at)) = (v != self.index).then(|| slot.take()).flatten() else {
+                continue;
+            };
+            let grace = NEXT_STEAL_AFTER.as_nanos() as u64;
+            let mut due = at + grace;
+            if w.progress.0.load(Ordering::Relaxed) != progress && !w.next.is_empty() {
+                // The asker moved on since, but its slot holds a task again: perhaps from a
+                // fiber that keeps running now. Watch it for one grace from here.
+                progress = w.progress.0.load(Ordering::Relaxed);
+                due = sh.now_ns() + grace;
+            }
+            let moved_on = || w.progress.0.load(Ordering::Relaxed) != progress;
+            // Woken faster than the grace: wait out the rest (a few microseconds at most).
+            while !moved_on() && sh.now_ns() < due {
+                std::hint::spin_loop();
+            }
+            let taken = if moved_on() { None } else { pop_local(&w.next) };
+            slot.close();
+            return match taken {
+                Some(job) => Help::Taken(ScheduleTask::New(job)),
+                None => Help::Stale,
+            };
+        }
+        Help::None
+    }
+
+    /// Puts a task a fiber of this worker spawned in the `next` slot, where this worker runs
+    /// it as soon as the fiber suspends. An idle peer is recruited (woken) to help in case
+    /// the fiber keeps running: it takes the task only if it does (see `ask_help`).
+    ///
+    /// A task the new one displaces was spawned in a burst. A started fiber never moves, so
+    /// where a burst of long-lived fibers starts is all the balancing they get, and leaving
+    /// them all for a woken peer to steal loses the race against this worker, which starts
+    /// them itself at the spawner's next yield. So the first displaced tasks of a burst are
+    /// dealt out, one to each idle peer (spinning or asleep), and go to its inbox, where
+    /// nobody else takes them (were they stealable, this worker would often take them back
+    /// first). The rest go to the stealable queue.
     pub(crate) fn push_next(&self, job: Arc<dyn Job>) {
-        if let Some(displaced) = self.me().next.force_push(job) {
-            self.push_local(displaced);
-            self.shared.notify_one();
+        let tick = self.tick.get();
+        let mut burst = self.burst.borrow_mut();
+        if burst.tick != tick {
+            // The fiber that spawns now is not the one that spawned last: a new burst.
+            burst.tick = tick;
+            burst.peers.clear();
+            burst.dealt = 0;
+        }
+        let Some(displaced) = self.me().next.force_push(job) else {
+            burst.peers.extend(self.ask_help());
+            return;
+        };
+        // One task for each peer recruited for this burst (the one woken for the first
+        // spawn included), then one for each further idle peer; the rest stay here, where
+        // idle peers steal them in halves (cheaper than handing them over one by one).
+        let dealt = burst.dealt;
+        let idle = &self.shared.idle;
+        let target = match burst.peers.get(dealt) {
+            Some(&i) => Some(i),
+            None if dealt < self.shared.workers.len() - 1 => {
+                let recruit = idle.take_spinner().or_else(|| idle.to_wake());
+                burst.peers.extend(recruit);
+                recruit
+            }
+            None => None,
+        };
+        if target.is_some() {
+            burst.dealt += 1;
+        }
+        drop(burst);
+        match target {
+            Some(i) => {
+                let peer = &self.shared.workers[i];
+                peer.inbox.push(ScheduleTask::New(displaced));
+                peer.sleep.wake();
+            }
+            None => self.push_local(displaced),
         }
     }
 
@@ -755,16 +1040,26 @@ impl Worker {
         if !self.ready.borrow().is_empty() || !self.me().inbox.is_empty() {
             return;
         }
-        if sh.idle.try_spin() {
-            for round in 0..SPIN_ROUNDS {
-                let found = self
-                    .me()
-                    .inbox
-                    .pop()
-                    .or_else(|| sh.injector.pop().map(ScheduleTask::New))
-                    .or_else(|| self.steal(round >= STEAL_NEXT_ROUND));
+        let answered = match self.answer_help() {
+            Help::Taken(task) => {
+                self.run_task(task);
+                return;
+            }
+            Help::Stale => true,
+            Help::None => false,
+        };
+        // A stale request means the peers are busy with work they keep to themselves (a
+        // chain of spawns, say): spinning would only slow them down. Sleep.
+        if !answered && sh.idle.try_spin(self.index) {
+            let mut watch = None;
+            let start = Instant::now();
+            loop {
+                let found = pop(&self.me().inbox)
+                    .or_else(|| pop(&sh.injector).map(ScheduleTask::New))
+                    .or_else(|| self.steal())
+                    .or_else(|| self.steal_next(&mut watch));
                 if let Some(task) = found {
-                    let last_spinner = sh.idle.stop_spinning();
+                    let last_spinner = sh.idle.stop_spinning(self.index);
                     if last_spinner && !sh.injector.is_empty() {
                         // More shared work than one worker: get another one looking.
                         sh.notify_one();
@@ -772,15 +1067,18 @@ impl Worker {
                     self.run_task(task);
                     return;
                 }
-                if round < SPIN_ROUNDS / 2 {
-                    for _ in 0..(32 << round) {
+                let spun = start.elapsed();
+                if spun >= SPIN_FOR {
+                    break;
+                } else if spun < SPIN_FOR / 2 {
+                    for _ in 0..SPIN_PAUSES {
                         std::hint::spin_loop();
                     }
                 } else {
                     std::thread::yield_now();
                 }
             }
-            sh.idle.stop_spinning();
+            sh.idle.stop_spinning(self.index);
         }
         sh.idle.announce(self.index);
         if self.has_work()
@@ -797,6 +1095,11 @@ impl Worker {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        // A peer's request for help may have missed this worker's announcement (see
+        // `Idlers::to_help`): ask on its behalf, and answer after a nap.
+        if let Some(answer_at) = self.ask_help_for_peer() {
+            deadline = Some(deadline.map_or(answer_at, |d| d.min(answer_at)));
+        }
         // Give burst memory back only when truly idle (no timer due soon), a batch at a time,
         // coming back for the next batch after a pause: trimming never delays due work.
         if deadline.is_none_or(|d| d > now + TRIM_QUIET)
@@ -817,6 +1120,13 @@ impl Worker {
             }
         }
         sh.idle.withdraw(self.index);
+        // Woken, perhaps for shared work, but with work of its own to do first (a pinned
+        // task, a woken fiber): have another worker take the shared work.
+        if !sh.injector.is_empty()
+            && (!self.me().inbox.is_empty() || !self.ready.borrow().is_empty())
+        {
+            sh.notify_one();
+        }
     }
 
     #[inline]
@@ -906,6 +1216,7 @@ impl Worker {
             self.timers.borrow_mut().remove(id);
         }
         let timed_out = std::mem::take(&mut home.timed_out);
+        home.meta.budget.set(crate::coop::BUDGET);
         let input = if let Some(p) = home.pending_panic.take() {
             Resume::Panic(p)
         } else if home.cancel == Cancel::Requested {
@@ -925,6 +1236,7 @@ impl Worker {
         match result {
             corosensei::CoroutineResult::Yield(Suspend::Yield) => {
                 self.ready.borrow_mut().push_back(job);
+                self.yielded.set(true);
             }
             corosensei::CoroutineResult::Yield(Suspend::Park(register, deadline)) => {
                 self.publish_park(job, register, deadline);
@@ -1126,7 +1438,10 @@ impl Worker {
 }
 
 /// The body of a worker thread.
-pub(crate) fn worker_main(shared: Arc<Shared>, index: usize) {
+/// `ready` runs once the worker is set up, just before its loop.
+pub(crate) fn worker_main(shared: Arc<Shared>, index: usize, ready: impl FnOnce()) {
     let worker = Worker::new(shared, index);
+    crate::stack::overflow::ensure_alt_stack();
+    ready();
     worker.run(&|| false, None);
 }

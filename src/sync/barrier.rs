@@ -71,6 +71,7 @@ impl Barrier {
     /// Waits until all `n` parties have called `wait` in this round, suspending a fiber (or
     /// blocking a thread). Then every party returns; the last to arrive is the leader.
     pub fn wait(&self) -> BarrierWaitResult {
+        crate::coop::spend();
         let mut st = self.state.lock();
         st.arrived += 1;
         if st.arrived >= self.parties {

@@ -216,6 +216,7 @@ impl<T> SyncSender<T> {
 
 impl<T> Chan<T> {
     fn send(&self, msg: T, block: bool) -> Result<(), TrySendError<T>> {
+        crate::coop::spend();
         let mut st = self.state.lock();
         if st.receiver_gone {
             return Err(TrySendError::Disconnected(msg));
@@ -322,6 +323,7 @@ impl<T> Receiver<T> {
     /// [`TryRecvError::Empty`], or [`TryRecvError::Disconnected`] once the channel is empty
     /// and every sender is gone.
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
+        crate::coop::spend();
         if let Some(msg) = self.batch.borrow_mut().pop_front() {
             return Ok(msg);
         }
@@ -375,6 +377,7 @@ impl<T> Receiver<T> {
     }
 
     fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        crate::coop::spend();
         if let Some(msg) = self.batch.borrow_mut().pop_front() {
             return Ok(msg);
         }

@@ -144,6 +144,7 @@ impl<T: ?Sized> Mutex<T> {
     /// If the mutex is poisoned; the error still carries the guard.
     #[inline]
     pub fn lock(&self) -> LockResult<MutexGuard<'_, T>> {
+        crate::coop::spend();
         self.raw_lock();
         self.guard()
     }
@@ -153,6 +154,7 @@ impl<T: ?Sized> Mutex<T> {
     /// # Errors
     /// [`TryLockError::WouldBlock`] if it is taken; [`TryLockError::Poisoned`] if poisoned.
     pub fn try_lock(&self) -> TryLockResult<MutexGuard<'_, T>> {
+        crate::coop::spend();
         // Acquire: pairs with the Release of the previous unlock, so its writes are visible.
         if self
             .state

@@ -94,6 +94,7 @@ impl<T> Sender<T> {
     /// # Errors
     /// Gives the value back if the receiver has been dropped.
     pub fn send(mut self, value: T) -> Result<(), T> {
+        crate::coop::spend();
         let inner = self.inner.take().expect("a sender sends once");
         // SAFETY: before SENT only the sender touches `value`.
         inner.value.with_mut(|v| unsafe { *v = Some(value) });
@@ -177,6 +178,7 @@ impl<T> Receiver<T> {
     /// [`TryRecvError::Empty`] if not yet, [`TryRecvError::Disconnected`] if it never will
     /// (the sender was dropped, or the value was already received).
     pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
+        crate::coop::spend();
         let inner = &*self.inner;
         // Acquire: pairs with the sender's Release, for the value.
         let s = inner.state.load(Ordering::Acquire);

@@ -124,6 +124,7 @@ impl<T: ?Sized> RwLock<T> {
     /// # Errors
     /// If the lock is poisoned; the error carries the guard.
     pub fn read(&self) -> LockResult<RwLockReadGuard<'_, T>> {
+        crate::coop::spend();
         self.acquire(Access::Read);
         self.read_guard()
     }
@@ -133,6 +134,7 @@ impl<T: ?Sized> RwLock<T> {
     /// # Errors
     /// [`TryLockError::WouldBlock`] or [`TryLockError::Poisoned`].
     pub fn try_read(&self) -> TryLockResult<RwLockReadGuard<'_, T>> {
+        crate::coop::spend();
         if self.try_acquire(Access::Read) {
             Ok(self.read_guard()?)
         } else {
@@ -145,6 +147,7 @@ impl<T: ?Sized> RwLock<T> {
     /// # Errors
     /// If the lock is poisoned; the error carries the guard.
     pub fn write(&self) -> LockResult<RwLockWriteGuard<'_, T>> {
+        crate::coop::spend();
         self.acquire(Access::Write);
         self.write_guard()
     }
@@ -154,6 +157,7 @@ impl<T: ?Sized> RwLock<T> {
     /// # Errors
     /// [`TryLockError::WouldBlock`] or [`TryLockError::Poisoned`].
     pub fn try_write(&self) -> TryLockResult<RwLockWriteGuard<'_, T>> {
+        crate::coop::spend();
         if self.try_acquire(Access::Write) {
             Ok(self.write_guard()?)
         } else {

@@ -113,6 +113,7 @@ impl Semaphore {
 
     /// Takes `n` permits if they are free and nobody is waiting ahead; never waits.
     pub fn try_acquire_many(&self, n: usize) -> Option<SemaphorePermit<'_>> {
+        crate::coop::spend();
         let mut st = self.state.lock();
         if st.waiters.is_empty() && st.permits >= n {
             st.permits -= n;
@@ -154,6 +155,7 @@ impl Semaphore {
     }
 
     fn acquire_until(&self, n: usize, deadline: Option<Instant>) -> Option<SemaphorePermit<'_>> {
+        crate::coop::spend();
         let mut st = self.state.lock();
         if st.waiters.is_empty() && st.permits >= n {
             st.permits -= n;

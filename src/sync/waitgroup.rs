@@ -77,6 +77,7 @@ impl WaitGroup {
     }
 
     fn wait_until(self, deadline: Option<Instant>) -> bool {
+        crate::coop::spend();
         let inner = self.inner.clone();
         drop(self);
         let g = inner.waiters.lock();
