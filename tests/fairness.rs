@@ -554,3 +554,63 @@ fn emfile_server_child() {
     assert_eq!(served, CONNECTIONS);
     sched.stop();
 }
+
+/// `unconstrained` restores the budget when its closure unwinds, and nests.
+#[test]
+fn unconstrained_restores_after_a_panic_and_nests() {
+    with_deadline(|| {
+        let sched = started(1);
+        let h = sched
+            .submit(
+                || {
+                    let r = std::panic::catch_unwind(|| {
+                        fibra::coop::unconstrained(|| panic!("inside unconstrained"))
+                    });
+                    assert!(r.is_err());
+                    // Constrained again: spending the whole budget leaves none.
+                    for _ in 0..fibra::coop::BUDGET {
+                        fibra::coop::consume_budget();
+                    }
+                    let after_panic = fibra::coop::has_budget_remaining();
+                    let nested = fibra::coop::unconstrained(|| {
+                        fibra::coop::unconstrained(|| {});
+                        // The inner one ended; the outer one still holds.
+                        for _ in 0..10 * fibra::coop::BUDGET {
+                            fibra::coop::consume_budget();
+                        }
+                        fibra::coop::has_budget_remaining()
+                    });
+                    (after_panic, nested)
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(h), (false, true));
+        sched.stop();
+    });
+}
+
+/// A busy loop of fibra operations yields now and then, so `stop_timeout` can cancel it:
+/// before the budget such a loop held its worker through every shutdown.
+#[test]
+fn stop_timeout_cancels_a_busy_loop_of_fibra_operations() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (tx, rx) = mpsc::channel::<()>();
+        let h = sched
+            .submit(
+                move || {
+                    let _tx = tx;
+                    loop {
+                        let _ = rx.try_recv();
+                    }
+                },
+                None,
+            )
+            .unwrap();
+        let t = Instant::now();
+        assert_eq!(sched.stop_timeout(Duration::from_millis(50)), 1);
+        assert!(t.elapsed() < LIMIT);
+        assert!(h.join().unwrap_err().is_cancelled());
+    });
+}

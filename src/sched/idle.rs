@@ -51,9 +51,13 @@ impl Idlers {
 
     /// A fiber spawned a task into its worker's `next` slot and may keep running: the
     /// announced worker to wake so it can help, if any and if nobody spins. The same
-    /// protocol as `to_wake`: a worker going to sleep either is seen here, or sees the
-    /// occupied slot after its own announcement (and then naps instead of sleeping).
+    /// protocol as `to_wake`, after a look without a fence (a spawn is frequent, and mostly
+    /// there is nobody to wake): a worker going to sleep either is seen here, or sees the
+    /// occupied slot after its own announcement and opens a request for it itself.
     pub(crate) fn to_help(&self) -> Option<usize> {
+        if self.spinning.load(Ordering::Relaxed) != 0 || self.set.is_empty() {
+            return None;
+        }
         self.to_wake()
     }
 
@@ -233,6 +237,11 @@ impl IdleSet {
         if w.load(Ordering::Relaxed) & bit != 0 {
             w.fetch_and(!bit, Ordering::SeqCst);
         }
+    }
+
+    /// Whether the set looks empty (without ordering: a hint).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.words.iter().all(|w| w.load(Ordering::Relaxed) == 0)
     }
 
     /// Takes any parked worker out of the set, so two wakers never pick the same one.
