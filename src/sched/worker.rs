@@ -144,12 +144,15 @@ const TIMER_INTERVAL: u32 = 16;
 pub(crate) const YIELD_PULL_READY_MAX: usize = 8;
 /// How many tasks in a row a worker takes from its `next` slot before looking elsewhere.
 const MAX_NEXT_STREAK: u32 = 3;
-/// A spinning worker takes the task in a peer's `next` slot only once the peer has run the
-/// same fiber for this long since the spinner first saw it there: a spawner that suspends
-/// soon (a chain of spawns, a ping-pong pair) runs its task itself, with its data still in
-/// cache; one that keeps running gets help. Go waits about as long before it steals a P's
-/// `runnext`.
-const NEXT_STEAL_AFTER: Duration = Duration::from_micros(5);
+/// An idle worker takes the task in a peer's `next` slot only once the peer has run the
+/// same fiber for this long since the task was put there: a spawner that suspends soon (a
+/// chain of spawns, a spawn-and-join, a ping-pong pair) runs its task itself, with its data
+/// still in cache; one that keeps running gets help. Go waits 3 µs before it steals a P's
+/// `runnext`, but a goroutine taken wrongly can move back; a started fiber cannot, and a
+/// spawner between its spawn and its join can spend several microseconds in page faults on
+/// a fresh stack (with 5 µs, a 2 000-deep spawn-and-join chain on two workers was taken
+/// over now and then and ran 1.5–2.5× slower).
+const NEXT_STEAL_AFTER: Duration = Duration::from_micros(50);
 /// Every this many ticks a busy worker takes a non-blocking look at I/O readiness, while
 /// fibers wait for I/O and no idle worker is polling.
 const IO_POLL_INTERVAL: u32 = 61;
@@ -162,10 +165,6 @@ const TRIM_PAUSE: Duration = Duration::from_millis(5);
 /// pause between looks, so work a busy peer queues is taken within a microsecond or two
 /// (before the peer gets to it itself), the second half yielding the thread between looks.
 const SPIN_FOR: Duration = Duration::from_micros(50);
-/// How long an idle worker sleeps before answering a request for help it made on behalf of a
-/// busy peer (see `ask_help_for_peer`). While it is open the peer's spawns wake nobody, so a
-/// peer running a chain of spawns is not disturbed more often than this.
-const PEER_HELP_NAP: Duration = Duration::from_millis(1);
 /// Pause instructions between two looks of a spinning worker.
 const SPIN_PAUSES: u32 = 32;
 
@@ -267,6 +266,8 @@ enum Help {
     None,
     /// The asker had moved on: its task runs there.
     Stale,
+    /// The request stays open, to be answered at this instant.
+    Wait(Instant),
     Taken(ScheduleTask),
 }
 
@@ -886,7 +887,7 @@ impl Worker {
     /// statement by the same rule). Returns the peer woken.
     ///
     /// The woken peer does not spin: it takes the task only if this worker has not moved on
-    /// since, and otherwise goes back to sleep. A chain of spawns or a ping-pong pair, whose
+    /// since (see `answer_help`). A chain of spawns or a ping-pong pair, whose
     /// spawner suspends at once, keeps its tasks here (tokio made its LIFO slot freely
     /// stealable and reverted it after a 30% throughput loss), and no peer spins next to the
     /// busy worker (on a VM or an SMT core, a spinner takes cycles from its neighbour).
@@ -912,40 +913,48 @@ impl Worker {
             if v != self.index && !w.next.is_empty() && w.help.claim() {
                 w.help
                     .open(w.progress.0.load(Ordering::Relaxed), self.shared.now_ns());
-                return Some(Instant::now() + PEER_HELP_NAP);
+                return Some(Instant::now() + NEXT_STEAL_AFTER);
             }
         }
         None
     }
 
     /// Answers an open request for help: takes the asker's `next` task if the asker has not
-    /// moved on since it asked, once `NEXT_STEAL_AFTER` has passed since then.
+    /// moved on for `NEXT_STEAL_AFTER`; closes the request if the asker has not moved on but
+    /// its slot is empty (it is idle, or runs a fiber that spawned nothing). Never spins:
+    /// woken before the grace, or finding that the asker moved on (it is busy, perhaps with a
+    /// fiber that keeps running now), it keeps the request open — with the asker's progress
+    /// of now — and naps until it can answer. Meanwhile the asker's spawns wake nobody: a
+    /// worker busy with a chain of spawns costs its watcher one timer wake per grace, and
+    /// pays no wake of a sleeping thread per spawn (on a VM that wake alone cost it ~10 µs).
     fn answer_help(&self) -> Help {
         let sh = &self.shared;
+        let grace = NEXT_STEAL_AFTER.as_nanos() as u64;
         for (v, w) in sh.workers.iter().enumerate() {
             let slot = &w.help;
-            let Some((mut progress, at)) = (v != self.index).then(|| slot.take()).flatten() else {
+            let Some((progress, at)) = (v != self.index).then(|| slot.take()).flatten() else {
                 continue;
             };
-            let grace = NEXT_STEAL_AFTER.as_nanos() as u64;
-            let mut due = at + grace;
-            if w.progress.0.load(Ordering::Relaxed) != progress && !w.next.is_empty() {
-                // The asker moved on since, but its slot holds a task again: perhaps from a
-                // fiber that keeps running now. Watch it for one grace from here.
-                progress = w.progress.0.load(Ordering::Relaxed);
-                due = sh.now_ns() + grace;
-            }
-            let moved_on = || w.progress.0.load(Ordering::Relaxed) != progress;
-            // Woken faster than the grace: wait out the rest (a few microseconds at most).
-            while !moved_on() && sh.now_ns() < due {
-                std::hint::spin_loop();
-            }
-            let taken = if moved_on() { None } else { pop_local(&w.next) };
-            slot.close();
-            return match taken {
-                Some(job) => Help::Taken(ScheduleTask::New(job)),
-                None => Help::Stale,
+            let now_progress = w.progress.0.load(Ordering::Relaxed);
+            let now = sh.now_ns();
+            let (progress, at) = if now_progress == progress {
+                if now >= at + grace {
+                    let taken = pop_local(&w.next);
+                    slot.close();
+                    return match taken {
+                        Some(job) => Help::Taken(ScheduleTask::New(job)),
+                        None => Help::Stale,
+                    };
+                }
+                (progress, at)
+            } else {
+                // Moved on: still busy, so keep watching (a wake of a sleeping worker per
+                // spawn would cost the asker more than a timed nap here costs anyone).
+                (now_progress, now)
             };
+            slot.open(progress, at);
+            let wait = Duration::from_nanos((at + grace).saturating_sub(now));
+            return Help::Wait(Instant::now() + wait);
         }
         Help::None
     }
@@ -1040,15 +1049,16 @@ impl Worker {
         if !self.ready.borrow().is_empty() || !self.me().inbox.is_empty() {
             return;
         }
-        let answered = match self.answer_help() {
+        let (answered, answer_at) = match self.answer_help() {
             Help::Taken(task) => {
                 self.run_task(task);
                 return;
             }
-            Help::Stale => true,
-            Help::None => false,
+            Help::Wait(at) => (true, Some(at)),
+            Help::Stale => (true, None),
+            Help::None => (false, None),
         };
-        // A stale request means the peers are busy with work they keep to themselves (a
+        // A request for help means the peers are busy with work they keep to themselves (a
         // chain of spawns, say): spinning would only slow them down. Sleep.
         if !answered && sh.idle.try_spin(self.index) {
             let mut watch = None;
@@ -1097,7 +1107,7 @@ impl Worker {
         };
         // A peer's request for help may have missed this worker's announcement (see
         // `Idlers::to_help`): ask on its behalf, and answer after a nap.
-        if let Some(answer_at) = self.ask_help_for_peer() {
+        if let Some(answer_at) = answer_at.or_else(|| self.ask_help_for_peer()) {
             deadline = Some(deadline.map_or(answer_at, |d| d.min(answer_at)));
         }
         // Give burst memory back only when truly idle (no timer due soon), a batch at a time,
