@@ -162,6 +162,10 @@ trait Output<T>: Send + Sync {
     fn take(&self) -> Option<Result<T, JoinError>>;
     /// Runs `cb` with the result when the task completes, or now if it has.
     fn on_complete(&self, cb: Callback<T>);
+    /// The task, as the run queues carry it.
+    fn job(self: Arc<Self>) -> Arc<dyn Job>;
+    /// Whether the published result is a cancellation.
+    fn ended_cancelled(&self) -> bool;
 }
 
 impl<F, T> Output<T> for JoinCell<F, T>
@@ -180,6 +184,19 @@ where
         // SAFETY: the result was written before `done` was set (observed above with
         // Acquire); `take` is only called by `JoinHandle::join`, which owns the one handle.
         unsafe { (*self.result.get()).take() }
+    }
+
+    fn job(self: Arc<Self>) -> Arc<dyn Job> {
+        self
+    }
+
+    fn ended_cancelled(&self) -> bool {
+        let callbacks = self.callbacks.lock();
+        // SAFETY: the list is gone only after the result was written under this lock; a
+        // `take` (by `join`, which owns the one handle) cannot run while the caller borrows
+        // the handle.
+        callbacks.is_none()
+            && matches!(unsafe { &*self.result.get() }, Some(Err(e)) if e.is_cancelled())
     }
 
     fn on_complete(&self, cb: Callback<T>) {
@@ -300,6 +317,36 @@ impl<T> JoinHandle<T> {
     /// Whether the task has finished (its result, value or error, is ready).
     pub fn is_finished(&self) -> bool {
         self.cell.header().is_done()
+    }
+
+    /// Cancels the task, as `stop_timeout` cancels what is still alive: a task that has not
+    /// started never runs; a started fiber unwinds from its next suspension — at once if it
+    /// is parked (waiting for a lock, a message, I/O, a sleep), else when it next parks or
+    /// yields (fibra's operations yield now and then, see [`crate::coop`]). Its destructors
+    /// run and may still wait. The handle then reports [`JoinError::is_cancelled`] (also
+    /// [`is_cancelled`](JoinHandle::is_cancelled)). The fiber gets the cancellation once: if
+    /// it catches the unwind and returns a value, that is its result. A finished task is not
+    /// affected; cancelling twice is the same as once. Never blocks.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+    /// sched.start();
+    /// let sleeper = sched.submit(|| fibra::sleep(Duration::from_secs(3600)), None).unwrap();
+    /// sleeper.cancel();
+    /// assert!(sleeper.join().unwrap_err().is_cancelled());
+    /// ```
+    pub fn cancel(&self) {
+        let h = self.cell.header();
+        if !h.is_done() && h.request_cancel() {
+            crate::sched::cancel_started(self.cell.clone().job());
+        }
+    }
+
+    /// Whether the task has finished cancelled (by [`cancel`](JoinHandle::cancel) or by the
+    /// scheduler's shutdown). False while it runs.
+    pub fn is_cancelled(&self) -> bool {
+        self.cell.header().is_done() && self.cell.ended_cancelled()
     }
 
     /// Runs `f` (with no access to the result) when the task completes, or at once.

@@ -10,7 +10,7 @@ pub(crate) mod timers;
 pub(crate) mod worker;
 
 pub use worker::current_worker;
-pub(crate) use worker::unpark_fiber;
+pub(crate) use worker::{cancel_started, unpark_fiber};
 
 use crate::error::{Error, SubmitError};
 use crate::fiber;

@@ -12,7 +12,7 @@ use crate::sched::worker::Shared;
 use crate::sync::wait_queue::{wait, Lock, Wait, WaitList};
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -56,6 +56,8 @@ pub(crate) enum ScheduleTask {
     New(Arc<dyn Job>),
     /// A started fiber to resume.
     Fiber(Arc<dyn Job>),
+    /// `JoinHandle::cancel` of a started fiber, for its home worker to deliver.
+    Cancel(Arc<dyn Job>),
 }
 
 /// The park word's state, in its low two bits.
@@ -204,6 +206,9 @@ pub(crate) struct Home {
 /// The waiters of `join`/`wait_timeout`: an intrusive FIFO, nodes on the waiters' stacks.
 type Joiners = WaitList<()>;
 
+const STARTED: u8 = 1;
+const CANCEL_REQUESTED: u8 = 2;
+
 /// The token a completing task wakes its joiners with.
 const COMPLETED: usize = 1;
 
@@ -215,6 +220,10 @@ pub(crate) struct Header {
     /// Task pinned to a worker (never stolen), or free to run anywhere.
     pub(crate) pinned: Option<usize>,
     pub(crate) park: ParkWord,
+    /// `STARTED` once a worker has placed the task, `CANCEL_REQUESTED` once
+    /// `JoinHandle::cancel` was called: one word, so that exactly one of the two sees the
+    /// other (a cancel before the start fails the start; after it, the home worker is told).
+    run_state: AtomicU8,
     done: AtomicBool,
     /// Set once a joiner has queued (under `joiners`' lock), so completion skips the lock
     /// otherwise.
@@ -245,6 +254,7 @@ impl Header {
             stack_size,
             pinned,
             park: ParkWord::new(),
+            run_state: AtomicU8::new(0),
             done: AtomicBool::new(false),
             has_joiners: AtomicBool::new(false),
             joiners: Lock::new(WaitList::new()),
@@ -269,6 +279,26 @@ impl Header {
     /// Whether the result has been published.
     pub(crate) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
+    }
+
+    /// The starting worker, after writing the placement: marks the task started. Returns
+    /// whether a cancellation was requested before.
+    pub(crate) fn mark_started(&self) -> bool {
+        // AcqRel: Release publishes the placement to a canceller that sees STARTED; Acquire
+        // pairs with its request.
+        self.run_state.fetch_or(STARTED, Ordering::AcqRel) & CANCEL_REQUESTED != 0
+    }
+
+    /// Requests cancellation. Returns whether the task had started (its home worker must be
+    /// told then; an unstarted task fails when it starts).
+    pub(crate) fn request_cancel(&self) -> bool {
+        self.run_state.fetch_or(CANCEL_REQUESTED, Ordering::AcqRel) & STARTED != 0
+    }
+
+    /// Whether the result has been published, in the SeqCst order `complete` stores it in
+    /// (see `sched::cancel_started`).
+    pub(crate) fn is_done_seqcst(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
     }
 
     /// Marks the result published and wakes every joiner. The result slot must be written

@@ -471,6 +471,9 @@ impl Drop for Shared {
         for w in self.workers.iter() {
             w.wakers.wait_out();
         }
+        while CANCELLERS.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -532,6 +535,33 @@ pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
     target.inbox.push(ScheduleTask::Fiber(job.clone()));
     target.sleep.wake();
     target.wakers.leave();
+}
+
+/// Threads between their check that a task is not done and their last touch of its home
+/// worker in `cancel_started`, across every scheduler (cancels are rare); `Shared`'s
+/// destructor waits them out.
+static CANCELLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// `JoinHandle::cancel` of a started task: its home worker delivers it, between fibers (see
+/// `Worker::deliver_cancel`). A task not done yet keeps its scheduler's shared state alive
+/// (see `unpark_fiber`), and from our check on `CANCELLERS` keeps that state's destructor
+/// waiting: it comes after the task's completion, which comes after our check in the SeqCst
+/// order, so it sees our count.
+pub(crate) fn cancel_started(job: Arc<dyn Job>) {
+    CANCELLERS.fetch_add(1, Ordering::SeqCst);
+    let h = job.header();
+    if !h.is_done_seqcst() {
+        // SAFETY: the task has started, so its placement was written before the STARTED
+        // bit our caller saw (Acquire), and the shared state is alive (see above).
+        let (sched, worker) = unsafe {
+            let p = &*h.placement.get();
+            (&*p.sched, p.worker)
+        };
+        let target = &sched.workers[worker];
+        target.inbox.push(ScheduleTask::Cancel(job));
+        target.sleep.wake();
+    }
+    CANCELLERS.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Pops from a `SegQueue`, looking first: crossbeam's `pop` issues a SeqCst fence when it
@@ -1144,6 +1174,7 @@ impl Worker {
         match task {
             ScheduleTask::New(job) => self.start(job),
             ScheduleTask::Fiber(job) => self.resume(job),
+            ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
         }
     }
 
@@ -1186,6 +1217,15 @@ impl Worker {
             *job.header().placement.get() = Placement {
                 sched: Arc::as_ptr(&self.shared),
                 worker: self.index,
+            }
+        };
+        let start = match start {
+            // `JoinHandle::cancel` before the start: the body never runs.
+            Start::Run if job.header().mark_started() => Start::Fail(JoinError::cancelled()),
+            Start::Run => Start::Run,
+            fail => {
+                job.header().mark_started();
+                fail
             }
         };
         let home = self.home(&*job);
@@ -1282,6 +1322,20 @@ impl Worker {
         }
     }
 
+    /// `JoinHandle::cancel` of a fiber homed here: it unwinds at its next resumption, and a
+    /// parked one is woken for it — as `stop_timeout` cancels, once. Runs between fibers,
+    /// so the fiber is parked, ready, or finished.
+    fn deliver_cancel(&self, job: &Arc<dyn Job>) {
+        let home = self.home(&**job);
+        if home.fiber.is_none() || home.cancel != Cancel::No {
+            return;
+        }
+        home.cancel = Cancel::Requested;
+        if let Some(gen) = job.header().park.parked() {
+            self.wake_own(job, gen);
+        }
+    }
+
     /// Wakes a fiber of this worker from this worker (cancellation, failed registration).
     fn wake_own(&self, job: &Arc<dyn Job>, gen: u64) {
         if job.header().park.notify(gen) {
@@ -1322,7 +1376,9 @@ impl Worker {
                 true
             }
         };
-        if cancelled {
+        // Only the shutdown's cancellations count (`stop_timeout` returns them), not those
+        // of `JoinHandle::cancel`.
+        if cancelled && self.phase.get() >= Phase::Discarding {
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
         }
         self.shared.task_done();
@@ -1335,6 +1391,7 @@ impl Worker {
             match task {
                 ScheduleTask::New(job) => return Some(job),
                 ScheduleTask::Fiber(job) => self.ready.borrow_mut().push_back(job),
+                ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
             }
         }
         self.me()

@@ -4,7 +4,8 @@
 //! Names and behaviour follow `std::sync` (and Boost.Fiber, which mirrors the C++ standard
 //! library), so there is nothing new to learn: [`Mutex`] (with std's poisoning),
 //! [`RwLock`], [`Condvar`], [`Barrier`], [`OnceLock`], [`mpsc`] with std's very error
-//! types; plus [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks.
+//! types; plus [`Semaphore`], [`WaitGroup`], [`oneshot`] and [`CancellationToken`], which
+//! std lacks.
 //!
 //! Why not std's? A fiber that waits on a `std::sync::Mutex` blocks its whole worker thread,
 //! and if the holder is a fiber of the same worker that yielded, the worker deadlocks. These
@@ -54,6 +55,7 @@ macro_rules! const_unless_loom {
 }
 
 mod barrier;
+mod cancel_token;
 mod condvar;
 pub mod mpsc;
 mod mutex;
@@ -70,6 +72,7 @@ mod waitgroup;
 mod loom_model;
 
 pub use barrier::{Barrier, BarrierWaitResult};
+pub use cancel_token::CancellationToken;
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
 pub use once_lock::OnceLock;

@@ -1,0 +1,161 @@
+//! [`CancellationToken`]: a cancellation signal shared by many tasks, with child tokens.
+
+use super::wait_queue::{wait, Lock, Wait, WaitList};
+use crate::time::deadline_after;
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// The token a cancellation wakes waiters with.
+const CANCELLED: usize = 1;
+
+struct State {
+    waiters: WaitList<()>,
+    children: Vec<Weak<Inner>>,
+    /// Live children at the last pruning of `children`.
+    pruned_at: usize,
+}
+
+struct Inner {
+    cancelled: AtomicBool,
+    state: Lock<State>,
+}
+
+/// A signal that some work should stop, like tokio's `CancellationToken`: cheap to clone
+/// (clones share the signal), checked with [`is_cancelled`](Self::is_cancelled), awaited
+/// with [`cancelled`](Self::cancelled) — which suspends a fiber, or blocks a plain thread —
+/// and fired once with [`cancel`](Self::cancel). A [child token](Self::child_token) is
+/// cancelled with its parent (and its own children), but cancelling it leaves the parent
+/// alone.
+///
+/// ```
+/// use fibra::sync::CancellationToken;
+/// use std::time::Duration;
+///
+/// let sched = fibra::Scheduler::builder().threads(2).build().unwrap();
+/// sched.start();
+/// let token = CancellationToken::new();
+/// let workers: Vec<_> = (0..4)
+///     .map(|_| {
+///         let token = token.child_token();
+///         sched.submit(move || {
+///             let mut rounds = 0;
+///             while !token.is_cancelled() {
+///                 rounds += 1;
+///                 fibra::sleep(Duration::from_millis(1));
+///             }
+///             rounds
+///         }, None).unwrap()
+///     })
+///     .collect();
+/// std::thread::sleep(Duration::from_millis(20));
+/// token.cancel();
+/// for w in workers {
+///     w.join().unwrap();
+/// }
+/// ```
+#[derive(Clone)]
+pub struct CancellationToken {
+    inner: Arc<Inner>,
+}
+
+impl Default for CancellationToken {
+    fn default() -> Self {
+        CancellationToken::new()
+    }
+}
+
+impl CancellationToken {
+    /// A token not cancelled, with no parent.
+    pub fn new() -> CancellationToken {
+        CancellationToken {
+            inner: Arc::new(Inner {
+                cancelled: AtomicBool::new(false),
+                state: Lock::new(State {
+                    waiters: WaitList::new(),
+                    children: Vec::new(),
+                    pruned_at: 0,
+                }),
+            }),
+        }
+    }
+
+    /// A new token cancelled when this one is (at once, if it already is). Cancelling the
+    /// child does not cancel this token. Dropped children cost nothing here for long: the
+    /// parent forgets them as it gains new ones.
+    pub fn child_token(&self) -> CancellationToken {
+        let child = CancellationToken::new();
+        let mut st = self.inner.state.lock();
+        if self.inner.cancelled.load(Ordering::Acquire) {
+            drop(st);
+            child.cancel();
+            return child;
+        }
+        st.children.push(Arc::downgrade(&child.inner));
+        if st.children.len() > 2 * st.pruned_at.max(8) {
+            st.children.retain(|c| c.strong_count() > 0);
+            st.pruned_at = st.children.len();
+        }
+        child
+    }
+
+    /// Cancels this token and, transitively, its children: every waiter in
+    /// [`cancelled`](Self::cancelled) wakes. Idempotent; never blocks.
+    pub fn cancel(&self) {
+        let mut pending = vec![self.inner.clone()];
+        while let Some(inner) = pending.pop() {
+            let children = {
+                let mut guard = inner.state.lock();
+                if inner.cancelled.swap(true, Ordering::AcqRel) {
+                    continue;
+                }
+                let (st, wakes) = guard.parts();
+                st.waiters.wake_all(CANCELLED, wakes);
+                std::mem::take(&mut st.children)
+                // The waiters are unparked as the guard goes, after the lock is released.
+            };
+            pending.extend(children.iter().filter_map(Weak::upgrade));
+        }
+    }
+
+    /// Whether the token has been cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Waits until the token is cancelled: suspends a fiber, blocks a plain thread. Returns
+    /// at once if it already is.
+    pub fn cancelled(&self) {
+        self.wait_until(None);
+    }
+
+    /// Waits at most `timeout` for the token to be cancelled; returns whether it is.
+    pub fn cancelled_timeout(&self, timeout: Duration) -> bool {
+        self.wait_until(Some(deadline_after(timeout)))
+    }
+
+    fn wait_until(&self, deadline: Option<Instant>) -> bool {
+        crate::coop::spend();
+        if self.is_cancelled() {
+            return true;
+        }
+        let st = self.inner.state.lock();
+        if self.is_cancelled() {
+            return true;
+        }
+        match wait(st, |st| &mut st.waiters, (), deadline, || {}, |_, _| {}) {
+            Wait::Woken(_) => true,
+            Wait::TimedOut(_) => self.is_cancelled(),
+        }
+    }
+}
+
+impl fmt::Debug for CancellationToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CancellationToken")
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}
