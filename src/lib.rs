@@ -52,6 +52,7 @@ mod fiber;
 pub mod fs;
 pub mod io;
 mod join;
+mod join_set;
 pub mod net;
 mod park;
 mod sched;
@@ -71,6 +72,7 @@ pub mod __bench {
 pub use error::{Error, SubmitError};
 pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
 pub use join::{JoinError, JoinHandle};
+pub use join_set::JoinSet;
 pub use park::{park, park_timeout, ParkResult, Unparker};
 pub use sched::{
     current_worker, spawn, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DROP_PATIENCE,
