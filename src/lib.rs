@@ -56,6 +56,7 @@ mod join_set;
 pub mod net;
 mod park;
 mod sched;
+mod scope;
 mod stack;
 pub mod sync;
 mod sys;
@@ -78,6 +79,7 @@ pub use sched::{
     current_worker, spawn, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DROP_PATIENCE,
     MAX_THREADS,
 };
+pub use scope::{scope, Scope, ScopedJoinHandle};
 pub use stack::{
     guard_kind, stack_stats, StackStats, DEFAULT_STACK_CACHE, DEFAULT_STACK_SIZE, MIN_STACK_SIZE,
 };

@@ -563,7 +563,7 @@ where
 }
 
 /// `spawn`'s body: submit to any worker, or a cancelled handle if refused.
-fn spawn_on<F, T>(shared: &Shared, f: F) -> JoinHandle<T>
+pub(crate) fn spawn_on<F, T>(shared: &Shared, f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,

@@ -1,0 +1,188 @@
+//! `fibra::scope`: scoped fibers borrow from the caller, which waits for all of them.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{finish, started, with_deadline, LIMIT};
+
+#[test]
+fn scoped_fibers_borrow_and_mutate_the_callers_data() {
+    with_deadline(|| {
+        let sched = started(2);
+        let out = sched.block_on(|| {
+            let mut data = vec![0u64; 1000];
+            let shared = 7u64;
+            fibra::scope(|s| {
+                for (i, chunk) in data.chunks_mut(100).enumerate() {
+                    let shared = &shared;
+                    s.spawn(move || {
+                        for (j, x) in chunk.iter_mut().enumerate() {
+                            *x = (i * 100 + j) as u64 * shared;
+                            if j % 10 == 0 {
+                                fibra::Fiber::yield_now();
+                            }
+                        }
+                    });
+                }
+            });
+            data
+        });
+        assert!(out.iter().enumerate().all(|(k, x)| *x == k as u64 * 7));
+        sched.stop();
+    });
+}
+
+#[test]
+fn nested_spawns_and_values() {
+    with_deadline(|| {
+        let sched = started(2);
+        let total = sched.block_on(|| {
+            let counter = AtomicUsize::new(0);
+            let sum = fibra::scope(|s| {
+                let handles: Vec<_> = (0..100)
+                    .map(|i| {
+                        let counter = &counter;
+                        s.spawn(move || {
+                            // A scoped fiber spawns into the same scope.
+                            s.spawn(move || counter.fetch_add(1, Ordering::SeqCst));
+                            i
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap())
+                    .sum::<usize>()
+            });
+            // Every nested fiber ended before scope returned.
+            (sum, counter.load(Ordering::SeqCst))
+        });
+        assert_eq!(total, (4950, 100));
+        sched.stop();
+    });
+}
+
+#[test]
+fn an_unjoined_panicking_fiber_makes_the_scope_panic_after_all_ended() {
+    with_deadline(|| {
+        let sched = started(2);
+        let h = sched
+            .submit(
+                || {
+                    let ended = AtomicUsize::new(0);
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        fibra::scope(|s| {
+                            s.spawn(|| panic!("scoped boom"));
+                            for _ in 0..10 {
+                                s.spawn(|| {
+                                    fibra::sleep(Duration::from_millis(20));
+                                    ended.fetch_add(1, Ordering::SeqCst);
+                                });
+                            }
+                        })
+                    }));
+                    (r.is_err(), ended.load(Ordering::SeqCst))
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(h), (true, 10));
+        sched.stop();
+    });
+}
+
+#[test]
+fn a_joined_panic_does_not_make_the_scope_panic() {
+    with_deadline(|| {
+        let sched = started(2);
+        let caught = sched.block_on(|| {
+            fibra::scope(|s| {
+                let h = s.spawn(|| -> u32 { panic!("joined boom") });
+                h.join().unwrap_err().is_panic()
+            })
+        });
+        assert!(caught);
+        sched.stop();
+    });
+}
+
+#[test]
+fn the_scope_waits_when_its_own_body_panics() {
+    with_deadline(|| {
+        let sched = started(2);
+        let h = sched
+            .submit(
+                || {
+                    let ended = AtomicUsize::new(0);
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        fibra::scope(|s| {
+                            for _ in 0..5 {
+                                s.spawn(|| {
+                                    fibra::sleep(Duration::from_millis(20));
+                                    ended.fetch_add(1, Ordering::SeqCst);
+                                });
+                            }
+                            panic!("body boom");
+                        })
+                    }));
+                    let msg = r.unwrap_err().downcast::<&str>().map(|s| *s).unwrap_or("?");
+                    (msg, ended.load(Ordering::SeqCst))
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(finish(h), ("body boom", 5));
+        sched.stop();
+    });
+}
+
+#[test]
+fn a_cancelled_scope_still_waits_for_its_fibers() {
+    with_deadline(|| {
+        let sched = started(2);
+        let ended = Arc::new(AtomicUsize::new(0));
+        let e = ended.clone();
+        let h = sched
+            .submit(
+                move || {
+                    let local = AtomicUsize::new(0);
+                    fibra::scope(|s| {
+                        for _ in 0..4 {
+                            s.spawn(|| {
+                                fibra::sleep(Duration::from_millis(50));
+                                // Borrows the cancelled fiber's frame: still alive.
+                                local.fetch_add(1, Ordering::SeqCst);
+                                e.fetch_add(1, Ordering::SeqCst);
+                            });
+                        }
+                        fibra::sleep(Duration::from_secs(3600));
+                    });
+                },
+                None,
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        h.cancel();
+        assert!(h.wait_timeout(LIMIT));
+        assert!(h.is_cancelled());
+        assert_eq!(
+            ended.load(Ordering::SeqCst),
+            4,
+            "the scope returned before its fibers"
+        );
+        sched.stop();
+    });
+}
+
+#[test]
+fn scope_outside_a_fiber_panics_with_a_clear_message() {
+    let r = std::panic::catch_unwind(|| fibra::scope(|_| ()));
+    let msg = common::panic_message(&*r.unwrap_err()).unwrap_or_default();
+    assert!(
+        msg.contains("fibra::scope must be called from a fiber"),
+        "{msg}"
+    );
+}
