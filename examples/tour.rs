@@ -199,7 +199,78 @@ fn main() -> Result<(), fibra::Error> {
     );
 
     executors_and_tasks();
+    structured_concurrency();
     Ok(())
+}
+
+/// Scoped fibers that borrow, a JoinSet in completion order, cancelling one task, and a
+/// cancellation token shared by workers.
+fn structured_concurrency() {
+    use fibra::sync::CancellationToken;
+    use fibra::JoinSet;
+
+    println!("\n== 12. Scopes, JoinSets, cancelling one task, cancellation tokens");
+    let sched = fibra::Scheduler::builder()
+        .threads(2)
+        .name("tour-tasks")
+        .build()
+        .expect("valid configuration");
+    let (sum, order, cancelled, rounds) = sched.block_on(|| {
+        // Scoped fibers borrow the caller's data; the scope waits for them.
+        let data: Vec<u64> = (1..=1_000).collect();
+        let sum = fibra::scope(|s| {
+            let halves: Vec<_> = data
+                .chunks(500)
+                .map(|c| s.spawn(move || c.iter().sum::<u64>()))
+                .collect();
+            halves
+                .into_iter()
+                .map(|h| h.join().expect("no panic"))
+                .sum::<u64>()
+        });
+        // A JoinSet hands results back in the order the tasks finish.
+        let mut set = JoinSet::new();
+        for ms in [30u64, 10, 20] {
+            set.spawn(move || {
+                fibra::sleep(Duration::from_millis(ms));
+                ms
+            });
+        }
+        let mut order = Vec::new();
+        while let Some(r) = set.join_next() {
+            order.push(r.expect("no panic"));
+        }
+        // One task cancelled: it unwinds out of its sleep at once.
+        let sleeper = fibra::spawn(|| fibra::sleep(Duration::from_secs(3600)));
+        sleeper.cancel();
+        let cancelled = sleeper.join().map_err(|e| e.is_cancelled()) == Err(true);
+        // Workers stop when the token they share is cancelled.
+        let token = CancellationToken::new();
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let token = token.child_token();
+                fibra::spawn(move || {
+                    let mut rounds = 0u32;
+                    while !token.cancelled_timeout(Duration::from_millis(1)) {
+                        rounds += 1;
+                    }
+                    rounds
+                })
+            })
+            .collect();
+        fibra::sleep(Duration::from_millis(10));
+        token.cancel();
+        let rounds: u32 = workers
+            .into_iter()
+            .map(|w| w.join().expect("no panic"))
+            .sum();
+        (sum, order, cancelled, rounds)
+    });
+    println!("   scope: two scoped fibers summed a borrowed Vec to {sum}");
+    println!("   JoinSet: finished in the order {order:?} (ms slept)");
+    println!("   JoinHandle::cancel: the hour-long sleeper ended cancelled: {cancelled}");
+    println!("   CancellationToken: 3 workers stopped after {rounds} rounds in all");
+    sched.stop();
 }
 
 /// Blocking-style socket code in fibers: an echo round trip over loopback, with the server
