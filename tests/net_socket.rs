@@ -1,7 +1,7 @@
-//! `fibra::net::TcpSocket` on 127.0.0.1: options round-trip, `SO_REUSEPORT` shares a port,
-//! `listen` and `connect` work from fibers and from plain threads, refused connects are
-//! errors, and running out of descriptors is an error (in a child process, which may lower
-//! its limit).
+//! `fibra::net::TcpSocket` and `TcpListener::bind`'s backlog on 127.0.0.1: options round-trip,
+//! `SO_REUSEPORT` shares a port, `listen` and `connect` work from fibers and from plain
+//! threads, refused connects are errors, a burst of 500 connects fits the listen queue, and
+//! running out of descriptors is an error (in a child process, which may lower its limit).
 
 mod common;
 mod net_util;
@@ -9,11 +9,12 @@ mod net_util;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
-use common::{started, with_deadline, LIMIT};
+use common::{finish, started, with_deadline, LIMIT};
 use fibra::net::{TcpListener, TcpSocket, TcpStream};
 use net_util::{fibers_and_threads, Actors};
 
@@ -36,6 +37,88 @@ fn fcntl(fd: RawFd, cmd: libc::c_int) -> libc::c_int {
 
 fn is_nonblocking(fd: RawFd) -> bool {
     fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0
+}
+
+// --- TcpListener::bind's backlog -----------------------------------------------------------
+
+#[test]
+fn five_hundred_connects_at_once_all_complete_before_the_first_accept() {
+    with_deadline(|| {
+        // The kernel caps every backlog at net.core.somaxconn; where that is below 500 the
+        // test can only ask for what the system allows.
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(4096);
+        let clients = 500.min(somaxconn);
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let sched = started(2);
+        let connected = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..clients)
+            .map(|_| {
+                let connected = connected.clone();
+                sched
+                    .submit(
+                        move || {
+                            let s = TcpStream::connect(addr).expect("connect");
+                            connected.fetch_add(1, Ordering::SeqCst);
+                            s
+                        },
+                        None,
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        // Nobody accepts yet: every handshake must complete into the listen queue. With
+        // std's backlog of 128 the kernel drops the surplus SYNs, and those clients retry
+        // after 1 s, 3 s, 7 s, … and never get in while nobody accepts.
+        let bound = Duration::from_secs(10);
+        while connected.load(Ordering::SeqCst) < clients {
+            assert!(
+                start.elapsed() < bound,
+                "only {} of {clients} connects completed within {bound:?}",
+                connected.load(Ordering::SeqCst)
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        // Now accept them all, on this plain thread; each is queued already.
+        let mut peers = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            let (conn, peer) = listener.accept().expect("accept");
+            peers.push(peer);
+            drop(conn);
+        }
+        assert!(start.elapsed() < LIMIT);
+        let mut locals: Vec<_> = tasks
+            .into_iter()
+            .map(|t| finish(t).local_addr().unwrap())
+            .collect();
+        locals.sort();
+        peers.sort();
+        assert_eq!(locals, peers, "accepted exactly the clients' connections");
+        sched.stop();
+    });
+}
+
+#[test]
+fn bind_tries_every_address_and_reports_the_last_error() {
+    with_deadline(|| {
+        let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let taken_addr = taken.local_addr().unwrap();
+        let err = TcpListener::bind(taken_addr).expect_err("address in use");
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err:?}");
+        // The first address fails, the second works.
+        let both = [taken_addr, localhost()];
+        let l = TcpListener::bind(&both[..]).expect("the second address");
+        assert_ne!(l.local_addr().unwrap(), taken_addr);
+        let err = TcpListener::bind(&[][..] as &[SocketAddr]).expect_err("no address");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err:?}");
+        // Close-on-exec and non-blocking, like every fibra socket.
+        assert!(fcntl(l.as_raw_fd(), libc::F_GETFD) & libc::FD_CLOEXEC != 0);
+        assert!(is_nonblocking(l.as_raw_fd()));
+    });
 }
 
 // --- TcpSocket ------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ macro_rules! ip_socket_options {
     };
 }
 
+/// The listen backlog of [`TcpListener::bind`], tokio's default.
+const BACKLOG: u32 = 1024;
+
 /// Calls `f` with each address `addr` names until one works, as std does; the last error
 /// if none does.
 fn each_addr<A: ToSocketAddrs + ?Sized, T>(
@@ -66,13 +69,23 @@ fn each_addr<A: ToSocketAddrs + ?Sized, T>(
 }
 
 impl TcpListener {
-    /// Binds to `addr` (the first address that works, as std does). A host name is
-    /// resolved without blocking the worker (see [`ToSocketAddrs`]).
+    /// Binds to `addr` and listens (the first address that works, as std does). A host name
+    /// is resolved without blocking the worker (see [`ToSocketAddrs`]).
+    ///
+    /// The socket is set up as std sets up its listeners on Unix — close-on-exec,
+    /// `SO_REUSEADDR` — but listens with a backlog of 1024 connections waiting to be
+    /// accepted, as tokio's listeners do, instead of std's 128 (the kernel caps it at its
+    /// `net.core.somaxconn`). With 128, a burst of a few hundred connects overflows the
+    /// queue before the accept loop runs; the kernel drops the surplus SYNs and those
+    /// clients retry only after a second or more. For another backlog, or other options
+    /// before listening, use [`TcpSocket`](super::TcpSocket).
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<TcpListener> {
-        let addrs = resolve(&addr)?;
-        Ok(TcpListener::from(std::net::TcpListener::bind(
-            addrs.as_slice(),
-        )?))
+        each_addr(&addr, |a| {
+            let socket = TcpSocket::for_addr(a)?;
+            socket.set_reuseaddr(true)?;
+            socket.bind(*a)?;
+            socket.listen(BACKLOG)
+        })
     }
 
     /// Waits for a connection and returns it with the peer's address.
