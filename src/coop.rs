@@ -13,7 +13,7 @@
 //!
 //! What spends: channel `send`/`recv` and their `try_` and timed forms (`mpsc`, `oneshot`),
 //! `Mutex::lock`/`try_lock`, `RwLock`'s four acquisitions, `Semaphore`'s acquisitions,
-//! `Barrier::wait`, `WaitGroup::wait`, `JoinHandle::join` and `wait_timeout`, every socket operation (`accept`, `connect`,
+//! `Barrier::wait` and `wait_timeout`, `WaitGroup::wait`, `JoinHandle::join` and `wait_timeout`, every socket operation (`accept`, `connect`,
 //! `read`, `write`, `send`, `recv`, … — including those that fail at once, so an `accept`
 //! loop under `EMFILE` yields), [`crate::io::wait_readable`]/[`wait_writable`](crate::io::wait_writable),
 //! and a `sleep` whose deadline has passed. Calls from plain threads and from standalone

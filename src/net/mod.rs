@@ -1,5 +1,6 @@
 //! Fiber-aware sockets with std's API: [`TcpListener`], [`TcpStream`], [`UdpSocket`] and, in
-//! [`unix`], Unix-domain sockets.
+//! [`unix`], Unix-domain sockets; [`TcpSocket`] sets TCP options before listening or
+//! connecting.
 //!
 //! Every call tries the system call first and waits only on `EAGAIN`: inside a fiber the fiber
 //! parks until the reactor reports readiness; on a plain thread the thread blocks in
@@ -42,10 +43,12 @@ mod addr;
 #[macro_use]
 mod registration;
 mod send;
+mod socket;
 mod tcp;
 mod udp;
 pub mod unix;
 
 pub use addr::ToSocketAddrs;
+pub use socket::TcpSocket;
 pub use tcp::{Incoming, TcpListener, TcpStream};
 pub use udp::UdpSocket;

@@ -40,14 +40,27 @@ impl Registration {
     }
 
     /// Runs `op` until it does not fail with `WouldBlock`, waiting for `interest` between
-    /// tries; gives up with `WouldBlock` at `deadline`.
+    /// tries; gives up with `WouldBlock` at `deadline`. Spends one unit of the cooperative
+    /// budget first.
     pub(crate) fn io<R>(
+        &self,
+        interest: u32,
+        deadline: Option<Instant>,
+        op: impl FnMut() -> io::Result<R>,
+    ) -> io::Result<R> {
+        crate::coop::spend();
+        self.io_spent(interest, deadline, op)
+    }
+
+    /// [`io`](Registration::io) for an operation that spent its unit of budget already,
+    /// before a first system call of its own (a connect: it spends even when `connect(2)`
+    /// fails at once, and must not spend twice when it then waits).
+    pub(crate) fn io_spent<R>(
         &self,
         interest: u32,
         deadline: Option<Instant>,
         mut op: impl FnMut() -> io::Result<R>,
     ) -> io::Result<R> {
-        crate::coop::spend();
         loop {
             let seen = self.record.get().map(|r| r.snapshot());
             match op() {

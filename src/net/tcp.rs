@@ -3,9 +3,10 @@
 
 use super::addr::{resolve, ToSocketAddrs};
 use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
+use super::socket::TcpSocket;
 use crate::time::deadline_after;
 use nix::errno::Errno;
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage};
+use nix::sys::socket::SockaddrStorage;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -43,14 +44,48 @@ macro_rules! ip_socket_options {
     };
 }
 
+/// The listen backlog of [`TcpListener::bind`], tokio's default.
+const BACKLOG: u32 = 1024;
+
+/// Calls `f` with each address `addr` names until one works, as std does; the last error
+/// if none does.
+fn each_addr<A: ToSocketAddrs + ?Sized, T>(
+    addr: &A,
+    mut f: impl FnMut(&SocketAddr) -> io::Result<T>,
+) -> io::Result<T> {
+    let mut last = None;
+    for a in resolve(addr)? {
+        match f(&a) {
+            Ok(t) => return Ok(t),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "could not resolve to any addresses",
+        )
+    }))
+}
+
 impl TcpListener {
-    /// Binds to `addr` (the first address that works, as std does). A host name is
-    /// resolved without blocking the worker (see [`ToSocketAddrs`]).
+    /// Binds to `addr` and listens (the first address that works, as std does). A host name
+    /// is resolved without blocking the worker (see [`ToSocketAddrs`]).
+    ///
+    /// The socket is set up as std sets up its listeners on Unix — close-on-exec,
+    /// `SO_REUSEADDR` — but listens with a backlog of 1024 connections waiting to be
+    /// accepted, as tokio's listeners do, instead of std's 128 (the kernel caps it at its
+    /// `net.core.somaxconn`). With 128, a burst of a few hundred connects overflows the
+    /// queue before the accept loop runs; the kernel drops the surplus SYNs and those
+    /// clients retry only after a second or more. For another backlog, or other options
+    /// before listening, use [`TcpSocket`](super::TcpSocket).
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<TcpListener> {
-        let addrs = resolve(&addr)?;
-        Ok(TcpListener::from(std::net::TcpListener::bind(
-            addrs.as_slice(),
-        )?))
+        each_addr(&addr, |a| {
+            let socket = TcpSocket::for_addr(a)?;
+            socket.set_reuseaddr(true)?;
+            socket.bind(*a)?;
+            socket.listen(BACKLOG)
+        })
     }
 
     /// Waits for a connection and returns it with the peer's address.
@@ -163,23 +198,13 @@ impl TcpStream {
     /// Connects to `addr`, trying each resolved address in turn like std. A host name is
     /// resolved without blocking the worker (see [`ToSocketAddrs`]).
     pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<TcpStream> {
-        let mut last = None;
-        for a in resolve(&addr)? {
-            match connect_addr(&a, None) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "could not resolve to any addresses",
-            )
-        }))
+        crate::coop::spend();
+        each_addr(&addr, |a| connect_addr(a, None))
     }
 
     /// Connects to `addr`, giving up after `timeout` with [`io::ErrorKind::TimedOut`].
     pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+        crate::coop::spend();
         if timeout.is_zero() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -239,17 +264,20 @@ ip_socket_options!(TcpStream);
 
 timed_socket!(TcpStream, std::net::TcpStream);
 
+/// A fresh socket for `addr`, connected by [`connect_spent`].
 fn connect_addr(addr: &SocketAddr, deadline: Option<Instant>) -> io::Result<TcpStream> {
-    let family = match addr {
-        SocketAddr::V4(_) => AddressFamily::Inet,
-        SocketAddr::V6(_) => AddressFamily::Inet6,
-    };
-    let fd: OwnedFd = nix::sys::socket::socket(
-        family,
-        SockType::Stream,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
+    connect_spent(TcpSocket::for_addr(addr)?.into_fd(), addr, deadline)
+}
+
+/// Connects the unconnected socket `fd` to `addr`: a non-blocking `connect(2)`, then a wait
+/// in the reactor until the handshake ends; gives up with `WouldBlock` at `deadline`. The
+/// one connect of [`TcpStream::connect`], [`TcpStream::connect_timeout`] and
+/// [`TcpSocket::connect`], whose callers have spent the operation's unit of budget.
+pub(super) fn connect_spent(
+    fd: OwnedFd,
+    addr: &SocketAddr,
+    deadline: Option<Instant>,
+) -> io::Result<TcpStream> {
     let stream = TcpStream::from(std::net::TcpStream::from(fd));
     match nix::sys::socket::connect(stream.as_raw_fd(), &SockaddrStorage::from(*addr)) {
         Ok(()) => return Ok(stream),
@@ -257,7 +285,7 @@ fn connect_addr(addr: &SocketAddr, deadline: Option<Instant>) -> io::Result<TcpS
         Err(Errno::EINPROGRESS) | Err(Errno::EINTR) => {}
         Err(e) => return Err(e.into()),
     }
-    stream.reg.io(WRITABLE, deadline, || {
+    stream.reg.io_spent(WRITABLE, deadline, || {
         if let Some(e) = stream.inner.take_error()? {
             return Err(e);
         }
