@@ -4,7 +4,8 @@
 //! Names and behaviour follow `std::sync` (and Boost.Fiber, which mirrors the C++ standard
 //! library), so there is nothing new to learn: [`Mutex`] (with std's poisoning),
 //! [`RwLock`], [`Condvar`], [`Barrier`], [`OnceLock`], [`mpsc`] with std's very error
-//! types; plus [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks.
+//! types; plus [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks, and [`mpmc`]
+//! (std's channel API with cloneable receivers, as crossbeam-channel's).
 //!
 //! Why not std's? A fiber that waits on a `std::sync::Mutex` blocks its whole worker thread,
 //! and if the holder is a fiber of the same worker that yielded, the worker deadlocks. These
@@ -55,6 +56,7 @@ macro_rules! const_unless_loom {
 
 mod barrier;
 mod condvar;
+pub mod mpmc;
 pub mod mpsc;
 mod mutex;
 mod once_lock;
