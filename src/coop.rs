@@ -12,7 +12,7 @@
 //! suspension: a park, a yield, a wait). The same idea as tokio's `coop`.
 //!
 //! What spends: channel `send`/`recv` and their `try_` and timed forms (`mpsc`, `mpmc`,
-//! `oneshot`), `Mutex::lock`/`try_lock`, `RwLock`'s four acquisitions,
+//! `broadcast`, `oneshot`), `Mutex::lock`/`try_lock`, `RwLock`'s four acquisitions,
 //! `Semaphore`'s acquisitions, `Barrier::wait`, `WaitGroup::wait`, `JoinHandle::join` and
 //! `wait_timeout`, every socket operation (`accept`, `connect`,
 //! `read`, `write`, `send`, `recv`, … — including those that fail at once, so an `accept`

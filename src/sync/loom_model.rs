@@ -334,3 +334,33 @@ fn mpmc_bounded_sender_is_handed_over_to_either_receiver() {
         assert!(rx.recv().is_err(), "then the disconnection");
     });
 }
+
+#[test]
+fn broadcast_send_and_close_race_recv() {
+    loom::model(|| {
+        let (tx, mut rx) = broadcast::channel::<usize>(1);
+        let t = thread::spawn(move || {
+            tx.send(1).unwrap();
+        });
+        assert_eq!(rx.recv(), Ok(1));
+        assert_eq!(rx.recv(), Err(broadcast::RecvError::Closed));
+        t.join().unwrap();
+    });
+}
+
+#[test]
+fn broadcast_recv_timeout_races_send() {
+    loom::model(|| {
+        let (tx, mut rx) = broadcast::channel::<usize>(1);
+        let t = thread::spawn(move || tx.send(1).unwrap());
+        let got = rx.recv_timeout(Duration::from_millis(1));
+        t.join().unwrap();
+        match got {
+            Ok(v) => assert_eq!(v, 1),
+            Err(e) => {
+                assert_eq!(e, broadcast::RecvTimeoutError::Timeout);
+                assert_eq!(rx.try_recv(), Ok(1), "a timed-out receiver missed nothing");
+            }
+        }
+    });
+}

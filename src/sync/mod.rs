@@ -4,8 +4,9 @@
 //! Names and behaviour follow `std::sync` (and Boost.Fiber, which mirrors the C++ standard
 //! library), so there is nothing new to learn: [`Mutex`] (with std's poisoning),
 //! [`RwLock`], [`Condvar`], [`Barrier`], [`OnceLock`], [`mpsc`] with std's very error
-//! types; plus [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks, and [`mpmc`]
-//! (std's channel API with cloneable receivers, as crossbeam-channel's).
+//! types; plus [`Semaphore`], [`WaitGroup`] and [`oneshot`], which std lacks, [`mpmc`]
+//! (std's channel API with cloneable receivers, as crossbeam-channel's) and [`broadcast`]
+//! (tokio's: every receiver sees every message).
 //!
 //! Why not std's? A fiber that waits on a `std::sync::Mutex` blocks its whole worker thread,
 //! and if the holder is a fiber of the same worker that yielded, the worker deadlocks. These
@@ -55,6 +56,7 @@ macro_rules! const_unless_loom {
 }
 
 mod barrier;
+pub mod broadcast;
 mod condvar;
 pub mod mpmc;
 pub mod mpsc;
