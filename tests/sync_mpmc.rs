@@ -717,10 +717,13 @@ fn a_receiver_cancelled_with_a_message_in_hand_passes_it_on() {
         thread::sleep(Duration::from_millis(20));
         let sending = Arc::new(AtomicUsize::new(0));
         let s = sending.clone();
+        // `tx` stays alive here: a receiver not cancelled yet keeps waiting, and is cancelled
+        // however late the deadline passes.
+        let tx2 = tx.clone();
         let sender = sched
             .submit(
                 move || {
-                    tx.send(42).unwrap();
+                    tx2.send(42).unwrap();
                     s.store(1, Ordering::SeqCst);
                     // Block the worker (deliberately not a fiber wait) while the shutdown
                     // deadline passes.
@@ -752,7 +755,8 @@ fn a_receiver_cancelled_with_a_message_in_hand_passes_it_on() {
             received.push(v);
         }
         assert_eq!(received, [42], "the message is neither lost nor duplicated");
-        assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        drop(tx);
         // Usually both were cancelled and the message went back to the channel; on a very
         // slow machine the deadline may pass only after the first receiver resumed.
         eprintln!("cancelled receivers: {cancelled}");
