@@ -198,7 +198,8 @@ fn index(len: u64, pos: u64) -> usize {
 
 /// What a receiver found under the lock.
 enum Found<T> {
-    Message(Shared<T>),
+    /// A message, and whether this receiver was the last to see it.
+    Message(Shared<T>, bool),
     Lagged(u64),
     Nothing,
 }
@@ -246,9 +247,9 @@ impl<T: Clone> Receiver<T> {
         crate::coop::spend();
         let mut st = self.chan.state.lock();
         match find(&mut self.next, &mut st) {
-            Found::Message(v) => {
+            Found::Message(v, last) => {
                 drop(st);
-                Ok(Shared::unwrap_or_clone(v))
+                Ok(take_value(v, last))
             }
             Found::Lagged(n) => Err(TryRecvError::Lagged(n)),
             Found::Nothing if st.senders == 0 => Err(TryRecvError::Closed),
@@ -279,9 +280,9 @@ impl<T: Clone> Receiver<T> {
         let mut st = self.chan.state.lock();
         loop {
             match find(&mut self.next, &mut st) {
-                Found::Message(v) => {
+                Found::Message(v, last) => {
                     drop(st);
-                    return Ok(Shared::unwrap_or_clone(v));
+                    return Ok(take_value(v, last));
                 }
                 Found::Lagged(n) => return Err(RecvTimeoutError::Lagged(n)),
                 Found::Nothing if st.senders == 0 => return Err(RecvTimeoutError::Closed),
@@ -295,6 +296,16 @@ impl<T: Clone> Receiver<T> {
                 Wait::TimedOut(_) => return Err(RecvTimeoutError::Timeout),
             }
         }
+    }
+}
+
+/// A receiver's copy of a message it found: moved out if it was the last to see it and
+/// nobody else holds it any more, else cloned. Called without the lock.
+fn take_value<T: Clone>(value: Shared<T>, last: bool) -> T {
+    if last {
+        Shared::unwrap_or_clone(value)
+    } else {
+        T::clone(&value)
     }
 }
 
@@ -313,12 +324,13 @@ fn find<T>(next: &mut u64, st: &mut State<T>) -> Found<T> {
     let entry = &mut st.ring[index(len, *next)];
     *next += 1;
     entry.rem -= 1;
-    let value = if entry.rem == 0 {
+    let last = entry.rem == 0;
+    let value = if last {
         entry.value.take()
     } else {
         entry.value.clone()
     };
-    Found::Message(value.expect("a retained message has its value"))
+    Found::Message(value.expect("a retained message has its value"), last)
 }
 
 impl<T> Clone for Sender<T> {
