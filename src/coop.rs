@@ -11,9 +11,11 @@
 //! budget is [`BUDGET`] operations, refilled whenever the fiber is resumed (after any
 //! suspension: a park, a yield, a wait). The same idea as tokio's `coop`.
 //!
-//! What spends: channel `send`/`recv` and their `try_` and timed forms (`mpsc`, `oneshot`),
-//! `Mutex::lock`/`try_lock`, `RwLock`'s four acquisitions, `Semaphore`'s acquisitions,
-//! `Barrier::wait` and `wait_timeout`, `WaitGroup::wait`, `JoinHandle::join` and `wait_timeout`, every socket operation (`accept`, `connect`,
+//! What spends: channel `send`/`recv` and their `try_` and timed forms (`mpsc`, `mpmc`,
+//! `broadcast`, `oneshot`), `Mutex::lock`/`try_lock`, `RwLock`'s four acquisitions,
+//! `Semaphore`'s acquisitions, `Barrier::wait` and `wait_timeout`, `WaitGroup::wait`,
+//! `CancellationToken::cancelled`, `JoinHandle::join` and `wait_timeout`, `JoinSet`'s joins,
+//! every socket operation (`accept`, `connect`,
 //! `read`, `write`, `send`, `recv`, … — including those that fail at once, so an `accept`
 //! loop under `EMFILE` yields), [`crate::io::wait_readable`]/[`wait_writable`](crate::io::wait_writable),
 //! and a `sleep` whose deadline has passed. Calls from plain threads and from standalone

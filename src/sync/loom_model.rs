@@ -9,7 +9,9 @@
 
 use super::shim::Arc;
 use super::wait_queue::{wait, Lock, Wait, WaitList};
-use super::{mpsc, oneshot, Barrier, Condvar, Mutex, RwLock, Semaphore, WaitGroup};
+use super::{
+    broadcast, mpmc, mpsc, oneshot, Barrier, Condvar, Mutex, RwLock, Semaphore, WaitGroup,
+};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use std::time::{Duration, Instant};
@@ -294,5 +296,71 @@ fn mpsc_rendezvous_and_receiver_drop() {
         drop(rx);
         let sent = t.join().unwrap();
         assert!(!got || sent, "a received message was sent");
+    });
+}
+
+#[test]
+fn mpmc_receivers_racing_their_deadlines_lose_nothing() {
+    loom::model(|| {
+        let (tx, rx) = mpmc::channel::<usize>();
+        let rx2 = rx.clone();
+        let s = thread::spawn(move || tx.send(1).unwrap());
+        let r = thread::spawn(move || rx2.recv_timeout(Duration::from_millis(1)).ok());
+        let mine = rx.recv_timeout(Duration::from_millis(1)).ok();
+        s.join().unwrap();
+        let theirs = r.join().unwrap();
+        let left = rx.try_recv().ok();
+        let got: Vec<usize> = [mine, theirs, left].into_iter().flatten().collect();
+        assert_eq!(got, [1], "received exactly once, or still in the channel");
+    });
+}
+
+#[test]
+fn mpmc_bounded_sender_is_handed_over_to_either_receiver() {
+    loom::model(|| {
+        let (tx, rx) = mpmc::sync_channel::<usize>(0);
+        let rx2 = rx.clone();
+        let s = thread::spawn(move || {
+            tx.send(1).unwrap();
+            tx.send(2).unwrap();
+        });
+        let r = thread::spawn(move || rx2.recv().ok());
+        let mine = rx.recv().ok();
+        let theirs = r.join().unwrap();
+        s.join().unwrap();
+        let mut got: Vec<usize> = [mine, theirs].into_iter().flatten().collect();
+        got.sort_unstable();
+        assert_eq!(got, [1, 2]);
+        assert!(rx.recv().is_err(), "then the disconnection");
+    });
+}
+
+#[test]
+fn broadcast_send_and_close_race_recv() {
+    loom::model(|| {
+        let (tx, mut rx) = broadcast::channel::<usize>(1);
+        let t = thread::spawn(move || {
+            tx.send(1).unwrap();
+        });
+        assert_eq!(rx.recv(), Ok(1));
+        assert_eq!(rx.recv(), Err(broadcast::RecvError::Closed));
+        t.join().unwrap();
+    });
+}
+
+#[test]
+fn broadcast_recv_timeout_races_send() {
+    loom::model(|| {
+        let (tx, mut rx) = broadcast::channel::<usize>(1);
+        let t = thread::spawn(move || tx.send(1).unwrap());
+        let got = rx.recv_timeout(Duration::from_millis(1));
+        t.join().unwrap();
+        match got {
+            Ok(v) => assert_eq!(v, 1),
+            Err(e) => {
+                assert_eq!(e, broadcast::RecvTimeoutError::Timeout);
+                assert_eq!(rx.try_recv(), Ok(1), "a timed-out receiver missed nothing");
+            }
+        }
     });
 }

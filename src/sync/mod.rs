@@ -5,7 +5,8 @@
 //! library), so there is nothing new to learn: [`Mutex`] (with std's poisoning),
 //! [`RwLock`], [`Condvar`], [`Barrier`], [`OnceLock`], [`mpsc`] with std's very error
 //! types; plus [`Semaphore`], [`WaitGroup`], [`oneshot`] and [`CancellationToken`], which
-//! std lacks.
+//! std lacks, [`mpmc`] (std's channel API with cloneable receivers, as crossbeam-channel's)
+//! and [`broadcast`] (tokio's: every receiver sees every message).
 //!
 //! Why not std's? A fiber that waits on a `std::sync::Mutex` blocks its whole worker thread,
 //! and if the holder is a fiber of the same worker that yielded, the worker deadlocks. These
@@ -55,8 +56,10 @@ macro_rules! const_unless_loom {
 }
 
 mod barrier;
+pub mod broadcast;
 mod cancel_token;
 mod condvar;
+pub mod mpmc;
 pub mod mpsc;
 mod mutex;
 mod once_lock;

@@ -12,7 +12,7 @@ usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
   --install     apt-get install golang-go and wrk first (needs root)
 
 workloads: spawn_many spawn_remote yield_many ping_pong chained_spawn skynet sleep_storm
-           timer_p50 timer_p99 unblock unblock_seq idle_cpu park_memory http";
+           timer_p50 timer_p99 unblock unblock_seq mpmc broadcast idle_cpu park_memory http";
 
 /// Options of a comparison run.
 #[derive(Debug)]

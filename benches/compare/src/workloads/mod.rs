@@ -4,9 +4,11 @@
 //! Each workload lives in its own file with one function per peer side by side, so that the code
 //! being compared can be read together. Go's versions are in `benches/compare/go/`.
 
+pub mod broadcast;
 pub mod chained_spawn;
 pub mod http;
 pub mod idle_cpu;
+pub mod mpmc;
 pub mod park_memory;
 pub mod ping_pong;
 pub mod skynet;
@@ -86,6 +88,8 @@ pub const WORKLOADS: &[Workload] = &[
     timed("timer_p99", "µs late", 60),
     timed("unblock", "ns/call", 60),
     timed("unblock_seq", "ns/call", 60),
+    timed("mpmc", "ns/message", 60),
+    timed("broadcast", "ns/message", 60),
     Workload {
         name: "idle_cpu",
         unit: "CPU ms in 2 s",
@@ -140,6 +144,8 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
             Some("no blocking pool: tokio's spawn_blocking is the peer for fibra::unblock")
         }
         (Peer::Std, "http") => Some("thread-per-connection server is not part of this comparison"),
+        (Peer::May, "mpmc") => Some("may's mpmc channel is unbounded only: no bounded(128) peer"),
+        (Peer::May | Peer::Std, "broadcast") => Some("no broadcast channel"),
         _ => None,
     }
 }
@@ -158,6 +164,11 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
         (Peer::Go, "http") => {
             Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)")
         }
+        (Peer::Tokio, "mpmc") => Some("tokio: async-channel's bounded channel (tokio has no mpmc)"),
+        (Peer::Std, "mpmc") => Some(
+            "std: crossbeam-channel's bounded channel, one OS thread per producer and consumer; \
+             --threads does not apply",
+        ),
         (Peer::Std, _) => Some("std: one OS thread per task; --threads does not apply"),
         _ => None,
     }
@@ -190,6 +201,8 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "timer_p99" => |p, c| timer_lateness::run(p, c, timer_lateness::Pct::P99),
         "unblock" => unblock::run,
         "unblock_seq" => unblock_seq::run,
+        "mpmc" => mpmc::run,
+        "broadcast" => broadcast::run,
         "idle_cpu" => idle_cpu::run,
         "park_memory" => park_memory::run,
         other => return Err(format!("workload {other} cannot run in-process")),

@@ -1,0 +1,477 @@
+//! A broadcast channel with tokio's semantics: every [`Receiver`] sees every message sent
+//! after it subscribed, in order; a receiver that falls too far behind is told how many
+//! messages it missed ([`RecvError::Lagged`]) instead of holding the senders back.
+//!
+//! [`channel`] makes a [`Sender`] and a first [`Receiver`]; [`Sender::subscribe`] adds
+//! receivers. `recv` waits by suspending the fiber (or blocking the thread) while nothing
+//! new is there; `send` never waits.
+//!
+//! # Design
+//! One ring of `capacity` entries, the position of the next message (`tail`, counting every
+//! message ever sent), the handle counts and a wait list of receivers share the internal
+//! lock. A message at position `p` lives in entry `p % capacity` until message
+//! `p + capacity` overwrites it; each receiver keeps the position it reads next. A receiver
+//! whose next position has been overwritten reports `Lagged(missed)` and moves to the oldest
+//! message still there (tokio's rule; tokio rounds the capacity up to a power of two, this
+//! channel keeps exactly `capacity`).
+//!
+//! A message is stored once, in an `Arc`, with the number of receivers yet to see it. A
+//! receiver takes a reference under the lock and clones the value after releasing it (so a
+//! `Clone` impl may use this very channel, and one that panics leaves the channel as it
+//! was, minus that receiver's copy); the last receiver to see a message moves it out
+//! without cloning when nobody else holds it. Overwritten and fully received values, and
+//! those a dropped receiver no longer needs, are dropped after the lock is released.
+//!
+//! A send wakes every waiting receiver; each then takes the lock and reads for itself, so
+//! nothing is handed over and a receiver that times out or is cancelled leaves nothing
+//! behind. The last sender's drop wakes them all to see the channel closed.
+
+use super::deadline_after;
+use super::shim::Arc;
+use super::wait_queue::{wait, Lock, Wait, WaitList};
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc as Shared;
+use std::time::{Duration, Instant};
+
+/// Tokens: a message was sent; the last sender is gone. A woken receiver looks for itself.
+const SENT: usize = 1;
+const CLOSED: usize = 2;
+
+/// Creates a broadcast channel that retains the last `capacity` messages for slow receivers,
+/// and returns its sender and a first receiver.
+///
+/// ```
+/// use fibra::sync::broadcast::{self, RecvError};
+///
+/// let sched = fibra::Scheduler::builder().threads(2).build()?;
+/// sched.start();
+/// let (tx, rx) = broadcast::channel::<u32>(16);
+/// let receivers: Vec<_> = std::iter::once(rx)
+///     .chain((0..3).map(|_| tx.subscribe()))
+///     .map(|mut rx| {
+///         sched.submit(move || {
+///             let mut got = Vec::new();
+///             while let Ok(v) = rx.recv() {
+///                 got.push(v);
+///             }
+///             got
+///         }, None).unwrap()
+///     })
+///     .collect();
+/// for i in 0..10 {
+///     assert_eq!(tx.send(i).unwrap(), 4); // four receivers will see it
+/// }
+/// drop(tx); // receivers see RecvError::Closed once they have everything
+/// for r in receivers {
+///     assert_eq!(r.join().unwrap(), (0..10).collect::<Vec<_>>());
+/// }
+/// sched.stop();
+/// # Ok::<(), fibra::Error>(())
+/// ```
+///
+/// # Panics
+/// If `capacity` is 0 (as tokio's).
+pub fn channel<T: Clone>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    assert!(capacity > 0, "broadcast channel capacity cannot be zero");
+    let ring = (0..capacity)
+        .map(|_| Entry {
+            rem: 0,
+            value: None,
+        })
+        .collect();
+    let chan = Arc::new(Chan {
+        state: Lock::new(State {
+            ring,
+            tail: 0,
+            senders: 1,
+            receivers: 1,
+            waiters: WaitList::new(),
+        }),
+    });
+    (Sender { chan: chan.clone() }, Receiver { chan, next: 0 })
+}
+
+struct Chan<T> {
+    state: Lock<State<T>>,
+}
+
+struct State<T> {
+    /// Message `p` lives in `ring[p % ring.len()]` while `tail - ring.len() <= p < tail`.
+    ring: Box<[Entry<T>]>,
+    /// The position of the next message.
+    tail: u64,
+    senders: usize,
+    receivers: usize,
+    /// Receivers waiting for a message.
+    waiters: WaitList<()>,
+}
+
+struct Entry<T> {
+    /// Receivers yet to see this message; it is dropped when none is left.
+    rem: usize,
+    value: Option<Shared<T>>,
+}
+
+/// The sending half of a broadcast [`channel`]. Clone it for more senders; the channel
+/// closes when the last one is dropped.
+pub struct Sender<T> {
+    chan: Arc<Chan<T>>,
+}
+
+/// A receiving half of a broadcast [`channel`], made by [`channel`] or
+/// [`Sender::subscribe`]. Each receiver sees every message sent after it was made, in
+/// order, independently of the others.
+///
+/// `Send` and `Sync` when `T` is both: a message is shared by the receivers until each has
+/// taken its copy.
+pub struct Receiver<T> {
+    chan: Arc<Chan<T>>,
+    /// The position this receiver reads next.
+    next: u64,
+}
+
+impl<T> Sender<T> {
+    /// Sends `value` to every receiver; never waits. The oldest message is overwritten if
+    /// the channel is full, and receivers that had not seen it will report
+    /// [`RecvError::Lagged`].
+    ///
+    /// Returns how many receivers will see the message.
+    ///
+    /// # Errors
+    /// Gives the value back if there is no receiver (it may get one later through
+    /// [`subscribe`](Sender::subscribe)).
+    pub fn send(&self, value: T) -> Result<usize, SendError<T>> {
+        crate::coop::spend();
+        // Allocated before taking the lock.
+        let value = Shared::new(value);
+        let mut st = self.chan.state.lock();
+        let receivers = st.receivers;
+        if receivers == 0 {
+            drop(st);
+            return Err(SendError(
+                Shared::into_inner(value).expect("not shared yet"),
+            ));
+        }
+        let i = index(st.ring.len() as u64, st.tail);
+        let old = std::mem::replace(
+            &mut st.ring[i],
+            Entry {
+                rem: receivers,
+                value: Some(value),
+            },
+        );
+        st.tail += 1;
+        {
+            let (st, wakes) = st.parts();
+            st.waiters.wake_all(SENT, wakes);
+        }
+        drop(st);
+        // An overwritten message is dropped outside the lock.
+        drop(old);
+        Ok(receivers)
+    }
+
+    /// A new receiver that sees every message sent from now on.
+    pub fn subscribe(&self) -> Receiver<T> {
+        let mut st = self.chan.state.lock();
+        st.receivers += 1;
+        let next = st.tail;
+        drop(st);
+        Receiver {
+            chan: self.chan.clone(),
+            next,
+        }
+    }
+
+    /// How many receivers exist now.
+    pub fn receiver_count(&self) -> usize {
+        self.chan.state.lock().receivers
+    }
+}
+
+/// The index of position `pos` in a ring of `len` entries.
+fn index(len: u64, pos: u64) -> usize {
+    // The remainder is below `len`, the length of a slice: it fits a `usize`.
+    (pos % len) as usize
+}
+
+/// What a receiver found under the lock.
+enum Found<T> {
+    /// A message, and whether this receiver was the last to see it.
+    Message(Shared<T>, bool),
+    Lagged(u64),
+    Nothing,
+}
+
+impl<T: Clone> Receiver<T> {
+    /// Waits for the next message, suspending a fiber (or blocking a thread) while there is
+    /// none.
+    ///
+    /// If `T::clone` panics, the panic propagates and this receiver skips that message.
+    ///
+    /// # Errors
+    /// [`RecvError::Lagged`]`(n)` if this receiver missed `n` messages, overwritten before it
+    /// read them; the next `recv` returns the oldest message still retained.
+    /// [`RecvError::Closed`] once every sender is gone and this receiver has seen every
+    /// message.
+    pub fn recv(&mut self) -> Result<T, RecvError> {
+        match self.recv_until(None) {
+            Ok(v) => Ok(v),
+            Err(RecvTimeoutError::Lagged(n)) => Err(RecvError::Lagged(n)),
+            Err(RecvTimeoutError::Closed) => Err(RecvError::Closed),
+            Err(RecvTimeoutError::Timeout) => unreachable!("a wait without deadline"),
+        }
+    }
+
+    /// Takes the next message if one is there; never waits.
+    ///
+    /// ```
+    /// use fibra::sync::broadcast::{self, TryRecvError};
+    /// let (tx, mut rx) = broadcast::channel(2);
+    /// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    /// for i in 0..3 {
+    ///     tx.send(i).unwrap();
+    /// }
+    /// assert_eq!(rx.try_recv(), Err(TryRecvError::Lagged(1))); // 0 was overwritten
+    /// assert_eq!(rx.try_recv(), Ok(1));
+    /// assert_eq!(rx.try_recv(), Ok(2));
+    /// drop(tx);
+    /// assert_eq!(rx.try_recv(), Err(TryRecvError::Closed));
+    /// ```
+    ///
+    /// # Errors
+    /// [`TryRecvError::Empty`] if there is no new message, [`TryRecvError::Lagged`] and
+    /// [`TryRecvError::Closed`] as for [`recv`](Receiver::recv).
+    pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
+        crate::coop::spend();
+        let mut st = self.chan.state.lock();
+        match find(&mut self.next, &mut st) {
+            Found::Message(v, last) => {
+                drop(st);
+                Ok(take_value(v, last))
+            }
+            Found::Lagged(n) => Err(TryRecvError::Lagged(n)),
+            Found::Nothing if st.senders == 0 => Err(TryRecvError::Closed),
+            Found::Nothing => Err(TryRecvError::Empty),
+        }
+    }
+
+    /// Waits at most `timeout` for the next message. `Duration::MAX` waits for ever.
+    ///
+    /// ```
+    /// use fibra::sync::broadcast::{self, RecvTimeoutError};
+    /// use std::time::Duration;
+    /// let (tx, mut rx) = broadcast::channel::<u8>(4);
+    /// assert_eq!(rx.recv_timeout(Duration::from_millis(5)), Err(RecvTimeoutError::Timeout));
+    /// drop(tx);
+    /// assert_eq!(rx.recv_timeout(Duration::from_millis(5)), Err(RecvTimeoutError::Closed));
+    /// ```
+    ///
+    /// # Errors
+    /// [`RecvTimeoutError::Timeout`] if the time ran out; `Lagged` and `Closed` as for
+    /// [`recv`](Receiver::recv).
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<T, RecvTimeoutError> {
+        self.recv_until(deadline_after(timeout))
+    }
+
+    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        crate::coop::spend();
+        let mut st = self.chan.state.lock();
+        loop {
+            match find(&mut self.next, &mut st) {
+                Found::Message(v, last) => {
+                    drop(st);
+                    return Ok(take_value(v, last));
+                }
+                Found::Lagged(n) => return Err(RecvTimeoutError::Lagged(n)),
+                Found::Nothing if st.senders == 0 => return Err(RecvTimeoutError::Closed),
+                Found::Nothing => {}
+            }
+            // Nothing is handed to a waiter, so a cancelled one has nothing to pass on.
+            match wait(st, |st| &mut st.waiters, (), deadline, || {}, |_, _| {}) {
+                Wait::Woken(SENT | CLOSED) => st = self.chan.state.lock(),
+                Wait::Woken(t) => unreachable!("broadcast receiver woken with token {t}"),
+                // Every send and the close wake all waiters: not woken means nothing new.
+                Wait::TimedOut(_) => return Err(RecvTimeoutError::Timeout),
+            }
+        }
+    }
+}
+
+/// A receiver's copy of a message it found: moved out if it was the last to see it and
+/// nobody else holds it any more, else cloned. Called without the lock.
+fn take_value<T: Clone>(value: Shared<T>, last: bool) -> T {
+    if last {
+        Shared::unwrap_or_clone(value)
+    } else {
+        T::clone(&value)
+    }
+}
+
+/// The message at a receiver's position `next`, or how many it missed; moves `next` on.
+fn find<T>(next: &mut u64, st: &mut State<T>) -> Found<T> {
+    if *next == st.tail {
+        return Found::Nothing;
+    }
+    let len = st.ring.len() as u64;
+    let oldest = st.tail.saturating_sub(len);
+    if *next < oldest {
+        let missed = oldest - *next;
+        *next = oldest;
+        return Found::Lagged(missed);
+    }
+    let entry = &mut st.ring[index(len, *next)];
+    *next += 1;
+    entry.rem -= 1;
+    let last = entry.rem == 0;
+    let value = if last {
+        entry.value.take()
+    } else {
+        entry.value.clone()
+    };
+    Found::Message(value.expect("a retained message has its value"), last)
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Sender<T> {
+        self.chan.state.lock().senders += 1;
+        Sender {
+            chan: self.chan.clone(),
+        }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        let mut st = self.chan.state.lock();
+        st.senders -= 1;
+        if st.senders == 0 {
+            let (st, wakes) = st.parts();
+            st.waiters.wake_all(CLOSED, wakes);
+        }
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        let mut st = self.chan.state.lock();
+        st.receivers -= 1;
+        // This receiver no longer counts for the messages it has not seen.
+        let len = st.ring.len() as u64;
+        let start = self.next.max(st.tail.saturating_sub(len));
+        let mut unneeded = Vec::new();
+        for pos in start..st.tail {
+            let entry = &mut st.ring[index(len, pos)];
+            entry.rem -= 1;
+            if entry.rem == 0 {
+                unneeded.extend(entry.value.take());
+            }
+        }
+        drop(st);
+        // Dropped outside the lock: a message's destructor may use this very channel, or
+        // panic.
+        drop(unneeded);
+    }
+}
+
+/// The error of [`Sender::send`] when there is no receiver; the value comes back.
+#[derive(PartialEq, Eq, Clone, Copy)]
+pub struct SendError<T>(pub T);
+
+impl<T> fmt::Debug for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendError").finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("channel closed")
+    }
+}
+
+impl<T> Error for SendError<T> {}
+
+/// The error of [`Receiver::recv`].
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum RecvError {
+    /// Every sender is gone and every message has been received.
+    Closed,
+    /// The receiver missed this many messages, overwritten before it read them; it now
+    /// reads from the oldest message retained.
+    Lagged(u64),
+}
+
+impl fmt::Display for RecvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecvError::Closed => f.write_str("channel closed"),
+            RecvError::Lagged(n) => write!(f, "channel lagged by {n}"),
+        }
+    }
+}
+
+impl Error for RecvError {}
+
+/// The error of [`Receiver::try_recv`].
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum TryRecvError {
+    /// No new message for now.
+    Empty,
+    /// Every sender is gone and every message has been received.
+    Closed,
+    /// The receiver missed this many messages, overwritten before it read them; it now
+    /// reads from the oldest message retained.
+    Lagged(u64),
+}
+
+impl fmt::Display for TryRecvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TryRecvError::Empty => f.write_str("channel empty"),
+            TryRecvError::Closed => f.write_str("channel closed"),
+            TryRecvError::Lagged(n) => write!(f, "channel lagged by {n}"),
+        }
+    }
+}
+
+impl Error for TryRecvError {}
+
+/// The error of [`Receiver::recv_timeout`].
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum RecvTimeoutError {
+    /// No new message came before the deadline.
+    Timeout,
+    /// Every sender is gone and every message has been received.
+    Closed,
+    /// The receiver missed this many messages, overwritten before it read them; it now
+    /// reads from the oldest message retained.
+    Lagged(u64),
+}
+
+impl fmt::Display for RecvTimeoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecvTimeoutError::Timeout => f.write_str("timed out waiting on channel"),
+            RecvTimeoutError::Closed => f.write_str("channel closed"),
+            RecvTimeoutError::Lagged(n) => write!(f, "channel lagged by {n}"),
+        }
+    }
+}
+
+impl Error for RecvTimeoutError {}
+
+impl<T> fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver")
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
+}
