@@ -1,5 +1,6 @@
 //! [`CancellationToken`]: a cancellation signal shared by many tasks, with child tokens.
 
+use super::select::{Signal, Watchers};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
 use crate::time::deadline_after;
 use std::fmt;
@@ -13,6 +14,8 @@ const CANCELLED: usize = 1;
 
 struct State {
     waiters: WaitList<()>,
+    /// Selects waiting for the cancellation (see `select`).
+    watchers: Watchers,
     children: Vec<Weak<Inner>>,
     /// Live children at the last pruning of `children`.
     pruned_at: usize,
@@ -75,6 +78,7 @@ impl CancellationToken {
                 cancelled: AtomicBool::new(false),
                 state: Lock::new(State {
                     waiters: WaitList::new(),
+                    watchers: Watchers::default(),
                     children: Vec::new(),
                     pruned_at: 0,
                 }),
@@ -113,10 +117,21 @@ impl CancellationToken {
                 }
                 let (st, wakes) = guard.parts();
                 st.waiters.wake_all(CANCELLED, wakes);
+                st.watchers.notify();
                 std::mem::take(&mut st.children)
                 // The waiters are unparked as the guard goes, after the lock is released.
             };
             pending.extend(children.iter().filter_map(Weak::upgrade));
+        }
+    }
+
+    /// Registers (or removes) a waiting select's signal.
+    pub(crate) fn watch(&self, s: &Arc<Signal>, on: bool) {
+        let mut st = self.inner.state.lock();
+        if on {
+            st.watchers.add(s);
+        } else {
+            st.watchers.remove(s);
         }
     }
 

@@ -66,6 +66,7 @@ mod once_lock;
 pub mod oneshot;
 mod poison;
 mod rwlock;
+pub mod select;
 mod semaphore;
 mod shim;
 pub(crate) mod wait_queue;
@@ -80,6 +81,7 @@ pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
 pub use once_lock::OnceLock;
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+pub use select::Select;
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use waitgroup::WaitGroup;
 

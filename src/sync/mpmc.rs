@@ -28,6 +28,7 @@
 //! and coming back in the error. Messages are never dropped under the internal lock.
 
 use super::deadline_after;
+use super::select::{Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use std::collections::VecDeque;
@@ -152,6 +153,9 @@ struct State<T> {
     receivers_gone: bool,
     receivers: WaitList<Slot<T>>,
     senders: WaitList<Slot<T>>,
+    /// Selects waiting to receive, and to send (see `select`).
+    rx_watch: Watchers,
+    tx_watch: Watchers,
 }
 
 fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
@@ -163,6 +167,8 @@ fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
             receivers_gone: false,
             receivers: WaitList::new(),
             senders: WaitList::new(),
+            rx_watch: Watchers::default(),
+            tx_watch: Watchers::default(),
         }),
         senders: AtomicUsize::new(1),
         receivers: AtomicUsize::new(1),
@@ -338,11 +344,14 @@ impl<T> Chan<T> {
         };
         if room {
             st.buffer.push_back(msg);
+            st.rx_watch.notify();
             return Ok(());
         }
         let Some(deadline) = wait_for else {
             return Err(SendTimeoutError::Timeout(msg));
         };
+        // A blocked sender is a message a select can receive (for a rendezvous channel).
+        st.rx_watch.notify();
         let slot = UnsafeCell::new(Some(msg));
         let res = wait(
             st,
@@ -375,6 +384,10 @@ impl<T> Chan<T> {
     /// there is room), or, for a rendezvous channel, straight from the first blocked sender.
     fn take(st: &mut Guard<'_, State<T>>) -> Option<T> {
         let (st, wakes) = st.parts();
+        if !st.buffer.is_empty() || !st.senders.is_empty() {
+            // Room for a select's send.
+            st.tx_watch.notify();
+        }
         match st.buffer.pop_front() {
             Some(msg) => {
                 // Unbounded: nobody blocks. A bound of 0 never buffers, except for a message
@@ -409,6 +422,8 @@ impl<T> Chan<T> {
         if st.senders_gone {
             return Err(RecvTimeoutError::Disconnected);
         }
+        // A waiting receiver takes a select's send on a rendezvous channel.
+        st.tx_watch.notify();
         let slot = UnsafeCell::new(None);
         let res = wait(
             st,
@@ -423,6 +438,7 @@ impl<T> Chan<T> {
                     if let Some(msg) = unsafe { take_own(&slot) } {
                         if let Some(msg) = deliver(st, msg) {
                             st.buffer.push_front(msg);
+                            st.rx_watch.notify();
                         }
                     }
                 }
@@ -461,6 +477,7 @@ impl<T> Chan<T> {
         if self.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
             let mut st = self.state.lock();
             st.senders_gone = true;
+            st.rx_watch.notify();
             let (st, wakes) = st.parts();
             st.receivers.wake_all(DISCONNECTED, wakes);
         }
@@ -538,6 +555,53 @@ impl<T> Clone for Receiver<T> {
     }
 }
 
+impl<T> Chan<T> {
+    fn watch(&self, recv: bool, s: &std::sync::Arc<Signal>, on: bool) {
+        let mut st = self.state.lock();
+        let list = if recv {
+            &mut st.rx_watch
+        } else {
+            &mut st.tx_watch
+        };
+        if on {
+            list.add(s);
+        } else {
+            list.remove(s);
+        }
+    }
+}
+
+impl<T> Receiver<T> {
+    /// Registers (or removes) a waiting select's signal.
+    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
+        self.chan.watch(true, s, on);
+    }
+}
+
+impl<T> Sender<T> {
+    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
+        self.chan.watch(false, s, on);
+    }
+
+    /// A send for `select!` (never full: the channel is unbounded).
+    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        self.chan.send(msg, None).map_err(|e| match e {
+            SendTimeoutError::Disconnected(m) => TrySendError::Disconnected(m),
+            SendTimeoutError::Timeout(m) => TrySendError::Full(m),
+        })
+    }
+}
+
+impl<T> SyncSender<T> {
+    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
+        self.chan.watch(false, s, on);
+    }
+
+    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        self.try_send(msg)
+    }
+}
+
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         // AcqRel: as for the senders' count.
@@ -546,6 +610,7 @@ impl<T> Drop for Receiver<T> {
         }
         let mut st = self.chan.state.lock();
         st.receivers_gone = true;
+        st.tx_watch.notify();
         let unread = std::mem::take(&mut st.buffer);
         {
             let (st, wakes) = st.parts();

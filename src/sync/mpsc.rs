@@ -26,6 +26,7 @@
 //! returned in the `SendError`. Messages are never dropped under the internal lock.
 
 use super::deadline_after;
+use super::select::{Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use std::cell::RefCell;
@@ -91,6 +92,9 @@ struct State<T> {
     receiver_gone: bool,
     receiver: WaitList<Slot<T>>,
     senders: WaitList<Slot<T>>,
+    /// Selects waiting to receive, and to send (see `select`).
+    rx_watch: Watchers,
+    tx_watch: Watchers,
 }
 
 fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
@@ -102,6 +106,8 @@ fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
             receiver_gone: false,
             receiver: WaitList::new(),
             senders: WaitList::new(),
+            rx_watch: Watchers::default(),
+            tx_watch: Watchers::default(),
         }),
         senders: AtomicUsize::new(1),
     })
@@ -236,11 +242,14 @@ impl<T> Chan<T> {
         };
         if room {
             st.buffer.push_back(msg);
+            st.rx_watch.notify();
             return Ok(());
         }
         if !block {
             return Err(TrySendError::Full(msg));
         }
+        // A blocked sender is a message a select can receive (for a rendezvous channel).
+        st.rx_watch.notify();
         let slot = UnsafeCell::new(Some(msg));
         match wait(
             st,
@@ -274,6 +283,7 @@ impl<T> Chan<T> {
         if self.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
             let mut st = self.state.lock();
             st.senders_gone = true;
+            st.rx_watch.notify();
             let (st, wakes) = st.parts();
             st.receiver.wake_all(DISCONNECTED, wakes);
         }
@@ -285,6 +295,10 @@ impl<T> Chan<T> {
 fn take_message<T>(st: &mut Guard<'_, State<T>>) -> Option<T> {
     let (st, wakes) = st.parts();
     let msg = st.buffer.pop_front();
+    if msg.is_some() || !st.senders.is_empty() {
+        // Room for a select's send.
+        st.tx_watch.notify();
+    }
     if let Some(slot) = st.senders.front() {
         // SAFETY: the sender's node is linked and we hold the lock.
         let blocked = unsafe { slot.take() };
@@ -388,6 +402,8 @@ impl<T> Receiver<T> {
         if st.senders_gone {
             return Err(RecvTimeoutError::Disconnected);
         }
+        // A waiting receiver takes a select's send on a rendezvous channel.
+        st.tx_watch.notify();
         let slot = UnsafeCell::new(None);
         match wait(
             st,
@@ -417,10 +433,55 @@ impl<T> Receiver<T> {
     }
 }
 
+impl<T> Receiver<T> {
+    /// Registers (or removes) a waiting select's signal.
+    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
+        let mut st = self.chan.state.lock();
+        if on {
+            st.rx_watch.add(s);
+        } else {
+            st.rx_watch.remove(s);
+        }
+    }
+}
+
+impl<T> Chan<T> {
+    fn watch_send(&self, s: &std::sync::Arc<Signal>, on: bool) {
+        let mut st = self.state.lock();
+        if on {
+            st.tx_watch.add(s);
+        } else {
+            st.tx_watch.remove(s);
+        }
+    }
+}
+
+impl<T> Sender<T> {
+    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
+        self.chan.watch_send(s, on);
+    }
+
+    /// A send for `select!` (never full: the channel is unbounded).
+    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        self.chan.send(msg, false)
+    }
+}
+
+impl<T> SyncSender<T> {
+    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
+        self.chan.watch_send(s, on);
+    }
+
+    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        self.try_send(msg)
+    }
+}
+
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let mut st = self.chan.state.lock();
         st.receiver_gone = true;
+        st.tx_watch.notify();
         let unread = std::mem::take(&mut st.buffer);
         {
             let (st, wakes) = st.parts();
