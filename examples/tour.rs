@@ -209,7 +209,7 @@ fn structured_concurrency() {
     use fibra::sync::CancellationToken;
     use fibra::JoinSet;
 
-    println!("\n== 12. Scopes, JoinSets, cancelling one task, cancellation tokens");
+    println!("\n== 12. Scopes, JoinSets, cancelling one task, cancellation tokens, select!");
     let sched = fibra::Scheduler::builder()
         .threads(2)
         .name("tour-tasks")
@@ -264,6 +264,24 @@ fn structured_concurrency() {
             .into_iter()
             .map(|w| w.join().expect("no panic"))
             .sum();
+        // select!: whichever comes first — a message, or the token.
+        let (tx, rx) = fibra::sync::mpsc::channel::<&str>();
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let listener = fibra::spawn(move || {
+            let mut heard = Vec::new();
+            loop {
+                fibra::select! {
+                    recv(rx) -> msg => heard.push(msg.unwrap_or("(senders gone)")),
+                    recv(s) -> _ => return heard,
+                }
+            }
+        });
+        tx.send("hello").expect("the listener listens");
+        fibra::sleep(Duration::from_millis(5));
+        stop.cancel();
+        let heard = listener.join().expect("no panic");
+        println!("   select!: heard {heard:?}, then the token ended the loop");
         (sum, order, cancelled, rounds)
     });
     println!("   scope: two scoped fibers summed a borrowed Vec to {sum}");
