@@ -506,6 +506,12 @@ impl<R> std::fmt::Debug for Select<'_, R> {
 /// so `break`, `continue`, `return` and `?` act on the surrounding code. At most 12
 /// operations per select.
 ///
+/// A select does not offer its operations to the other side while it waits: a send on a
+/// rendezvous channel (`sync_channel(0)`) completes against a receiver blocked in `recv`,
+/// not against another select waiting to receive. Two selects on the two ends of one
+/// rendezvous channel wait for ever; give such a channel a bound of 1, or make one side a
+/// plain `send`/`recv`.
+///
 /// ```
 /// use fibra::sync::{mpsc, CancellationToken};
 /// use std::time::Duration;
