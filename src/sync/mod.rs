@@ -55,6 +55,122 @@ macro_rules! const_unless_loom {
     };
 }
 
+/// What the handles of the `mpsc` and `mpmc` channels have alike: senders counted on clone
+/// and drop, the receiver's iterators, and `Debug`. Expanded inside each module, where
+/// `Sender`, `SyncSender` and `Receiver` (with `recv`, `try_recv` and `iter`) and the
+/// channel's `add_sender`/`drop_sender` are in scope.
+macro_rules! channel_handles {
+    () => {
+        impl<T> Clone for Sender<T> {
+            fn clone(&self) -> Sender<T> {
+                self.chan.add_sender();
+                Sender {
+                    chan: self.chan.clone(),
+                }
+            }
+        }
+
+        impl<T> Drop for Sender<T> {
+            fn drop(&mut self) {
+                self.chan.drop_sender();
+            }
+        }
+
+        impl<T> Clone for SyncSender<T> {
+            fn clone(&self) -> SyncSender<T> {
+                self.chan.add_sender();
+                SyncSender {
+                    chan: self.chan.clone(),
+                }
+            }
+        }
+
+        impl<T> Drop for SyncSender<T> {
+            fn drop(&mut self) {
+                self.chan.drop_sender();
+            }
+        }
+
+        /// Iterator from [`Receiver::iter`]: waits for each message, ends on disconnection.
+        #[derive(Debug)]
+        pub struct Iter<'a, T: 'a> {
+            rx: &'a Receiver<T>,
+        }
+
+        /// Iterator from [`Receiver::try_iter`]: yields what is there now, never waits.
+        #[derive(Debug)]
+        pub struct TryIter<'a, T: 'a> {
+            rx: &'a Receiver<T>,
+        }
+
+        /// Owning iterator from `Receiver::into_iter`: waits for each message, ends on disconnection.
+        #[derive(Debug)]
+        pub struct IntoIter<T> {
+            rx: Receiver<T>,
+        }
+
+        impl<T> Iterator for Iter<'_, T> {
+            type Item = T;
+
+            fn next(&mut self) -> Option<T> {
+                self.rx.recv().ok()
+            }
+        }
+
+        impl<T> Iterator for TryIter<'_, T> {
+            type Item = T;
+
+            fn next(&mut self) -> Option<T> {
+                self.rx.try_recv().ok()
+            }
+        }
+
+        impl<T> Iterator for IntoIter<T> {
+            type Item = T;
+
+            fn next(&mut self) -> Option<T> {
+                self.rx.recv().ok()
+            }
+        }
+
+        impl<'a, T> IntoIterator for &'a Receiver<T> {
+            type Item = T;
+            type IntoIter = Iter<'a, T>;
+
+            fn into_iter(self) -> Iter<'a, T> {
+                self.iter()
+            }
+        }
+
+        impl<T> IntoIterator for Receiver<T> {
+            type Item = T;
+            type IntoIter = IntoIter<T>;
+
+            fn into_iter(self) -> IntoIter<T> {
+                IntoIter { rx: self }
+            }
+        }
+
+        impl<T> fmt::Debug for Sender<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct("Sender").finish_non_exhaustive()
+            }
+        }
+
+        impl<T> fmt::Debug for SyncSender<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct("SyncSender").finish_non_exhaustive()
+            }
+        }
+
+        impl<T> fmt::Debug for Receiver<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct("Receiver").finish_non_exhaustive()
+            }
+        }
+    };
+}
+
 mod barrier;
 pub mod broadcast;
 mod cancel_token;
