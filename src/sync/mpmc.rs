@@ -28,13 +28,13 @@
 //! and coming back in the error. Messages are never dropped under the internal lock.
 
 use super::deadline_after;
+use super::mpsc::Slot;
 use super::select::{Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use std::collections::VecDeque;
 use std::error::Error;
 use std::fmt;
-use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 pub use super::mpsc::{RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError};
@@ -88,43 +88,6 @@ impl<T> Error for SendTimeoutError<T> {}
 impl<T> From<SendError<T>> for SendTimeoutError<T> {
     fn from(err: SendError<T>) -> SendTimeoutError<T> {
         SendTimeoutError::Disconnected(err.0)
-    }
-}
-
-/// A message slot on a waiter's stack, reachable from its wait-list node.
-struct Slot<T>(NonNull<UnsafeCell<Option<T>>>);
-
-impl<T> Clone for Slot<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for Slot<T> {}
-
-// SAFETY: a slot carries a `T` from one thread to another, under the channel's lock; that
-// needs `T: Send` and nothing more (a slot is never shared, only handed over).
-unsafe impl<T: Send> Send for Slot<T> {}
-
-impl<T> Slot<T> {
-    fn new(cell: &UnsafeCell<Option<T>>) -> Slot<T> {
-        Slot(NonNull::from(cell))
-    }
-
-    /// # Safety
-    /// The slot's node is linked (so the slot is alive) and the channel's lock is held.
-    unsafe fn put(self, msg: T) {
-        // SAFETY: per the caller; the waiter reads its slot only after it was woken or
-        // under the lock, so the lock makes this the only access.
-        unsafe { self.0.as_ref().with_mut(|s| *s = Some(msg)) }
-    }
-
-    /// # Safety
-    /// As for [`Slot::put`].
-    unsafe fn take(self) -> T {
-        // SAFETY: per the caller.
-        let msg = unsafe { self.0.as_ref().with_mut(|s| (*s).take()) };
-        msg.expect("a blocked sender's slot holds its message")
     }
 }
 

@@ -43,8 +43,8 @@ const DELIVERED: usize = 1;
 const TAKEN: usize = 2;
 const DISCONNECTED: usize = 3;
 
-/// A message slot on a waiter's stack, reachable from its wait-list node.
-struct Slot<T>(NonNull<UnsafeCell<Option<T>>>);
+/// A message slot on a waiter's stack, reachable from its wait-list node (`mpsc` and `mpmc`).
+pub(super) struct Slot<T>(NonNull<UnsafeCell<Option<T>>>);
 
 impl<T> Clone for Slot<T> {
     fn clone(&self) -> Self {
@@ -54,24 +54,26 @@ impl<T> Clone for Slot<T> {
 
 impl<T> Copy for Slot<T> {}
 
-// SAFETY: a slot carries a `T` from one thread to another, under the channel's lock.
+// SAFETY: a slot carries a `T` from one thread to another, under the channel's lock; that
+// needs `T: Send` and nothing more (a slot is never shared, only handed over).
 unsafe impl<T: Send> Send for Slot<T> {}
 
 impl<T> Slot<T> {
-    fn new(cell: &UnsafeCell<Option<T>>) -> Slot<T> {
+    pub(super) fn new(cell: &UnsafeCell<Option<T>>) -> Slot<T> {
         Slot(NonNull::from(cell))
     }
 
     /// # Safety
     /// The slot's node is linked (so the slot is alive) and the channel's lock is held.
-    unsafe fn put(self, msg: T) {
-        // SAFETY: per the caller; the lock makes this the only access.
+    pub(super) unsafe fn put(self, msg: T) {
+        // SAFETY: per the caller; the waiter reads its slot only after it was woken or
+        // under the lock, so the lock makes this the only access.
         unsafe { self.0.as_ref().with_mut(|s| *s = Some(msg)) }
     }
 
     /// # Safety
     /// As for [`Slot::put`].
-    unsafe fn take(self) -> T {
+    pub(super) unsafe fn take(self) -> T {
         // SAFETY: per the caller.
         let msg = unsafe { self.0.as_ref().with_mut(|s| (*s).take()) };
         msg.expect("a blocked sender's slot holds its message")
