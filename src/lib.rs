@@ -50,6 +50,8 @@ mod error;
 pub mod exec;
 mod fiber;
 pub mod fs;
+#[cfg(feature = "hook")]
+pub mod hook;
 pub mod io;
 mod join;
 mod join_set;

@@ -138,6 +138,16 @@ pub(crate) struct FiberMeta {
     pub(crate) budget: Cell<u32>,
     /// Inside `coop::unconstrained`: a spent budget is refilled instead of yielding.
     pub(crate) unconstrained: Cell<bool>,
+    /// Inside `hook::without`: the C library calls are the real ones.
+    #[cfg(feature = "hook")]
+    pub(crate) hooks_off: Cell<bool>,
+    /// Inside a hooked call: its cancellation must not unwind into C frames.
+    #[cfg(feature = "hook")]
+    pub(crate) in_hook: Cell<bool>,
+    /// A hooked call caught the fiber's cancellation: raise it at the next suspension
+    /// outside hooks.
+    #[cfg(feature = "hook")]
+    pub(crate) hook_cancel: Cell<bool>,
 }
 
 impl FiberMeta {
@@ -153,6 +163,12 @@ impl FiberMeta {
             cancelled: Cell::new(false),
             budget: Cell::new(crate::coop::BUDGET),
             unconstrained: Cell::new(false),
+            #[cfg(feature = "hook")]
+            hooks_off: Cell::new(false),
+            #[cfg(feature = "hook")]
+            in_hook: Cell::new(false),
+            #[cfg(feature = "hook")]
+            hook_cancel: Cell::new(false),
         }
     }
 
@@ -213,6 +229,13 @@ pub(crate) fn leave(prev: *const FiberMeta) {
 /// fiber of the same thread is suspended in the middle of its unwind.
 #[inline]
 pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
+    #[cfg(feature = "hook")]
+    if meta.hook_cancel.get() && !meta.in_hook.get() && !std::thread::panicking() {
+        // A hooked call caught this fiber's cancellation (it could not unwind through the C
+        // frames above it); raise it here instead of suspending.
+        meta.hook_cancel.set(false);
+        std::panic::resume_unwind(Box::new(Cancelled));
+    }
     let y = meta.yielder.get();
     // SAFETY: the yielder was stored by this fiber's root function and lives on this fiber's
     // stack, which is the stack we are running on.

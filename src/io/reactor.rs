@@ -13,7 +13,11 @@
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
 //! wait is therefore never lost.
 
+#[cfg(feature = "hook")]
+use crate::hook::real;
 use crate::park::{park_until, ParkResult, Unparker};
+#[cfg(not(feature = "hook"))]
+use libc as real;
 use parking_lot::{Mutex, RwLock};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -165,8 +169,42 @@ impl Drop for WaitingGuard<'_> {
     }
 }
 
+/// Parks the running scheduled fiber until one of `records` is ready for its interest (or
+/// hung up), or until `deadline`; returns whether one is. The `poll` hook's wait.
+#[cfg(feature = "hook")]
+pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instant>) -> bool {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let ready = || records.iter().any(|(r, i)| r.ready(*i));
+    if ready() {
+        return true;
+    }
+    // One id for all the records; per-record ids could collide with it, so it comes from
+    // the top half of the id space, which per-record counters never reach.
+    let id = (1 << 63) | NEXT.fetch_add(1, Ordering::Relaxed);
+    let _counted = WaitingGuard::new(&reactor().waiting);
+    let r = park_until(deadline, |u| {
+        for (rec, interest) in records {
+            let mut waiters = rec.waiters.lock();
+            if rec.ready(*interest) {
+                drop(waiters);
+                u.unpark();
+                return;
+            }
+            waiters.push(Waiter {
+                id,
+                interest: *interest,
+                unparker: u.clone(),
+            });
+        }
+    });
+    for (rec, _) in records {
+        rec.waiters.lock().retain(|w| w.id != id);
+    }
+    r != ParkResult::TimedOut || ready()
+}
+
 /// Blocks the thread until `fd` is ready for `interest`, or until `deadline`.
-fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
+pub(crate) fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
     let mut events = 0;
     if interest & READABLE != 0 {
         events |= libc::POLLIN;
@@ -195,7 +233,7 @@ fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<()
             revents: 0,
         };
         // SAFETY: one valid pollfd on our stack.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout) };
+        let n = unsafe { real::poll(&mut pfd, 1, timeout) };
         if n > 0 {
             return Ok(());
         }
@@ -378,7 +416,7 @@ impl Reactor {
         // SAFETY: writing 8 bytes from a live u64 to our eventfd; EAGAIN (counter full) means
         // a wake is already pending, which is all we need.
         unsafe {
-            libc::write(
+            real::write(
                 self.wake.as_raw_fd(),
                 (&one as *const u64).cast(),
                 std::mem::size_of::<u64>(),
@@ -413,7 +451,7 @@ impl Reactor {
                 let mut buf: u64 = 0;
                 // SAFETY: reading 8 bytes into a live u64 resets the eventfd counter.
                 unsafe {
-                    libc::read(
+                    real::read(
                         self.wake.as_raw_fd(),
                         (&mut buf as *mut u64).cast(),
                         std::mem::size_of::<u64>(),

@@ -23,6 +23,9 @@ pub(crate) struct Registration {
 
 impl Registration {
     pub(crate) fn new(fd: RawFd) -> Self {
+        // The socket waits through this registration: hooked calls on it pass through.
+        #[cfg(feature = "hook")]
+        crate::hook::fd::own(fd);
         Registration {
             fd,
             record: OnceLock::new(),
@@ -91,6 +94,8 @@ impl Drop for Registration {
         if let Some(r) = self.record.get() {
             reactor().deregister(r);
         }
+        #[cfg(feature = "hook")]
+        crate::hook::fd::disown(self.fd);
     }
 }
 

@@ -139,9 +139,11 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
                 "overflowed its {} KiB stack\nfatal runtime error: stack overflow, aborting",
                 meta.stack_size / 1024
             );
-            // SAFETY: write(2) and abort(3) are async-signal-safe; the buffer is ours.
+            // SAFETY: the write system call and abort(3) are async-signal-safe; the buffer is
+            // ours. The raw system call, not libc's `write`: that may be fibra's hook, which
+            // must not run in a signal handler.
             unsafe {
-                libc::write(2, buf.bytes.as_ptr().cast(), buf.len);
+                libc::syscall(libc::SYS_write, 2, buf.bytes.as_ptr(), buf.len);
                 libc::abort();
             }
         }

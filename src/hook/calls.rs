@@ -1,0 +1,746 @@
+//! The hooked C library functions themselves. Each is the real call unless it runs in a fiber
+//! with hooks on (or on an fd fibra switched to non-blocking mode, where a plain thread's
+//! call is made to block as the user expects). See the module docs of `fibra::hook`.
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::{
+    active, errno, fd, in_fiber, io, real, route, set_errno, Blocking, Ctx, Route, READ, WRITE,
+};
+use crate::time::deadline_after;
+use libc::{
+    addrinfo, c_char, c_int, c_uint, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t,
+    sockaddr, socklen_t, ssize_t, timespec,
+};
+use std::time::Duration;
+
+/// Every hook, referenced so the linker keeps them (see `hook::link`).
+pub(super) struct Hooks(#[allow(dead_code)] [*const (); 31]);
+// SAFETY: a table of function addresses, never dereferenced.
+unsafe impl Sync for Hooks {}
+pub(super) static HOOKS: Hooks = Hooks([
+    read as *const (),
+    readv as *const (),
+    recv as *const (),
+    recvfrom as *const (),
+    recvmsg as *const (),
+    write as *const (),
+    writev as *const (),
+    send as *const (),
+    sendto as *const (),
+    sendmsg as *const (),
+    connect as *const (),
+    accept as *const (),
+    accept4 as *const (),
+    poll as *const (),
+    ppoll as *const (),
+    select as *const (),
+    sleep as *const (),
+    usleep as *const (),
+    nanosleep as *const (),
+    clock_nanosleep as *const (),
+    getaddrinfo as *const (),
+    close as *const (),
+    fcntl as *const (),
+    ioctl as *const (),
+    dup as *const (),
+    dup2 as *const (),
+    dup3 as *const (),
+    socket as *const (),
+    socketpair as *const (),
+    pipe as *const (),
+    pipe2 as *const (),
+]);
+
+// ---- reading and writing ----
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, READ, 0, |_| unsafe { real::read(fd, buf, n) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, READ, 0, |_| unsafe { real::readv(fd, iov, n) })
+}
+
+/// The length a `MSG_WAITALL` receive waits for, or 0.
+fn wait_all(flags: c_int, n: size_t) -> usize {
+    if flags & libc::MSG_WAITALL != 0 {
+        n
+    } else {
+        0
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::recv(fd, buf, n, flags) };
+    }
+    // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
+    // stays below `n` and the pointer within the caller's buffer.
+    io(fd, READ, wait_all(flags, n), |off| unsafe {
+        real::recv(fd, buf.cast::<u8>().add(off).cast(), n - off, flags)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
+    }
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, READ, wait_all(flags, n), |off| unsafe {
+        real::recvfrom(
+            fd,
+            buf.cast::<u8>().add(off).cast(),
+            n - off,
+            flags,
+            addr,
+            len,
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    }
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, READ, 0, |_| unsafe { real::recvmsg(fd, msg, flags) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
+    // stays below `n` and the pointer within the caller's buffer.
+    io(fd, WRITE, n, |off| unsafe {
+        real::write(fd, buf.cast::<u8>().add(off).cast(), n - off)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, WRITE, 0, |_| unsafe { real::writev(fd, iov, n) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::send(fd, buf, n, flags) };
+    }
+    // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
+    // stays below `n` and the pointer within the caller's buffer.
+    io(fd, WRITE, n, |off| unsafe {
+        real::send(fd, buf.cast::<u8>().add(off).cast(), n - off, flags)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
+    }
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, WRITE, n, |off| unsafe {
+        real::sendto(
+            fd,
+            buf.cast::<u8>().add(off).cast(),
+            n - off,
+            flags,
+            addr,
+            len,
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::sendmsg(fd, msg, flags) };
+    }
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, WRITE, 0, |_| unsafe { real::sendmsg(fd, msg, flags) })
+}
+
+// ---- connections ----
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let (ctx, slot, state) = match route(fd) {
+        // SAFETY: the caller's arguments, passed on as they came.
+        Route::Pass => return unsafe { real::connect(fd, addr, len) },
+        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+    };
+    let call = || {
+        let mut b = Blocking::new(ctx, fd, slot, state, WRITE);
+        loop {
+            let seen = b.before();
+            // SAFETY: the caller's arguments.
+            let r = unsafe { real::connect(fd, addr, len) };
+            let e = errno();
+            if r == 0 || (e != libc::EINPROGRESS && e != libc::EAGAIN) {
+                return r;
+            }
+            if let Err(w) = b.wait(seen) {
+                // Linux's blocking connect reports its SO_SNDTIMEO timeout as EINPROGRESS.
+                set_errno(if w == libc::EAGAIN {
+                    libc::EINPROGRESS
+                } else {
+                    w
+                });
+                return -1;
+            }
+            if e == libc::EAGAIN {
+                // A Unix socket's full backlog: try again now that it may have room.
+                continue;
+            }
+            let mut err: c_int = 0;
+            let mut n = std::mem::size_of::<c_int>() as socklen_t;
+            // SAFETY: `err` and `n` are live and sized for SO_ERROR.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ERROR,
+                    (&mut err as *mut c_int).cast(),
+                    &mut n,
+                )
+            };
+            if r < 0 {
+                return -1;
+            }
+            if err != 0 {
+                set_errno(err);
+                return -1;
+            }
+            // Writable and no error: connected, unless the wake was early (a hang-up
+            // readiness left from before); the peer's address tells.
+            // SAFETY: a zeroed storage of the largest address size and its length.
+            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+            // SAFETY: as above.
+            if unsafe {
+                libc::getpeername(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl)
+            } == 0
+            {
+                return 0;
+            }
+            if errno() != libc::ENOTCONN {
+                return -1;
+            }
+            // Still connecting: wait again (connect now says EALREADY, which we skip).
+            loop {
+                let seen = b.before();
+                let mut pfd = pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd.
+                if unsafe { real::poll(&mut pfd, 1, 0) } != 0 {
+                    break;
+                }
+                if let Err(w) = b.wait(seen) {
+                    set_errno(if w == libc::EAGAIN {
+                        libc::EINPROGRESS
+                    } else {
+                        w
+                    });
+                    return -1;
+                }
+            }
+            let mut err: c_int = 0;
+            let mut n = std::mem::size_of::<c_int>() as socklen_t;
+            // SAFETY: as above.
+            unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_ERROR,
+                    (&mut err as *mut c_int).cast(),
+                    &mut n,
+                )
+            };
+            if err != 0 {
+                set_errno(err);
+                return -1;
+            }
+            return 0;
+        }
+    };
+    match ctx {
+        Ctx::Thread => call(),
+        Ctx::Fiber(meta) => in_fiber(
+            meta,
+            || {
+                set_errno(libc::ECANCELED);
+                -1
+            },
+            || {
+                crate::coop::spend();
+                call()
+            },
+        ),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the caller's arguments.
+    let r = io(fd, READ, 0, |_| unsafe { real::accept(fd, addr, len) }
+        as isize) as c_int;
+    if r >= 0 {
+        fd::forget(r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the caller's arguments.
+    let r = io(
+        fd,
+        READ,
+        0,
+        |_| unsafe { real::accept4(fd, addr, len, flags) } as isize,
+    ) as c_int;
+    if r >= 0 {
+        fd::forget(r);
+    }
+    r
+}
+
+// ---- waiting for many ----
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    match active() {
+        Some(meta) if timeout != 0 => {
+            let deadline =
+                (timeout > 0).then(|| deadline_after(Duration::from_millis(timeout as u64)));
+            // SAFETY: the caller's array of `n` pollfds.
+            let fds = unsafe { slice_mut(fds, n as usize) };
+            in_fiber(meta, cancelled_int, || {
+                super::wait::poll(meta, fds, deadline)
+            })
+        }
+        // SAFETY: the caller's arguments.
+        _ => unsafe { real::poll(fds, n, timeout) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: *const timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let meta = match active() {
+        // With a signal mask the caller waits for signals too: only the kernel can do that.
+        Some(meta) if mask.is_null() => meta,
+        // SAFETY: the caller's arguments.
+        _ => return unsafe { real::ppoll(fds, n, timeout, mask) },
+    };
+    // SAFETY: a non-null timeout points to the caller's timespec.
+    let d = match unsafe { timeout.as_ref() } {
+        None => None,
+        Some(ts) => match duration(ts) {
+            Some(d) if !d.is_zero() => Some(d),
+            // Zero or invalid: the real call answers (at once, or with EINVAL).
+            // SAFETY: the caller's arguments, passed on as they came.
+            _ => return unsafe { real::ppoll(fds, n, timeout, mask) },
+        },
+    };
+    // SAFETY: the caller's array of `n` pollfds.
+    let fds = unsafe { slice_mut(fds, n as usize) };
+    in_fiber(meta, cancelled_int, || {
+        super::wait::poll(meta, fds, d.map(deadline_after))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout: *mut libc::timeval,
+) -> c_int {
+    let meta = match active() {
+        Some(meta) if (0..=libc::FD_SETSIZE as c_int).contains(&n) => meta,
+        // SAFETY: the caller's arguments.
+        _ => return unsafe { real::select(n, r, w, e, timeout) },
+    };
+    // SAFETY: a non-null timeout points to the caller's timeval.
+    let d = match unsafe { timeout.as_ref() } {
+        None => None,
+        Some(tv) if tv.tv_sec < 0 || !(0..1_000_000).contains(&tv.tv_usec) => {
+            // SAFETY: the caller's arguments, passed on as they came.
+            return unsafe { real::select(n, r, w, e, timeout) };
+        }
+        Some(tv) => {
+            let d = Duration::new(tv.tv_sec as u64, tv.tv_usec as u32 * 1000);
+            if d.is_zero() {
+                // SAFETY: the caller's arguments, passed on as they came.
+                return unsafe { real::select(n, r, w, e, timeout) };
+            }
+            Some(d)
+        }
+    };
+    let deadline = d.map(deadline_after);
+    in_fiber(meta, cancelled_int, || {
+        // SAFETY: the caller's fd sets (null ones are skipped) and timeout.
+        unsafe { super::wait::select(meta, n, [r, w, e], deadline, timeout) }
+    })
+}
+
+unsafe fn slice_mut<'a>(fds: *mut pollfd, n: usize) -> &'a mut [pollfd] {
+    if n == 0 || fds.is_null() {
+        &mut []
+    } else {
+        // SAFETY: the caller passes poll's array of `n` entries.
+        unsafe { std::slice::from_raw_parts_mut(fds, n) }
+    }
+}
+
+fn cancelled_int() -> c_int {
+    set_errno(libc::ECANCELED);
+    -1
+}
+
+// ---- sleeping ----
+
+/// A valid timespec as a duration.
+fn duration(ts: &timespec) -> Option<Duration> {
+    (ts.tv_sec >= 0 && (0..1_000_000_000).contains(&ts.tv_nsec))
+        .then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
+/// Sleeps the fiber; a cancellation ends the sleep early.
+fn fiber_sleep(meta: &crate::fiber::FiberMeta, d: Duration) {
+    in_fiber(meta, || (), || crate::time::sleep(d))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nanosleep(req: *const timespec, rem: *mut timespec) -> c_int {
+    if let Some(meta) = active() {
+        // SAFETY: a non-null request points to the caller's timespec.
+        if let Some(d) = unsafe { req.as_ref() }.and_then(duration) {
+            fiber_sleep(meta, d);
+            return 0;
+        }
+    }
+    // SAFETY: the caller's arguments (a bad request gets the real call's error).
+    unsafe { real::nanosleep(req, rem) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn clock_nanosleep(
+    clock: libc::clockid_t,
+    flags: c_int,
+    req: *const timespec,
+    rem: *mut timespec,
+) -> c_int {
+    let meta = match active() {
+        Some(meta)
+            if matches!(
+                clock,
+                libc::CLOCK_REALTIME | libc::CLOCK_MONOTONIC | libc::CLOCK_BOOTTIME
+            ) =>
+        {
+            meta
+        }
+        // SAFETY: the caller's arguments.
+        _ => return unsafe { real::clock_nanosleep(clock, flags, req, rem) },
+    };
+    // SAFETY: a non-null request points to the caller's timespec.
+    let Some(d) = unsafe { req.as_ref() }.and_then(duration) else {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::clock_nanosleep(clock, flags, req, rem) };
+    };
+    let d = if flags & libc::TIMER_ABSTIME != 0 {
+        let mut now = timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a live timespec; the clock is one of three valid ones.
+        unsafe { libc::clock_gettime(clock, &mut now) };
+        d.saturating_sub(duration(&now).unwrap_or_default())
+    } else {
+        d
+    };
+    fiber_sleep(meta, d);
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn usleep(usecs: libc::useconds_t) -> c_int {
+    match active() {
+        Some(meta) => {
+            fiber_sleep(meta, Duration::from_micros(u64::from(usecs)));
+            0
+        }
+        // SAFETY: no pointers.
+        None => unsafe { real::usleep(usecs) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sleep(secs: c_uint) -> c_uint {
+    match active() {
+        Some(meta) => {
+            fiber_sleep(meta, Duration::from_secs(u64::from(secs)));
+            0
+        }
+        // SAFETY: no pointers.
+        None => unsafe { real::sleep(secs) },
+    }
+}
+
+// ---- name resolution ----
+
+struct Args(
+    *const c_char,
+    *const c_char,
+    *const addrinfo,
+    *mut *mut addrinfo,
+);
+// SAFETY: the pointers are the caller's, valid until the hook returns, and the hook waits for
+// the pool thread to finish with them (also when the fiber is cancelled meanwhile).
+unsafe impl Send for Args {}
+
+#[no_mangle]
+pub unsafe extern "C" fn getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const addrinfo,
+    res: *mut *mut addrinfo,
+) -> c_int {
+    let Some(meta) = active() else {
+        // SAFETY: the caller's arguments.
+        return unsafe { real::getaddrinfo(node, service, hints, res) };
+    };
+    let args = Args(node, service, hints, res);
+    let done = std::cell::Cell::new(None);
+    let rc = in_fiber(
+        meta,
+        || libc::EAI_SYSTEM,
+        || {
+            let rc = crate::unblock(move || {
+                let a = args;
+                // SAFETY: the caller's arguments, alive until this hook returns.
+                unsafe { real::getaddrinfo(a.0, a.1, a.2, a.3) }
+            });
+            done.set(Some(rc));
+            rc
+        },
+    );
+    if done.get().is_none() {
+        // Cancelled while the pool resolved: `unblock` waited for the call, whose result the
+        // caller will not free after an error.
+        // SAFETY: `res` is the caller's out-pointer, written by a successful call.
+        unsafe {
+            if !(*res).is_null() {
+                libc::freeaddrinfo(*res);
+                *res = std::ptr::null_mut();
+            }
+        }
+        set_errno(libc::ECANCELED);
+    }
+    rc
+}
+
+// ---- descriptors: keep the table right ----
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    fd::forget(fd);
+    // SAFETY: the caller's fd.
+    unsafe { real::close(fd) }
+}
+
+/// `fcntl(fd, cmd, arg)`. The C function is variadic; on the 64-bit Linux ABIs fibra
+/// supports, an integer or pointer third argument travels in the same register either way,
+/// so it is taken (and passed on) as one machine word.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    match cmd {
+        libc::F_GETFL => {
+            // SAFETY: F_GETFL takes no argument.
+            let flags = unsafe { real::fcntl(fd, cmd, arg) };
+            match fd::lookup(fd).map(|s| s.state()) {
+                Some(s) if flags >= 0 && s & 3 == fd::HOOKED => {
+                    (flags & !libc::O_NONBLOCK)
+                        | if s & fd::USER_NONBLOCK != 0 {
+                            libc::O_NONBLOCK
+                        } else {
+                            0
+                        }
+                }
+                _ => flags,
+            }
+        }
+        libc::F_SETFL => {
+            let user_nb = arg as c_int & libc::O_NONBLOCK != 0;
+            let hooked = fd::lookup(fd).is_some_and(|s| s.set_user_nonblock(user_nb));
+            let arg = if hooked {
+                arg | libc::O_NONBLOCK as c_ulong
+            } else {
+                arg
+            };
+            // SAFETY: F_SETFL takes an int of flags.
+            unsafe { real::fcntl(fd, cmd, arg) }
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            // SAFETY: the caller's arguments.
+            let r = unsafe { real::fcntl(fd, cmd, arg) };
+            if r >= 0 {
+                fd::duplicated(fd, r);
+            }
+            r
+        }
+        // SAFETY: the caller's arguments, passed on in the same register.
+        _ => unsafe { real::fcntl(fd, cmd, arg) },
+    }
+}
+
+/// `ioctl(fd, request, arg)`: variadic like `fcntl`, taken the same way.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
+    if request == libc::FIONBIO as c_ulong && arg != 0 {
+        // SAFETY: FIONBIO's argument points to the caller's int.
+        let on = unsafe { *(arg as *const c_int) } != 0;
+        if fd::lookup(fd).is_some_and(|s| s.set_user_nonblock(on)) {
+            let one: c_int = 1;
+            // SAFETY: FIONBIO with a pointer to a live int: the kernel mode stays
+            // non-blocking; the user's view was recorded above.
+            return unsafe { real::ioctl(fd, request, &one as *const c_int as c_ulong) };
+        }
+    }
+    // SAFETY: the caller's arguments, passed on in the same registers.
+    unsafe { real::ioctl(fd, request, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the caller's fd.
+    let r = unsafe { real::dup(fd) };
+    if r >= 0 {
+        fd::duplicated(fd, r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    if fd != new {
+        // `new` is closed by the call: forget it first, as `close` would.
+        fd::forget(new);
+    }
+    // SAFETY: the caller's fds.
+    let r = unsafe { real::dup2(fd, new) };
+    if r >= 0 && fd != new {
+        fd::duplicated(fd, r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    if fd != new {
+        fd::forget(new);
+    }
+    // SAFETY: the caller's arguments.
+    let r = unsafe { real::dup3(fd, new, flags) };
+    if r >= 0 {
+        fd::duplicated(fd, r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: no pointers.
+    let r = unsafe { real::socket(domain, ty, proto) };
+    if r >= 0 {
+        fd::forget(r);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socketpair(
+    domain: c_int,
+    ty: c_int,
+    proto: c_int,
+    fds: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's array of two fds.
+    let r = unsafe { real::socketpair(domain, ty, proto, fds) };
+    if r == 0 {
+        // SAFETY: filled in by the successful call.
+        unsafe { forget_pair(fds) };
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pipe(fds: *mut c_int) -> c_int {
+    // SAFETY: the caller's array of two fds.
+    let r = unsafe { real::pipe(fds) };
+    if r == 0 {
+        // SAFETY: filled in by the successful call.
+        unsafe { forget_pair(fds) };
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pipe2(fds: *mut c_int, flags: c_int) -> c_int {
+    // SAFETY: the caller's array of two fds.
+    let r = unsafe { real::pipe2(fds, flags) };
+    if r == 0 {
+        // SAFETY: filled in by the successful call.
+        unsafe { forget_pair(fds) };
+    }
+    r
+}
+
+unsafe fn forget_pair(fds: *const c_int) {
+    // SAFETY: the caller's two-fd array.
+    let (a, b) = unsafe { (*fds, *fds.add(1)) };
+    fd::forget(a);
+    fd::forget(b);
+}

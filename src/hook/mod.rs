@@ -1,0 +1,389 @@
+//! Hooks: with the `hook` feature, blocking calls that code in a fiber makes to the C
+//! library suspend only that fiber — whether the code is yours, std's or a third-party
+//! crate's. `std::net::TcpStream::read`, `std::thread::sleep`, a blocking HTTP or Redis
+//! client: all of them park the fiber and let its worker run others.
+//!
+//! # How
+//! The feature defines the C library's functions below in the executable (`#[no_mangle]`).
+//! A definition in the executable takes precedence over the shared C library's for every call
+//! linked into the executable — std's included — and the hook reaches the real function with
+//! `dlsym(RTLD_NEXT, …)`. Each hook first asks whether it runs in a scheduled fiber with
+//! hooks on ([`is_active`]); if not, it is the real call (see below for fds fibra switched).
+//!
+//! In a fiber, the first call on a pollable fd (socket, pipe, FIFO, character device,
+//! eventfd and the like) switches it to non-blocking mode in the kernel; a call that would
+//! block then parks the fiber on fibra's reactor until the fd is ready. The user's view of the
+//! mode is kept apart: `fcntl(F_GETFL)` and `ioctl(FIONBIO)` report and set what the user
+//! asked for, and an fd the user made non-blocking still fails with `EAGAIN` at once.
+//! `SO_RCVTIMEO`/`SO_SNDTIMEO` (std's `set_read_timeout`/`set_write_timeout`) are honoured:
+//! the call fails with `EAGAIN` after that long, as the kernel's would. A plain thread that
+//! uses an fd fibra switched gets the blocking behaviour emulated with `poll(2)`, timeouts
+//! included.
+//!
+//! # What is hooked
+//! | calls | in a fiber with hooks on |
+//! |---|---|
+//! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`/`recvfrom` with `MSG_WAITALL` wait for the whole buffer |
+//! | `write`, `writev`, `send`, `sendto`, `sendmsg` | wait until writable (`SO_SNDTIMEO`); `write`, `send` and `sendto` on a blocking fd return only when all bytes went, as the kernel's do |
+//! | `connect` | waits for the connection (`SO_SNDTIMEO`: `EINPROGRESS` at the timeout, as Linux does) |
+//! | `accept`, `accept4` | wait for a connection (`SO_RCVTIMEO`) |
+//! | `poll`, `ppoll` (without a signal mask), `select` | park until an fd is ready or the timeout passes; a zero timeout is the real call |
+//! | `sleep`, `usleep`, `nanosleep`, `clock_nanosleep` (relative and `TIMER_ABSTIME`, realtime, monotonic and boottime clocks) | [`crate::sleep`]: std's `thread::sleep` uses `nanosleep` |
+//! | `getaddrinfo` | runs on fibra's blocking pool ([`unblock`](crate::unblock())) |
+//! | `close` | wakes fibers waiting on the fd (they fail with `EBADF`), forgets it in the reactor |
+//! | `fcntl` (`F_GETFL`, `F_SETFL`, `F_DUPFD`…), `ioctl(FIONBIO)`, `dup`, `dup2`, `dup3`, `socket`, `socketpair`, `pipe`, `pipe2` | keep the per-fd state right; otherwise the real call |
+//!
+//! MSG_DONTWAIT makes a call not wait, as it would in the kernel. Every hooked call that may
+//! wait spends one unit of the fiber's [cooperative budget](crate::coop).
+//!
+//! # What is not
+//! - Regular files, directories and block devices: their calls pass through (the kernel
+//!   never reports them as not ready). Use [`crate::fs`] for file I/O that must not block.
+//! - The standard streams (fds 0, 1, 2): their open file is shared with the parent process,
+//!   so fibra never switches them; a read of a terminal blocks the worker.
+//! - Calls made inside other shared libraries (`libssl.so`, `libpq.so`…) reach the C
+//!   library directly: only code linked into the executable — all Rust code, and C code
+//!   built into it — is hooked. Likewise, calls the C library makes internally
+//!   (`fread`, the resolver's own sockets) are not hooked.
+//! - `epoll_wait`, `recvmmsg`/`sendmmsg`, `open` of a FIFO, `flock`, `wait`/`waitpid`,
+//!   futex-based locks (`std::sync::Mutex`): they block the worker.
+//! - Static executables (musl): the feature needs a dynamically linked C library (glibc) to
+//!   find the real functions, and fails the build elsewhere.
+//!
+//! # Caveats
+//! - **Signals.** Hooked calls in a fiber never fail with `EINTR`: a wait is not a system
+//!   call a signal could interrupt. Emulated waits on plain threads retry after `EINTR`, as
+//!   with `SA_RESTART`. A signal handler that runs on a worker thread must not make hooked
+//!   calls on hooked fds (they would try to park the interrupted fiber); wrap such code in
+//!   [`without`] or keep it to the standard streams.
+//! - **`fork`.** The child inherits the fds fibra switched to non-blocking mode and the table
+//!   of the user's views, so its plain threads keep emulating blocking calls; a program it
+//!   `exec`s sees those fds non-blocking.
+//! - **Cancellation.** A fiber cancelled (by [`JoinHandle::cancel`](crate::JoinHandle::cancel)
+//!   or `stop_timeout`) while it waits in a hooked call cannot unwind through the C frames
+//!   that called it: the call fails with `ECANCELED` instead (a sleep just ends), later
+//!   hooked calls that would wait fail the same way, and the cancellation is raised at the
+//!   fiber's next suspension in fibra's own code.
+//! - **Shared open files.** A socket or pipe inherited from another process, or passed over a
+//!   Unix socket, is switched like any other: the other process sees the mode change.
+//! - An fd closed behind the hooks' back (by a shared library) keeps its slot until its number
+//!   is reused by a hooked call that creates fds, or closed by the hooked `close`.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//!
+//! let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+//! sched.start();
+//! let start = Instant::now();
+//! let sleepers: Vec<_> = (0..100)
+//!     .map(|_| sched.submit(|| {
+//!         assert!(fibra::hook::is_active());
+//!         std::thread::sleep(Duration::from_millis(50)); // parks only this fiber
+//!     }, None).unwrap())
+//!     .collect();
+//! sleepers.into_iter().for_each(|h| h.join().unwrap());
+//! // 100 sleeps of 50 ms on one worker took about 50 ms, not 5 s.
+//! assert!(start.elapsed() < Duration::from_secs(4));
+//! assert!(!fibra::hook::is_active()); // not in a fiber
+//! sched.stop();
+//! ```
+
+mod calls;
+pub(crate) mod fd;
+pub(crate) mod real;
+mod wait;
+
+use crate::fiber::{current_meta, Cancelled, FiberMeta};
+use crate::io::reactor::{poll_fd, IoRecord};
+use crate::time::deadline_after;
+use std::os::raw::c_int;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Whether C library calls made here are hooked: true inside a scheduled fiber, outside
+/// [`without`]. False on plain threads, in standalone [`Fiber`](crate::Fiber)s and on the
+/// blocking pool.
+pub fn is_active() -> bool {
+    current_meta().is_some_and(|m| m.worker.is_some() && !m.hooks_off.get())
+}
+
+/// Runs `f` with hooks off for the running fiber: its C library calls are the real ones and
+/// block the worker thread. Nests; restores the previous setting when `f` returns or unwinds.
+/// Outside a fiber it just calls `f`.
+///
+/// ```
+/// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+/// sched.start();
+/// let (inside, within) = sched.block_on(|| {
+///     (fibra::hook::is_active(), fibra::hook::without(fibra::hook::is_active))
+/// });
+/// assert_eq!((inside, within), (true, false));
+/// ```
+pub fn without<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<(&'static FiberMeta, bool)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some((meta, prev)) = self.0 {
+                meta.hooks_off.set(prev);
+            }
+        }
+    }
+    // The meta outlives this call: `f` runs on this fiber's stack, which the meta belongs to.
+    let _restore = Restore(current_meta().map(|m| (m, m.hooks_off.replace(true))));
+    f()
+}
+
+/// Makes the linker keep the hooks: referencing them from code every program that uses a
+/// scheduler links pulls in the object that defines them, so they take precedence over the
+/// C library for std's calls too. Called when a scheduler is built.
+pub(crate) fn link() {
+    std::hint::black_box(&calls::HOOKS);
+}
+
+/// The fiber a hook acts for: a scheduled fiber with hooks on, not already inside a hook.
+#[inline(always)]
+fn active() -> Option<&'static FiberMeta> {
+    let m = current_meta()?;
+    (m.worker.is_some() && !m.hooks_off.get() && !m.in_hook.get()).then_some(m)
+}
+
+#[inline(always)]
+fn errno() -> c_int {
+    // SAFETY: errno's location is valid for the calling thread.
+    unsafe { *libc::__errno_location() }
+}
+
+#[inline(always)]
+fn set_errno(e: c_int) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// Runs the fiber half of a hook: marks the fiber as inside a hook, and turns a cancellation
+/// that arrives while it waits into `on_cancel()` instead of an unwind into C frames. The
+/// cancellation is re-raised at the fiber's next suspension outside hooks.
+fn in_fiber<R>(meta: &FiberMeta, on_cancel: impl FnOnce() -> R, f: impl FnOnce() -> R) -> R {
+    let prev = meta.in_hook.replace(true);
+    let r = std::panic::catch_unwind(AssertUnwindSafe(f));
+    meta.in_hook.set(prev);
+    match r {
+        Ok(r) => r,
+        Err(p) if p.is::<Cancelled>() => {
+            meta.hook_cancel.set(true);
+            on_cancel()
+        }
+        Err(_) => {
+            // Only fibra's own waiting code runs in here; a panic is a bug in it, and it
+            // cannot cross the C frames that called the hook.
+            let msg = b"fibra: hook: a panic inside a hooked call; aborting\n";
+            // SAFETY: writing a static buffer to stderr with the raw system call.
+            unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+            std::process::abort();
+        }
+    }
+}
+
+/// Fails a waiting call of a cancelled fiber: -1 with `ECANCELED`.
+fn cancelled() -> isize {
+    set_errno(libc::ECANCELED);
+    -1
+}
+
+/// Where a call that would block waits.
+#[derive(Clone, Copy)]
+enum Ctx {
+    Fiber(&'static FiberMeta),
+    /// A plain thread (or a fiber with hooks off) on an fd fibra switched: emulate blocking.
+    Thread,
+}
+
+/// Which way a call goes: its readiness interest and its socket timeout option.
+#[derive(Clone, Copy)]
+struct Dir {
+    interest: u32,
+    timeout: c_int,
+}
+
+const READ: Dir = Dir {
+    interest: crate::io::reactor::READABLE,
+    timeout: libc::SO_RCVTIMEO,
+};
+const WRITE: Dir = Dir {
+    interest: crate::io::reactor::WRITABLE,
+    timeout: libc::SO_SNDTIMEO,
+};
+
+/// One call on a hooked fd that is blocking in the user's view.
+struct Blocking {
+    ctx: Ctx,
+    fd: c_int,
+    slot: &'static fd::Slot,
+    state: u32,
+    dir: Dir,
+    /// Computed at the first wait: `Some(None)` means no timeout.
+    deadline: Option<Option<Instant>>,
+    generation: u32,
+}
+
+impl Blocking {
+    fn new(ctx: Ctx, fd: c_int, slot: &'static fd::Slot, state: u32, dir: Dir) -> Self {
+        Blocking {
+            ctx,
+            fd,
+            slot,
+            state,
+            dir,
+            deadline: None,
+            generation: slot.generation(),
+        }
+    }
+
+    /// The reactor readiness before an attempt (fibers only), for the edge-triggered
+    /// clear-then-wait in [`Blocking::wait`].
+    fn before(&self) -> Option<(Arc<IoRecord>, u64)> {
+        match self.ctx {
+            Ctx::Fiber(_) => self.slot.record().map(|r| {
+                let seen = r.snapshot();
+                (r, seen)
+            }),
+            Ctx::Thread => None,
+        }
+    }
+
+    /// The socket timeout for this direction, read from the kernel (where std's
+    /// `set_read_timeout` put it) once per call, on its first wait.
+    fn deadline(&mut self) -> Option<Instant> {
+        *self.deadline.get_or_insert_with(|| {
+            if self.state & fd::SOCKET == 0 {
+                return None;
+            }
+            let mut tv = libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            };
+            let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+            // SAFETY: `tv` and `len` are live and sized for the option.
+            let r = unsafe {
+                libc::getsockopt(
+                    self.fd,
+                    libc::SOL_SOCKET,
+                    self.dir.timeout,
+                    (&mut tv as *mut libc::timeval).cast(),
+                    &mut len,
+                )
+            };
+            let d = Duration::new(tv.tv_sec.max(0) as u64, (tv.tv_usec.max(0) * 1000) as u32);
+            (r == 0 && !d.is_zero()).then(|| deadline_after(d))
+        })
+    }
+
+    /// Waits until the fd may be ready again. `Err(errno)`: `EAGAIN` at the timeout, `EBADF`
+    /// if the fd was closed meanwhile, `ECANCELED` for a cancelled fiber.
+    fn wait(&mut self, seen: Option<(Arc<IoRecord>, u64)>) -> Result<(), c_int> {
+        let deadline = self.deadline();
+        let interest = self.dir.interest;
+        let Ctx::Fiber(meta) = self.ctx else {
+            return poll_fd(self.fd, interest, deadline).map_err(os_error);
+        };
+        if meta.hook_cancel.get() {
+            return Err(libc::ECANCELED);
+        }
+        let rec = match seen {
+            Some((rec, seen)) => {
+                rec.clear(seen, interest);
+                rec
+            }
+            // New to the reactor: registering reports the current readiness.
+            None => match self.slot.register(self.fd) {
+                Ok(rec) => rec,
+                // The reactor cannot take it (no memory, no epoll): block the thread instead.
+                Err(_) => return poll_fd(self.fd, interest, deadline).map_err(os_error),
+            },
+        };
+        rec.wait(interest, deadline).map_err(|_| libc::EAGAIN)?;
+        if self.slot.generation() != self.generation {
+            return Err(libc::EBADF);
+        }
+        Ok(())
+    }
+
+    /// Runs `op` (a non-blocking attempt: `-1` with `errno` on failure) until it does not
+    /// fail with `EAGAIN`, waiting in between.
+    fn run(&mut self, mut op: impl FnMut() -> isize) -> isize {
+        loop {
+            let seen = self.before();
+            let r = op();
+            if r >= 0 || errno() != libc::EAGAIN {
+                return r;
+            }
+            if let Err(e) = self.wait(seen) {
+                set_errno(e);
+                return -1;
+            }
+        }
+    }
+}
+
+/// A timeout from `poll_fd` has no OS error: it is `EAGAIN`.
+fn os_error(e: std::io::Error) -> c_int {
+    e.raw_os_error().unwrap_or(libc::EAGAIN)
+}
+
+/// How a call on `fd` goes: through unchanged, or blocking in a fiber or on a thread.
+enum Route {
+    Pass,
+    Wait(Ctx, &'static fd::Slot, u32),
+}
+
+#[inline(always)]
+fn route(fd: c_int) -> Route {
+    if let Some(meta) = active() {
+        if fd > 2 {
+            if let Some(slot) = fd::slot(fd) {
+                let state = slot.classify(fd);
+                if fd::Slot::waits(state) {
+                    return Route::Wait(Ctx::Fiber(meta), slot, state);
+                }
+            }
+        }
+        return Route::Pass;
+    }
+    match fd::lookup(fd) {
+        Some(slot) if fd::Slot::waits(slot.state()) => Route::Wait(Ctx::Thread, slot, slot.state()),
+        _ => Route::Pass,
+    }
+}
+
+/// A read- or write-like call on `fd`: `op` is the real call. `whole` is the length the
+/// kernel would transfer in full before a blocking call returns (0: return after any
+/// progress); `op` then gets the offset to go on from.
+#[inline(always)]
+fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> isize {
+    let (ctx, slot, state) = match route(fd) {
+        Route::Pass => return op(0),
+        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+    };
+    let mut call = |b: &mut Blocking| {
+        let mut done = 0usize;
+        loop {
+            let r = b.run(|| op(done));
+            if r < 0 {
+                // Some bytes went before the failure: report them, as the kernel does.
+                return if done > 0 { done as isize } else { r };
+            }
+            done += r as usize;
+            if r == 0 || done >= whole {
+                return done as isize;
+            }
+        }
+    };
+    let mut b = Blocking::new(ctx, fd, slot, state, dir);
+    match ctx {
+        Ctx::Thread => call(&mut b),
+        Ctx::Fiber(meta) => in_fiber(meta, cancelled, || {
+            crate::coop::spend();
+            call(&mut b)
+        }),
+    }
+}
