@@ -801,3 +801,36 @@ fn ureq_in_300_fibers_on_two_workers_overlaps_its_waits() {
         server.stop_timeout(Duration::from_millis(10));
     });
 }
+
+#[test]
+fn a_fork_child_of_a_fiber_runs_unhooked() {
+    with_deadline(|| {
+        let s = sched(1);
+        let (status, out) = s.block_on(|| {
+            // SAFETY: the child only sleeps (the hooked nanosleep), checks is_active and
+            // leaves with _exit, all async-signal-safe in substance: no locks are taken.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+                let code = if fibra::hook::is_active() { 3 } else { 0 };
+                // SAFETY: leaving the child without running the parent's destructors.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            // A child process with a pre_exec hook is started by fork in std; its output
+            // comes back through a pipe the fiber reads, hooked.
+            use std::os::unix::process::CommandExt;
+            let mut cmd = std::process::Command::new("sh");
+            cmd.args(["-c", "sleep 0.05; echo forked"]);
+            // SAFETY: the closure does nothing.
+            unsafe { cmd.pre_exec(|| Ok(())) };
+            let out = cmd.output().unwrap();
+            (status, String::from_utf8(out.stdout).unwrap())
+        });
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{status}");
+        assert_eq!(out, "forked\n");
+        s.stop();
+    });
+}

@@ -223,6 +223,9 @@ impl Slot {
 
 /// `fd` is about to be closed, or was just created: forget what we knew.
 pub(crate) fn forget(fd: libc::c_int) {
+    if super::in_forked_child() {
+        return;
+    }
     if let Some(s) = lookup(fd) {
         if s.state() != UNKNOWN || s.record.lock().is_some() {
             s.reset();
@@ -232,6 +235,9 @@ pub(crate) fn forget(fd: libc::c_int) {
 
 /// `new` was just made a duplicate of `old`.
 pub(crate) fn duplicated(old: libc::c_int, new: libc::c_int) {
+    if super::in_forked_child() {
+        return;
+    }
     forget(new);
     if let (Some(o), Some(n)) = (lookup(old), slot(new)) {
         n.copy_from(o);

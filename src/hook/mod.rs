@@ -56,9 +56,10 @@
 //!   with `SA_RESTART`. A signal handler that runs on a worker thread must not make hooked
 //!   calls on hooked fds (they would try to park the interrupted fiber); wrap such code in
 //!   [`without`] or keep it to the standard streams.
-//! - **`fork`.** The child inherits the fds fibra switched to non-blocking mode and the table
-//!   of the user's views, so its plain threads keep emulating blocking calls; a program it
-//!   `exec`s sees those fds non-blocking.
+//! - **`fork`.** In the child, hooks never park (the child has no workers) and keep the
+//!   table of the user's views as it was at the fork, so blocking calls on the fds fibra
+//!   switched to non-blocking mode are still emulated; a program the child `exec`s sees those
+//!   fds non-blocking.
 //! - **Cancellation.** A fiber cancelled (by [`JoinHandle::cancel`](crate::JoinHandle::cancel)
 //!   or `stop_timeout`) while it waits in a hooked call cannot unwind through the C frames
 //!   that called it: the call fails with `ECANCELED` instead (a sleep just ends), later
@@ -105,7 +106,7 @@ use std::time::{Duration, Instant};
 /// [`without`]. False on plain threads, in standalone [`Fiber`](crate::Fiber)s and on the
 /// blocking pool.
 pub fn is_active() -> bool {
-    current_meta().is_some_and(|m| m.worker.is_some() && !m.hooks_off.get())
+    current_meta().is_some_and(|m| m.worker.is_some() && !m.hooks_off.get()) && !in_forked_child()
 }
 
 /// Runs `f` with hooks off for the running fiber: its C library calls are the real ones and
@@ -139,13 +140,34 @@ pub fn without<R>(f: impl FnOnce() -> R) -> R {
 /// C library for std's calls too. Called when a scheduler is built.
 pub(crate) fn link() {
     std::hint::black_box(&calls::HOOKS);
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a plain function with no preconditions as the child handler.
+        unsafe { libc::pthread_atfork(None, None, Some(forked)) };
+    });
+}
+
+/// Set in a child process made by `fork`: it has none of the parent's worker threads, so a
+/// fiber's thread copied into it must not park, and the fd table must not take locks that
+/// another parent thread may have held at the fork.
+static FORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn forked() {
+    FORKED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether this process is a `fork` child of one that built a scheduler.
+#[inline(always)]
+pub(crate) fn in_forked_child() -> bool {
+    FORKED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The fiber a hook acts for: a scheduled fiber with hooks on, not already inside a hook.
 #[inline(always)]
 fn active() -> Option<&'static FiberMeta> {
     let m = current_meta()?;
-    (m.worker.is_some() && !m.hooks_off.get() && !m.in_hook.get()).then_some(m)
+    (m.worker.is_some() && !m.hooks_off.get() && !m.in_hook.get() && !in_forked_child())
+        .then_some(m)
 }
 
 #[inline(always)]
