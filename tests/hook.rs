@@ -829,8 +829,197 @@ fn a_fork_child_of_a_fiber_runs_unhooked() {
             let out = cmd.output().unwrap();
             (status, String::from_utf8(out.stdout).unwrap())
         });
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{status}");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status}"
+        );
         assert_eq!(out, "forked\n");
+        s.stop();
+    });
+}
+
+#[test]
+fn two_fibers_reading_one_socket_each_get_a_message() {
+    with_deadline(|| {
+        let s = sched(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        let a = Arc::new(a);
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let a = a.clone();
+                s.submit(
+                    move || {
+                        let mut one = [0u8; 1];
+                        (&*a).read_exact(&mut one).unwrap();
+                        one[0]
+                    },
+                    None,
+                )
+                .unwrap()
+            })
+            .collect();
+        let writer = s
+            .submit(
+                move || {
+                    for byte in [b'a', b'b'] {
+                        fibra::sleep(Duration::from_millis(20));
+                        (&b).write_all(&[byte]).unwrap();
+                    }
+                    b
+                },
+                None,
+            )
+            .unwrap();
+        let _b = finish(writer);
+        let mut got: Vec<u8> = readers.into_iter().map(finish).collect();
+        got.sort();
+        assert_eq!(got, b"ab");
+        s.stop();
+    });
+}
+
+#[test]
+fn a_huge_read_timeout_means_wait() {
+    with_deadline(|| {
+        let s = sched(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        let got = s.block_on(move || {
+            a.set_read_timeout(Some(Duration::MAX)).unwrap();
+            let w = fibra::spawn(move || {
+                fibra::sleep(Duration::from_millis(20));
+                (&b).write_all(b"!").unwrap();
+                b
+            });
+            let mut one = [0u8; 1];
+            (&a).read_exact(&mut one).unwrap();
+            drop(w.join().unwrap());
+            one[0]
+        });
+        assert_eq!(got, b'!');
+        s.stop();
+    });
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+#[test]
+fn signals_do_not_surface_as_eintr_in_hooked_calls() {
+    with_deadline(|| {
+        // A handler without SA_RESTART: a real blocking call it interrupts fails with EINTR.
+        // SAFETY: installing a handler that does nothing, with an empty mask.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut());
+        }
+        let s = sched(2);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let signaller = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                // SAFETY: signalling our own process with a handled signal.
+                unsafe { libc::kill(libc::getpid(), libc::SIGUSR2) };
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        let hs: Vec<_> = (0..50)
+            .map(|i| {
+                s.submit(
+                    move || {
+                        let (a, b) = UnixStream::pair().unwrap();
+                        let w = fibra::spawn(move || {
+                            std::thread::sleep(Duration::from_millis(20 + i % 7));
+                            (&b).write_all(&[i as u8]).unwrap();
+                            b
+                        });
+                        let mut one = [0u8; 1];
+                        // SAFETY: a live one-byte buffer.
+                        let r = unsafe { libc::read(a.as_raw_fd(), one.as_mut_ptr().cast(), 1) };
+                        let e = errno();
+                        drop(w.join().unwrap());
+                        assert_eq!(r, 1, "read failed with errno {e}");
+                        one[0]
+                    },
+                    None,
+                )
+                .unwrap()
+            })
+            .collect();
+        for (i, h) in hs.into_iter().enumerate() {
+            assert_eq!(finish(h), i as u8);
+        }
+        stop.store(true, Ordering::Relaxed);
+        signaller.join().unwrap();
+        s.stop();
+    });
+}
+
+#[test]
+fn a_connect_to_a_full_backlog_honours_so_sndtimeo() {
+    with_deadline(|| {
+        // SAFETY: a plain socket, bound to a free loopback port and listening with the
+        // smallest backlog; nobody ever accepts.
+        let (listener, addr) = unsafe {
+            let l = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            sa.sin_family = libc::AF_INET as _;
+            sa.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            assert_eq!(
+                libc::bind(l, (&sa as *const libc::sockaddr_in).cast(), len),
+                0
+            );
+            assert_eq!(libc::listen(l, 0), 0);
+            let mut got = len;
+            libc::getsockname(l, (&mut sa as *mut libc::sockaddr_in).cast(), &mut got);
+            (l, sa)
+        };
+        let s = sched(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ticks, tick) = ticker(&s, stop.clone());
+        let outcomes = s.block_on(move || {
+            let mut outcomes = Vec::new();
+            for _ in 0..4 {
+                // SAFETY: a fresh socket with a 200 ms send timeout, connected to the
+                // listener above; the fd is left open so the backlog stays full.
+                let (r, e, took) = unsafe {
+                    let c = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                    let tv = libc::timeval {
+                        tv_sec: 0,
+                        tv_usec: 200_000,
+                    };
+                    libc::setsockopt(
+                        c,
+                        libc::SOL_SOCKET,
+                        libc::SO_SNDTIMEO,
+                        (&tv as *const libc::timeval).cast(),
+                        std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                    );
+                    let t = Instant::now();
+                    let r = libc::connect(
+                        c,
+                        (&addr as *const libc::sockaddr_in).cast(),
+                        std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    );
+                    (r, errno(), t.elapsed())
+                };
+                outcomes.push((r, e, took, ticks.load(Ordering::Relaxed)));
+            }
+            outcomes
+        });
+        stop.store(true, Ordering::Relaxed);
+        finish(tick);
+        // SAFETY: our listener.
+        unsafe { libc::close(listener) };
+        let timed_out: Vec<_> = outcomes.iter().filter(|o| o.0 == -1).collect();
+        assert!(!timed_out.is_empty(), "no connect waited: {outcomes:?}");
+        for (_, e, took, _) in &timed_out {
+            assert_eq!(*e, libc::EINPROGRESS, "{outcomes:?}");
+            assert!(*took >= Duration::from_millis(199), "{outcomes:?}");
+        }
+        // The worker ran the ticker while the connects waited.
+        assert!(outcomes.last().unwrap().3 >= 20, "{outcomes:?}");
         s.stop();
     });
 }

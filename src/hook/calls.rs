@@ -199,114 +199,64 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     let call = || {
         let mut b = Blocking::new(ctx, fd, slot, state, WRITE);
+        // SAFETY: the caller's arguments, passed on as they came.
+        let r = unsafe { real::connect(fd, addr, len) };
+        match errno() {
+            _ if r == 0 => return 0,
+            // A Unix socket's full backlog: retry as room appears.
+            libc::EAGAIN => {
+                // SAFETY: as above.
+                return b.run(|| unsafe { real::connect(fd, addr, len) } as isize) as c_int;
+            }
+            libc::EINPROGRESS => {}
+            _ => return r,
+        }
+        // Connecting: wait until the socket is writable, which is when the kernel is done.
         loop {
             let seen = b.before();
-            // SAFETY: the caller's arguments.
-            let r = unsafe { real::connect(fd, addr, len) };
-            let e = errno();
-            if r == 0 || (e != libc::EINPROGRESS && e != libc::EAGAIN) {
-                return r;
+            let mut p = pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            if unsafe { real::poll(&mut p, 1, 0) } != 0 {
+                break;
             }
-            if let Err(w) = b.wait(seen) {
+            if let Err(e) = b.wait(seen) {
                 // Linux's blocking connect reports its SO_SNDTIMEO timeout as EINPROGRESS.
-                set_errno(if w == libc::EAGAIN {
+                set_errno(if e == libc::EAGAIN {
                     libc::EINPROGRESS
                 } else {
-                    w
+                    e
                 });
                 return -1;
             }
-            if e == libc::EAGAIN {
-                // A Unix socket's full backlog: try again now that it may have room.
-                continue;
-            }
-            let mut err: c_int = 0;
-            let mut n = std::mem::size_of::<c_int>() as socklen_t;
-            // SAFETY: `err` and `n` are live and sized for SO_ERROR.
-            let r = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_ERROR,
-                    (&mut err as *mut c_int).cast(),
-                    &mut n,
-                )
-            };
-            if r < 0 {
-                return -1;
-            }
-            if err != 0 {
-                set_errno(err);
-                return -1;
-            }
-            // Writable and no error: connected, unless the wake was early (a hang-up
-            // readiness left from before); the peer's address tells.
-            // SAFETY: a zeroed storage of the largest address size and its length.
-            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-            // SAFETY: as above.
-            if unsafe {
-                libc::getpeername(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl)
-            } == 0
-            {
-                return 0;
-            }
-            if errno() != libc::ENOTCONN {
-                return -1;
-            }
-            // Still connecting: wait again (connect now says EALREADY, which we skip).
-            loop {
-                let seen = b.before();
-                let mut pfd = pollfd {
-                    fd,
-                    events: libc::POLLOUT,
-                    revents: 0,
-                };
-                // SAFETY: one live pollfd.
-                if unsafe { real::poll(&mut pfd, 1, 0) } != 0 {
-                    break;
-                }
-                if let Err(w) = b.wait(seen) {
-                    set_errno(if w == libc::EAGAIN {
-                        libc::EINPROGRESS
-                    } else {
-                        w
-                    });
-                    return -1;
-                }
-            }
-            let mut err: c_int = 0;
-            let mut n = std::mem::size_of::<c_int>() as socklen_t;
-            // SAFETY: as above.
-            unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_ERROR,
-                    (&mut err as *mut c_int).cast(),
-                    &mut n,
-                )
-            };
-            if err != 0 {
-                set_errno(err);
-                return -1;
-            }
-            return 0;
         }
+        let mut err: c_int = 0;
+        let mut n = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: `err` and `n` are live and sized for SO_ERROR.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut err as *mut c_int).cast(),
+                &mut n,
+            )
+        };
+        if r == 0 && err != 0 {
+            set_errno(err);
+            return -1;
+        }
+        r
     };
     match ctx {
         Ctx::Thread => call(),
-        Ctx::Fiber(meta) => in_fiber(
-            meta,
-            || {
-                set_errno(libc::ECANCELED);
-                -1
-            },
-            || {
-                crate::coop::spend();
-                call()
-            },
-        ),
+        Ctx::Fiber(meta) => in_fiber(meta, cancelled_int, || {
+            crate::coop::spend();
+            call()
+        }),
     }
 }
 
