@@ -200,6 +200,7 @@ fn main() -> Result<(), fibra::Error> {
 
     executors_and_tasks();
     structured_concurrency();
+    async_bridge();
     Ok(())
 }
 
@@ -288,6 +289,58 @@ fn structured_concurrency() {
     println!("   JoinSet: finished in the order {order:?} (ms slept)");
     println!("   JoinHandle::cancel: the hour-long sleeper ended cancelled: {cancelled}");
     println!("   CancellationToken: 3 workers stopped after {rounds} rounds in all");
+    sched.stop();
+}
+
+/// The bridge to async code: futures in fibers, and fibers (and fibra channels) awaited by
+/// async code.
+fn async_bridge() {
+    use fibra::future::block_on;
+
+    println!("\n== 13. Futures in fibers, fibers in async code");
+    let sched = fibra::Scheduler::builder()
+        .threads(1)
+        .name("tour-async")
+        .build()
+        .expect("valid configuration");
+    sched.start();
+    // A fiber runs async code: only the fiber waits between polls.
+    let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
+    let consumer = sched
+        .submit(
+            move || {
+                block_on(async {
+                    let mut sum = 0;
+                    while let Ok(v) = rx.recv_async().await {
+                        sum += v;
+                    }
+                    sum
+                })
+            },
+            None,
+        )
+        .expect("running");
+    let producer = sched
+        .submit(
+            move || {
+                for v in 1..=10 {
+                    tx.send(v).expect("the consumer listens");
+                    fibra::sleep(Duration::from_millis(1));
+                }
+            },
+            None,
+        )
+        .expect("running");
+    // Async code (any executor; here block_on on this plain thread) awaits fibers.
+    let (sum, ()) = block_on(async {
+        (
+            consumer.await.expect("no panic"),
+            producer.await.expect("no panic"),
+        )
+    });
+    println!("   a fiber summed 1..=10 from recv_async().await: {sum}; main awaited both fibers");
+    println!("   (with the `tokio` feature and Builder::tokio_handle, tokio's sockets and timers");
+    println!("   work in fibers too: see README, \"Futures in fibers, fibers in async code\")");
     sched.stop();
 }
 

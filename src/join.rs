@@ -182,7 +182,8 @@ where
             return None;
         }
         // SAFETY: the result was written before `done` was set (observed above with
-        // Acquire); `take` is only called by `JoinHandle::join`, which owns the one handle.
+        // Acquire); `take` is only called by `JoinHandle::join`, which owns the one handle,
+        // and by its `poll`, which borrows it mutably: no `&T` from `then` can be live.
         unsafe { (*self.result.get()).take() }
     }
 
@@ -220,6 +221,17 @@ where
 /// An owned permission to wait for a task's result, like [`std::thread::JoinHandle`].
 ///
 /// Dropping it detaches the task: it still runs to completion.
+///
+/// It is also a [`Future`](std::future::Future) of the same result, so async code (a tokio task, any executor)
+/// can `.await` a fiber; the awaiting task is woken when the fiber ends:
+///
+/// ```
+/// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+/// sched.start();
+/// let fiber = sched.submit(|| 6 * 7, None).unwrap();
+/// // Any executor: here fibra's own `block_on` on this plain thread.
+/// assert_eq!(fibra::future::block_on(async { fiber.await.unwrap() }), 42);
+/// ```
 pub struct JoinHandle<T> {
     cell: Arc<dyn Output<T>>,
 }
@@ -357,6 +369,27 @@ impl<T> JoinHandle<T> {
     /// The id of the task's fiber (assigned at submit, before it starts).
     pub fn id(&self) -> FiberId {
         self.cell.header().id
+    }
+}
+
+impl<T> std::future::Future for JoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    /// Ready with the task's result once it has finished.
+    ///
+    /// # Panics
+    /// If polled again after it returned the result.
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        if !self.cell.header().poll_done(cx.waker()) {
+            return std::task::Poll::Pending;
+        }
+        match self.cell.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => panic!("a fibra JoinHandle was polled after it returned its result"),
+        }
     }
 }
 

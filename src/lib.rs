@@ -50,6 +50,7 @@ mod error;
 pub mod exec;
 mod fiber;
 pub mod fs;
+pub mod future;
 #[cfg(feature = "hook")]
 pub mod hook;
 pub mod io;

@@ -51,12 +51,22 @@ enum Target {
         shared: Arc<Shared>,
         index: usize,
     },
+    /// Wakes an async task: a future waiting on a fibra primitive registers its waker where
+    /// a parked fiber would register its unparker.
+    Waker(std::task::Waker),
 }
 
 impl Unparker {
     pub(crate) fn for_fiber(job: Arc<dyn Job>, gen: u64) -> Unparker {
         Unparker {
             target: Target::Fiber { job, gen },
+        }
+    }
+
+    /// An unparker that wakes `waker`'s task (see `crate::future`).
+    pub(crate) fn from_waker(waker: std::task::Waker) -> Unparker {
+        Unparker {
+            target: Target::Waker(waker),
         }
     }
 
@@ -73,6 +83,7 @@ impl Unparker {
             Target::Fiber { job, gen } => crate::sched::unpark_fiber(job, *gen),
             Target::Thread { slot, gen } => slot.unpark(*gen),
             Target::Worker { shared, index } => shared.workers[*index].sleep.wake(),
+            Target::Waker(w) => w.wake_by_ref(),
         }
     }
 }
@@ -93,6 +104,7 @@ impl fmt::Debug for Unparker {
                 .field("thread", &"..")
                 .field("generation", gen)
                 .finish(),
+            Target::Waker(w) => f.debug_struct("Unparker").field("waker", w).finish(),
         }
     }
 }

@@ -1511,16 +1511,18 @@ fn dropping_the_scheduler_from_its_own_fiber_does_not_hang() {
         let s = sched.clone();
         drop(sched);
         let last = Arc::downgrade(&s);
-        let _ = s
-            .clone()
-            .submit(
-                move || {
-                    drop(s);
-                    let _ = tx.send(());
-                },
-                None,
-            )
-            .expect("submit");
+        // Detached: the handle is dropped at once.
+        drop(
+            s.clone()
+                .submit(
+                    move || {
+                        drop(s);
+                        let _ = tx.send(());
+                    },
+                    None,
+                )
+                .expect("submit"),
+        );
         rx.recv_timeout(BOUND)
             .expect("the fiber dropped the scheduler and went on");
         assert_eq!(finish(other), 3);

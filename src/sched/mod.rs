@@ -75,9 +75,46 @@ pub struct Builder {
     stack_size: usize,
     stack_cache: usize,
     use_caller: bool,
+    #[cfg(feature = "tokio")]
+    tokio: Option<tokio::runtime::Handle>,
 }
 
 impl Builder {
+    /// The tokio runtime for async code run in this scheduler's fibers (feature `tokio`):
+    /// [`future::block_on`](crate::future::block_on) enters its context around every poll, so
+    /// futures that need one (tokio's sockets and timers, reqwest, hyper, tonic) work there.
+    /// The runtime's own threads drive its reactor and timers; the fiber only waits. Create
+    /// such futures inside the `async` block given to `block_on` (some, like tokio's `sleep`,
+    /// need the context as soon as they are made).
+    ///
+    /// ```
+    /// let rt = tokio::runtime::Builder::new_multi_thread()
+    ///     .worker_threads(1)
+    ///     .enable_time()
+    ///     .build()
+    ///     .unwrap();
+    /// let sched = fibra::Scheduler::builder()
+    ///     .threads(1)
+    ///     .tokio_handle(rt.handle().clone())
+    ///     .build()
+    ///     .unwrap();
+    /// sched.start();
+    /// let slept = sched.block_on(|| {
+    ///     let t = std::time::Instant::now();
+    ///     // Made inside the `async` block: tokio's `sleep` needs the context when created.
+    ///     fibra::future::block_on(async {
+    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await
+    ///     });
+    ///     t.elapsed()
+    /// });
+    /// assert!(slept >= std::time::Duration::from_millis(10));
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn tokio_handle(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.tokio = Some(handle);
+        self
+    }
+
     /// The number of worker threads N. Default: the available parallelism.
     pub fn threads(mut self, n: usize) -> Self {
         self.threads = Some(n);
@@ -146,6 +183,8 @@ impl Builder {
             stack_size,
             stack_cache: self.stack_cache,
             use_caller: self.use_caller,
+            #[cfg(feature = "tokio")]
+            tokio: self.tokio,
         });
         let caller_worker = self
             .use_caller
@@ -206,6 +245,8 @@ impl Default for Builder {
             stack_size: DEFAULT_STACK_SIZE,
             stack_cache: crate::stack::DEFAULT_STACK_CACHE,
             use_caller: false,
+            #[cfg(feature = "tokio")]
+            tokio: None,
         }
     }
 }
@@ -572,6 +613,12 @@ where
 {
     submit_to(shared, f, None, None, shared.config.stack_size)
         .unwrap_or_else(|refused| crate::exec::cancelled(refused.into_inner()))
+}
+
+/// The tokio runtime of the scheduler whose fiber runs the calling code, if it has one.
+#[cfg(feature = "tokio")]
+pub(crate) fn tokio_handle() -> Option<tokio::runtime::Handle> {
+    worker::current_shared().and_then(|s| s.config.tokio.clone())
 }
 
 /// Runs `f` as a new fiber of the scheduler whose fiber calls it (on any of its workers),

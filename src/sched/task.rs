@@ -204,7 +204,12 @@ pub(crate) struct Home {
 }
 
 /// The waiters of `join`/`wait_timeout`: an intrusive FIFO, nodes on the waiters' stacks.
-type Joiners = WaitList<()>;
+/// Who waits for a task's result: fibers and threads in `list`, and at most one async task
+/// (the `JoinHandle` is unique, so one future polls it).
+pub(crate) struct Joiners {
+    list: WaitList<()>,
+    waker: Option<std::task::Waker>,
+}
 
 const STARTED: u8 = 1;
 const CANCEL_REQUESTED: u8 = 2;
@@ -257,7 +262,10 @@ impl Header {
             run_state: AtomicU8::new(0),
             done: AtomicBool::new(false),
             has_joiners: AtomicBool::new(false),
-            joiners: Lock::new(WaitList::new()),
+            joiners: Lock::new(Joiners {
+                list: WaitList::new(),
+                waker: None,
+            }),
             placement: UnsafeCell::new(Placement {
                 sched: std::ptr::null(),
                 worker: 0,
@@ -310,9 +318,33 @@ impl Header {
         self.done.store(true, Ordering::SeqCst);
         if self.has_joiners.load(Ordering::SeqCst) {
             let mut g = self.joiners.lock();
-            let (list, wakes) = g.parts();
-            list.wake_all(COMPLETED, wakes);
+            let (joiners, wakes) = g.parts();
+            joiners.list.wake_all(COMPLETED, wakes);
+            let waker = joiners.waker.take();
+            drop(g);
+            if let Some(w) = waker {
+                w.wake();
+            }
         }
+    }
+
+    /// The async side of [`wait`](Header::wait): whether the task is done; if not, `waker`
+    /// is woken when it is (replacing the waker of an earlier poll).
+    pub(crate) fn poll_done(&self, waker: &std::task::Waker) -> bool {
+        if self.is_done() {
+            return true;
+        }
+        let mut g = self.joiners.lock();
+        self.has_joiners.store(true, Ordering::SeqCst);
+        if self.done.load(Ordering::SeqCst) {
+            return true;
+        }
+        let (joiners, _) = g.parts();
+        match &mut joiners.waker {
+            Some(w) if w.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+        false
     }
 
     /// Waits for the result (suspending a fiber, blocking a thread) until `deadline`.
@@ -326,7 +358,7 @@ impl Header {
         if self.done.load(Ordering::SeqCst) {
             return true;
         }
-        match wait(g, |list| list, (), deadline, || {}, |_, _| {}) {
+        match wait(g, |j| &mut j.list, (), deadline, || {}, |_, _| {}) {
             Wait::Woken(_) => true,
             Wait::TimedOut(_) => self.is_done(),
         }

@@ -175,6 +175,9 @@ pub(crate) struct Config {
     pub(crate) stack_size: usize,
     pub(crate) stack_cache: usize,
     pub(crate) use_caller: bool,
+    /// The tokio runtime whose context `future::block_on` enters in this scheduler's fibers.
+    #[cfg(feature = "tokio")]
+    pub(crate) tokio: Option<tokio::runtime::Handle>,
 }
 
 /// What other threads may touch of a worker.

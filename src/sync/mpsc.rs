@@ -29,7 +29,6 @@ use super::deadline_after;
 use super::select::{Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::ptr::NonNull;
@@ -173,14 +172,15 @@ pub struct SyncSender<T> {
     chan: Arc<Chan<T>>,
 }
 
-/// The receiving half of a [`channel`] or [`sync_channel`]. `Send` but not `Sync`, like
-/// std's: one consumer at a time.
+/// The receiving half of a [`channel`] or [`sync_channel`]. `Send` and `Sync`: the
+/// receiving futures of [`recv_async`](Receiver::recv_async) borrow it and may move to
+/// another thread; receivers sharing one (through `&`) each get different messages.
 pub struct Receiver<T> {
     chan: Arc<Chan<T>>,
     /// Messages moved out of an unbounded channel's buffer in one go, so that a busy
-    /// consumer takes the lock once per batch rather than once per message. Older than
-    /// anything still in the shared buffer. (`RefCell` also makes the receiver `!Sync`.)
-    batch: RefCell<VecDeque<T>>,
+    /// consumer takes the channel's lock once per batch rather than once per message. Older
+    /// than anything still in the shared buffer; refilled only under the channel's lock.
+    batch: parking_lot::Mutex<VecDeque<T>>,
 }
 
 impl<T> Sender<T> {
@@ -219,6 +219,77 @@ impl<T> SyncSender<T> {
     /// [`TrySendError::Disconnected`] if the receiver is gone; both give the message back.
     pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
         self.chan.send(msg, false)
+    }
+}
+
+/// The future of [`Receiver::recv_async`].
+#[must_use = "futures do nothing unless polled"]
+pub struct RecvFuture<'a, T> {
+    rx: &'a Receiver<T>,
+    /// Registered with the channel's receive watchers while the future waits.
+    signal: Option<std::sync::Arc<Signal>>,
+}
+
+impl<T> RecvFuture<'_, T> {
+    fn done(&mut self) {
+        if let Some(s) = self.signal.take() {
+            self.rx.watch(&s, false);
+        }
+    }
+}
+
+impl<T> std::future::Future for RecvFuture<'_, T> {
+    type Output = Result<T, RecvError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = &mut *self;
+        loop {
+            match this.rx.try_recv() {
+                Ok(msg) => {
+                    this.done();
+                    return std::task::Poll::Ready(Ok(msg));
+                }
+                Err(TryRecvError::Disconnected) => {
+                    this.done();
+                    return std::task::Poll::Ready(Err(RecvError));
+                }
+                Err(TryRecvError::Empty) => {}
+            }
+            match &this.signal {
+                Some(s) => {
+                    // Watching already; a message that came after the try above fires the
+                    // signal, which wakes the waker set here.
+                    s.set_waker(cx.waker());
+                    if !s.fired() {
+                        return std::task::Poll::Pending;
+                    }
+                    s.reset();
+                }
+                None => {
+                    // Watch, then try again: a message between the try and the watch is
+                    // seen by the second try.
+                    let s = Signal::new();
+                    s.set_waker(cx.waker());
+                    this.rx.watch(&s, true);
+                    this.signal = Some(s);
+                }
+            }
+        }
+    }
+}
+
+impl<T> Drop for RecvFuture<'_, T> {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+impl<T> fmt::Debug for RecvFuture<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvFuture").finish_non_exhaustive()
     }
 }
 
@@ -320,7 +391,7 @@ impl<T> Receiver<T> {
     fn new(chan: Arc<Chan<T>>) -> Receiver<T> {
         Receiver {
             chan,
-            batch: RefCell::new(VecDeque::new()),
+            batch: parking_lot::Mutex::new(VecDeque::new()),
         }
     }
 
@@ -340,7 +411,7 @@ impl<T> Receiver<T> {
     /// and every sender is gone.
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         crate::coop::spend();
-        if let Some(msg) = self.batch.borrow_mut().pop_front() {
+        if let Some(msg) = self.batch.lock().pop_front() {
             return Ok(msg);
         }
         let mut st = self.chan.state.lock();
@@ -383,8 +454,12 @@ impl<T> Receiver<T> {
     /// moves them all into `batch` (no sender waits for room there, so nothing changes for
     /// the senders).
     fn take(&self, st: &mut Guard<'_, State<T>>) -> Option<T> {
+        let mut batch = self.batch.lock();
+        // Another receiver sharing this one may have refilled the batch since we looked.
+        if let Some(msg) = batch.pop_front() {
+            return Some(msg);
+        }
         if st.bound.is_none() && st.buffer.len() > 1 {
-            let mut batch = self.batch.borrow_mut();
             // `batch` is empty: the shared buffer keeps its allocation for the senders.
             std::mem::swap(&mut st.buffer, &mut *batch);
             return batch.pop_front();
@@ -394,7 +469,7 @@ impl<T> Receiver<T> {
 
     fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
         crate::coop::spend();
-        if let Some(msg) = self.batch.borrow_mut().pop_front() {
+        if let Some(msg) = self.batch.lock().pop_front() {
             return Ok(msg);
         }
         let mut st = self.chan.state.lock();
@@ -436,6 +511,31 @@ impl<T> Receiver<T> {
 }
 
 impl<T> Receiver<T> {
+    /// A future of the next message, for async code: `rx.recv_async().await` is
+    /// [`recv`](Receiver::recv) without blocking the executor's thread. The future is `Send`
+    /// (for `T: Send`), so a tokio task can await it; dropping it before it is ready loses
+    /// nothing.
+    ///
+    /// ```
+    /// use fibra::sync::mpsc;
+    /// let (tx, rx) = mpsc::channel();
+    /// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+    /// sched.start();
+    /// sched.submit(move || { fibra::sleep(std::time::Duration::from_millis(5)); tx.send(7) }, None).unwrap();
+    /// // Any executor; here fibra's `block_on` on this plain thread.
+    /// assert_eq!(fibra::future::block_on(rx.recv_async()), Ok(7));
+    /// assert!(fibra::future::block_on(rx.recv_async()).is_err()); // sender gone
+    /// ```
+    ///
+    /// # Errors
+    /// [`RecvError`] once the channel is empty and every sender is gone.
+    pub fn recv_async(&self) -> RecvFuture<'_, T> {
+        RecvFuture {
+            rx: self,
+            signal: None,
+        }
+    }
+
     /// Registers (or removes) a waiting select's signal.
     pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
         let mut st = self.chan.state.lock();

@@ -73,7 +73,10 @@ pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
         Sender {
             inner: Some(inner.clone()),
         },
-        Receiver { inner },
+        Receiver {
+            inner,
+            polled: false,
+        },
     )
 }
 
@@ -84,8 +87,14 @@ pub struct Sender<T> {
 }
 
 /// The receiving end of a [`oneshot`](self) channel.
+///
+/// It is also a [`Future`](std::future::Future) of the value, so async code can `.await`
+/// it (`Err(RecvError)` if the sender was dropped without sending).
 pub struct Receiver<T> {
     inner: Arc<Inner<T>>,
+    /// A poll left a waker in the waiter cell (WAITING may be set): withdraw it before
+    /// waiting another way.
+    polled: bool,
 }
 
 impl<T> Sender<T> {
@@ -194,7 +203,14 @@ impl<T> Receiver<T> {
         }
     }
 
+    /// Takes back the waker a poll left, so the waiter cell is free again. Returns whether
+    /// the sender's side finished meanwhile.
+    fn unpoll(&mut self) -> bool {
+        std::mem::replace(&mut self.polled, false) && withdraw_waiter(&self.inner)
+    }
+
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        self.unpoll();
         match self.try_recv() {
             Ok(v) => return Ok(v),
             Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
@@ -213,6 +229,29 @@ impl<T> Receiver<T> {
             TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
             TryRecvError::Empty => unreachable!("woken without a value or a disconnection"),
         })
+    }
+}
+
+#[cfg(not(loom))]
+impl<T> std::future::Future for Receiver<T> {
+    type Output = Result<T, RecvError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = &mut *self;
+        this.unpoll();
+        match this.try_recv() {
+            Ok(v) => return std::task::Poll::Ready(Ok(v)),
+            Err(TryRecvError::Disconnected) => return std::task::Poll::Ready(Err(RecvError)),
+            Err(TryRecvError::Empty) => {}
+        }
+        // As a parked receiver publishes its unparker: if the sender's side finished first,
+        // `publish` wakes the waker at once and the next poll takes the value.
+        publish(&this.inner, Unparker::from_waker(cx.waker().clone()));
+        this.polled = true;
+        std::task::Poll::Pending
     }
 }
 

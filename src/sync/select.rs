@@ -24,7 +24,7 @@ pub struct Signal {
 }
 
 impl Signal {
-    fn new() -> Arc<Signal> {
+    pub(crate) fn new() -> Arc<Signal> {
         Arc::new(Signal {
             fired: AtomicBool::new(false),
             waiter: parking_lot::Mutex::new(None),
@@ -36,6 +36,47 @@ impl Signal {
         if let Some(u) = self.waiter.lock().take() {
             u.unpark();
         }
+    }
+
+    /// Whether it fired since the last reset.
+    pub(crate) fn fired(&self) -> bool {
+        self.fired.load(Ordering::Acquire)
+    }
+
+    /// Forgets a firing that was seen: the next [`park`](Signal::park) waits for a new one.
+    pub(crate) fn reset(&self) {
+        self.fired.store(false, Ordering::Relaxed);
+    }
+
+    /// Parks until the signal fires (at once if it fired since the last reset), or until
+    /// `deadline`.
+    pub(crate) fn park(&self, deadline: Option<Instant>) -> ParkResult {
+        park_until(deadline, |u| {
+            let mut w = self.waiter.lock();
+            if self.fired.load(Ordering::Acquire) {
+                drop(w);
+                u.unpark();
+            } else {
+                *w = Some(u);
+            }
+        })
+    }
+
+    /// Makes the next firing wake `waker`'s task (an async waiter instead of a parked one).
+    pub(crate) fn set_waker(&self, waker: &std::task::Waker) {
+        *self.waiter.lock() = Some(Unparker::from_waker(waker.clone()));
+    }
+}
+
+/// A signal is a waker too: `crate::future::block_on` polls with one, and a wake from any
+/// thread fires it (no allocation: the waker is this `Arc`).
+impl std::task::Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.fire();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fire();
     }
 }
 
@@ -245,17 +286,7 @@ pub fn run(ops: &mut [&mut dyn Op], mode: Mode) -> Option<usize> {
         let parked = if done.is_some() {
             Ok(ParkResult::Unparked)
         } else {
-            catch_unwind(AssertUnwindSafe(|| {
-                park_until(deadline, |u| {
-                    let mut w = signal.waiter.lock();
-                    if signal.fired.load(Ordering::Acquire) {
-                        drop(w);
-                        u.unpark();
-                    } else {
-                        *w = Some(u);
-                    }
-                })
-            }))
+            catch_unwind(AssertUnwindSafe(|| signal.park(deadline)))
         };
         for op in ops.iter() {
             op.unwatch(&signal);
