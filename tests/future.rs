@@ -211,6 +211,40 @@ fn join_handles_oneshots_and_recv_async_are_futures() {
 }
 
 #[test]
+fn recv_async_on_a_rendezvous_channel_meets_blocking_senders() {
+    with_deadline(|| {
+        let s = sched(1);
+        for sender_first in [true, false] {
+            let (tx, rx) = mpsc::sync_channel::<u32>(0);
+            let h = s
+                .submit(
+                    move || {
+                        if !sender_first {
+                            fibra::sleep(Duration::from_millis(20));
+                        }
+                        (0..10).for_each(|i| tx.send(i).unwrap());
+                    },
+                    None,
+                )
+                .unwrap();
+            if sender_first {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let got = block_on(async {
+                let mut got = Vec::new();
+                while let Ok(v) = rx.recv_async().await {
+                    got.push(v);
+                }
+                got
+            });
+            assert_eq!(got, (0..10).collect::<Vec<_>>());
+            finish(h);
+        }
+        s.stop();
+    });
+}
+
+#[test]
 #[should_panic(expected = "polled after it returned its result")]
 fn a_join_handle_polled_after_its_result_panics() {
     let s = sched(1);
