@@ -116,15 +116,5 @@ pub fn has_budget_remaining() -> bool {
 /// assert_eq!(sent, 10_000);
 /// ```
 pub fn unconstrained<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<(&'static FiberMeta, bool)>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            if let Some((meta, prev)) = self.0 {
-                meta.unconstrained.set(prev);
-            }
-        }
-    }
-    // The meta outlives this call: `f` runs on this fiber's stack, which the meta belongs to.
-    let _restore = Restore(current_meta().map(|m| (m, m.unconstrained.replace(true))));
-    f()
+    crate::fiber::with_flag(|m| &m.unconstrained, f)
 }

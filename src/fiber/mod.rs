@@ -201,6 +201,25 @@ pub(crate) fn in_scheduled_fiber() -> bool {
     current_meta().is_some_and(|m| m.worker.is_some())
 }
 
+/// Runs `f` with one of the running fiber's flags set (the one `flag` picks), restoring its
+/// previous value when `f` returns or unwinds. Outside a fiber it just calls `f`.
+pub(crate) fn with_flag<R>(flag: fn(&FiberMeta) -> &Cell<bool>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<(&'static Cell<bool>, bool)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some((cell, prev)) = self.0 {
+                cell.set(prev);
+            }
+        }
+    }
+    // The meta outlives this call: `f` runs on this fiber's stack, which the meta belongs to.
+    let _restore = Restore(current_meta().map(|m| {
+        let cell = flag(m);
+        (cell, cell.replace(true))
+    }));
+    f()
+}
+
 /// Whether the calling code runs inside a fiber (scheduled or standalone).
 pub(crate) fn in_fiber() -> bool {
     CURRENT.with(|c| !c.get().is_null())

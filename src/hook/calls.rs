@@ -66,6 +66,22 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
     io(fd, READ, 0, |_| unsafe { real::readv(fd, iov, n) })
 }
 
+/// A socket call with `flags`: with `MSG_DONTWAIT` it never waits (the real call, as the
+/// kernel would make it), else as [`io`].
+#[inline(always)]
+fn sock_io(
+    fd: c_int,
+    flags: c_int,
+    dir: super::Dir,
+    whole: usize,
+    mut op: impl FnMut(usize) -> isize,
+) -> isize {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        return op(0);
+    }
+    io(fd, dir, whole, op)
+}
+
 /// The length a `MSG_WAITALL` receive waits for, or 0.
 fn wait_all(flags: c_int, n: size_t) -> usize {
     if flags & libc::MSG_WAITALL != 0 {
@@ -77,13 +93,9 @@ fn wait_all(flags: c_int, n: size_t) -> usize {
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if flags & libc::MSG_DONTWAIT != 0 {
-        // SAFETY: the caller's arguments, passed on as they came.
-        return unsafe { real::recv(fd, buf, n, flags) };
-    }
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
-    io(fd, READ, wait_all(flags, n), |off| unsafe {
+    sock_io(fd, flags, READ, wait_all(flags, n), |off| unsafe {
         real::recv(fd, buf.cast::<u8>().add(off).cast(), n - off, flags)
     })
 }
@@ -97,12 +109,8 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    if flags & libc::MSG_DONTWAIT != 0 {
-        // SAFETY: the caller's arguments, passed on as they came.
-        return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
-    }
     // SAFETY: the caller's arguments, passed on as they came.
-    io(fd, READ, wait_all(flags, n), |off| unsafe {
+    sock_io(fd, flags, READ, wait_all(flags, n), |off| unsafe {
         real::recvfrom(
             fd,
             buf.cast::<u8>().add(off).cast(),
@@ -116,12 +124,10 @@ pub unsafe extern "C" fn recvfrom(
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if flags & libc::MSG_DONTWAIT != 0 {
-        // SAFETY: the caller's arguments, passed on as they came.
-        return unsafe { real::recvmsg(fd, msg, flags) };
-    }
     // SAFETY: the caller's arguments, passed on as they came.
-    io(fd, READ, 0, |_| unsafe { real::recvmsg(fd, msg, flags) })
+    sock_io(fd, flags, READ, 0, |_| unsafe {
+        real::recvmsg(fd, msg, flags)
+    })
 }
 
 #[no_mangle]
@@ -141,13 +147,9 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    if flags & libc::MSG_DONTWAIT != 0 {
-        // SAFETY: the caller's arguments, passed on as they came.
-        return unsafe { real::send(fd, buf, n, flags) };
-    }
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
-    io(fd, WRITE, n, |off| unsafe {
+    sock_io(fd, flags, WRITE, n, |off| unsafe {
         real::send(fd, buf.cast::<u8>().add(off).cast(), n - off, flags)
     })
 }
@@ -161,12 +163,8 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     len: socklen_t,
 ) -> ssize_t {
-    if flags & libc::MSG_DONTWAIT != 0 {
-        // SAFETY: the caller's arguments, passed on as they came.
-        return unsafe { real::sendto(fd, buf, n, flags, addr, len) };
-    }
     // SAFETY: the caller's arguments, passed on as they came.
-    io(fd, WRITE, n, |off| unsafe {
+    sock_io(fd, flags, WRITE, n, |off| unsafe {
         real::sendto(
             fd,
             buf.cast::<u8>().add(off).cast(),
@@ -180,12 +178,10 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if flags & libc::MSG_DONTWAIT != 0 {
-        // SAFETY: the caller's arguments, passed on as they came.
-        return unsafe { real::sendmsg(fd, msg, flags) };
-    }
     // SAFETY: the caller's arguments, passed on as they came.
-    io(fd, WRITE, 0, |_| unsafe { real::sendmsg(fd, msg, flags) })
+    sock_io(fd, flags, WRITE, 0, |_| unsafe {
+        real::sendmsg(fd, msg, flags)
+    })
 }
 
 // ---- connections ----

@@ -122,17 +122,7 @@ pub fn is_active() -> bool {
 /// assert_eq!((inside, within), (true, false));
 /// ```
 pub fn without<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<(&'static FiberMeta, bool)>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            if let Some((meta, prev)) = self.0 {
-                meta.hooks_off.set(prev);
-            }
-        }
-    }
-    // The meta outlives this call: `f` runs on this fiber's stack, which the meta belongs to.
-    let _restore = Restore(current_meta().map(|m| (m, m.hooks_off.replace(true))));
-    f()
+    crate::fiber::with_flag(|m| &m.hooks_off, f)
 }
 
 /// Makes the linker keep the hooks: referencing them from code every program that uses a

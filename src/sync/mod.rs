@@ -208,3 +208,12 @@ use std::time::{Duration, Instant};
 fn deadline_after(timeout: Duration) -> Option<Instant> {
     Instant::now().checked_add(timeout)
 }
+
+/// A `try_recv` result as a receiving future sees it: `Some` once the future is ready.
+pub(crate) fn ready<T>(r: Result<T, mpsc::TryRecvError>) -> Option<Result<T, mpsc::RecvError>> {
+    match r {
+        Ok(v) => Some(Ok(v)),
+        Err(mpsc::TryRecvError::Disconnected) => Some(Err(mpsc::RecvError)),
+        Err(mpsc::TryRecvError::Empty) => None,
+    }
+}

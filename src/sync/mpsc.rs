@@ -247,16 +247,9 @@ impl<T> std::future::Future for RecvFuture<'_, T> {
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
         loop {
-            match this.rx.try_recv() {
-                Ok(msg) => {
-                    this.done();
-                    return std::task::Poll::Ready(Ok(msg));
-                }
-                Err(TryRecvError::Disconnected) => {
-                    this.done();
-                    return std::task::Poll::Ready(Err(RecvError));
-                }
-                Err(TryRecvError::Empty) => {}
+            if let Some(r) = super::ready(this.rx.try_recv()) {
+                this.done();
+                return std::task::Poll::Ready(r);
             }
             match &this.signal {
                 Some(s) => {

@@ -242,10 +242,8 @@ impl<T> std::future::Future for Receiver<T> {
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
         this.unpoll();
-        match this.try_recv() {
-            Ok(v) => return std::task::Poll::Ready(Ok(v)),
-            Err(TryRecvError::Disconnected) => return std::task::Poll::Ready(Err(RecvError)),
-            Err(TryRecvError::Empty) => {}
+        if let Some(r) = super::ready(this.try_recv()) {
+            return std::task::Poll::Ready(r);
         }
         // As a parked receiver publishes its unparker: if the sender's side finished first,
         // `publish` wakes the waker at once and the next poll takes the value.
