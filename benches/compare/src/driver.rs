@@ -1,6 +1,8 @@
 //! The parent side: runs every (workload, peer) in a child process with a time limit (re-exec of
-//! this binary with the hidden `__run`/`__serve` subcommands, or the Go program), builds the Go
-//! program, drives `wrk` for http, and collects one [`PeerRun`] per cell of the table.
+//! this binary with the hidden `__run`/`__serve` subcommands, the Go program, or one of the
+//! fibra crate's examples), builds the Go program and those examples, drives `wrk` for the http
+//! workloads, starts `redis-server` for redis_get, and collects one [`PeerRun`] per cell of the
+//! table.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -8,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::workloads::{self, Mode, Peer, Workload};
+use crate::workloads::{self, Example, Mode, Peer, Workload};
 
 /// What happened to one peer on one workload.
 #[derive(Clone, Debug)]
@@ -56,6 +58,8 @@ pub struct Env {
     pub go: Result<PathBuf, String>,
     /// `wrk`, or why http cannot run.
     pub wrk: Result<PathBuf, String>,
+    /// `redis-server`, or why redis_get cannot run.
+    pub redis_server: Result<PathBuf, String>,
     /// Scratch directory (server logs), under the target directory.
     pub scratch: PathBuf,
 }
@@ -93,27 +97,145 @@ pub fn build_go(out_dir: &Path) -> Result<PathBuf, String> {
     Ok(bin)
 }
 
+/// What the parent starts once per workload, before its peers run, and stops after them: the
+/// `redis-server` of redis_get. Dropping it stops it.
+pub struct Fixture {
+    /// The redis-server's port, or the status every peer gets instead (skipped when
+    /// redis-server is not installed, failed when it did not start).
+    redis: Option<Result<RedisServer, Status>>,
+}
+
+impl Fixture {
+    /// Starts what `w` needs (nothing for most workloads).
+    pub fn start(env: &Env, w: &Workload) -> Fixture {
+        let redis = (w.mode == Mode::Redis).then(|| match &env.redis_server {
+            Ok(bin) => RedisServer::start(bin, &env.scratch).map_err(Status::Failed),
+            Err(why) => Err(Status::Skipped(why.clone())),
+        });
+        Fixture { redis }
+    }
+
+    fn redis_port(&self) -> Result<u16, Status> {
+        match &self.redis {
+            Some(Ok(server)) => Ok(server.port),
+            Some(Err(status)) => Err(status.clone()),
+            None => Err(Status::Failed("no redis-server was started".into())),
+        }
+    }
+}
+
+/// A `redis-server` child on a free loopback port, without persistence; killed when dropped.
+struct RedisServer {
+    child: Child,
+    port: u16,
+}
+
+impl RedisServer {
+    fn start(bin: &Path, scratch: &Path) -> Result<RedisServer, String> {
+        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let log = scratch.join("redis-server.log");
+        let mut cmd = Command::new(bin);
+        cmd.args(["--save", "", "--appendonly", "no"])
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(scratch);
+        let child = std::fs::File::create(&log)
+            .and_then(|f| {
+                cmd.stdin(Stdio::null())
+                    .stdout(f.try_clone()?)
+                    .stderr(f)
+                    .spawn()
+            })
+            .map_err(|e| format!("cannot start redis-server: {e}"))?;
+        let mut server = RedisServer { child, port };
+        let start = Instant::now();
+        let mut last = String::from("no connection");
+        while start.elapsed() < SERVER_READY {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                let out = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!(
+                    "redis-server exited ({status}): {}",
+                    last_line(&out)
+                ));
+            }
+            match redis_ping(port) {
+                Ok(()) => return Ok(server),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "redis-server did not answer PING within {SERVER_READY:?}: {last}"
+        ))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// Sends one PING in Redis's protocol and expects PONG.
+fn redis_ping(port: u16) -> Result<(), String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"*1\r\n$4\r\nPING\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 64];
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n") {
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    if got == b"+PONG\r\n" {
+        Ok(())
+    } else {
+        Err(format!(
+            "unexpected answer to PING: {:?}",
+            String::from_utf8_lossy(&got)
+        ))
+    }
+}
+
 /// Runs `workload` for `peer` as configured and returns the cell.
-pub fn run(env: &Env, w: &Workload, peer: Peer) -> PeerRun {
+pub fn run(env: &Env, w: &Workload, peer: Peer, fixture: &Fixture) -> PeerRun {
+    if let Some(why) = workloads::skip_reason(peer, w.name) {
+        return PeerRun::skipped(peer, why);
+    }
     if peer == Peer::Go {
         if let Err(why) = &env.go {
             return PeerRun::skipped(peer, why.clone());
         }
-    } else if let Some(why) = workloads::skip_reason(peer, w.name) {
-        return PeerRun::skipped(peer, why);
     }
     let mut run = match w.mode {
         Mode::Timed => collect(
             peer,
-            std::iter::once(child_run(env, w, peer, env.reps, true)),
+            std::iter::once(child_run(env, w, peer, env.reps, true, None)),
         ),
         Mode::FreshPerRep => collect(
             peer,
-            (0..env.reps).map(|_| child_run(env, w, peer, 1, false)),
+            (0..env.reps).map(|_| child_run(env, w, peer, 1, false, None)),
         ),
         Mode::Http => match &env.wrk {
-            Ok(wrk) => http(env, peer, wrk),
+            Ok(wrk) => http(env, w, peer, wrk),
             Err(why) => PeerRun::skipped(peer, why.clone()),
+        },
+        Mode::Redis => match fixture.redis_port() {
+            Ok(port) => collect(
+                peer,
+                std::iter::once(child_run(env, w, peer, env.reps, true, Some(port))),
+            ),
+            Err(status) => PeerRun {
+                peer,
+                status,
+                samples: Vec::new(),
+                notes: Vec::new(),
+            },
         },
     };
     if let Some(note) = workloads::note(peer, w.name) {
@@ -122,32 +244,60 @@ pub fn run(env: &Env, w: &Workload, peer: Peer) -> PeerRun {
     run
 }
 
-/// The command that runs `w` for `peer` in a fresh process.
-fn workload_command(env: &Env, w: &Workload, peer: Peer, reps: usize, warmup: bool) -> Command {
+/// The command that runs `w` for `peer` in a fresh process: the Go program, one of fibra's
+/// examples (built first; they take the same `--threads`, `--reps`, `--no-warmup` and `--port`
+/// as `__run`), or this binary's `__run`. `port`: the server the workload talks to.
+fn workload_command(
+    env: &Env,
+    w: &Workload,
+    peer: Peer,
+    reps: usize,
+    warmup: bool,
+    port: Option<u16>,
+) -> Result<Command, String> {
     let mut cmd;
     if peer == Peer::Go {
         cmd = Command::new(env.go.as_ref().expect("checked by caller"));
         cmd.args(["-w", w.name, "-reps", &reps.to_string()])
             .arg(format!("-warmup={warmup}"))
             .env("GOMAXPROCS", env.threads.to_string());
+        return Ok(cmd);
+    }
+    if let Some(example) = workloads::fibra_example(peer, w.name) {
+        cmd = Command::new(build_example(&env.self_exe, example)?);
+        if w.name == "redis_get" {
+            use workloads::redis_get::{CONNECTIONS, GETS};
+            cmd.args(["--connections", &CONNECTIONS.to_string()])
+                .args(["--gets", &GETS.to_string()]);
+        }
     } else {
         cmd = Command::new(&env.self_exe);
-        cmd.args(["__run", peer.name(), w.name])
-            .args(["--threads", &env.threads.to_string()])
-            .args(["--reps", &reps.to_string()]);
-        if !warmup {
-            cmd.arg("--no-warmup");
-        }
+        cmd.args(["__run", peer.name(), w.name]);
     }
-    cmd
+    cmd.args(["--threads", &env.threads.to_string()])
+        .args(["--reps", &reps.to_string()]);
+    if !warmup {
+        cmd.arg("--no-warmup");
+    }
+    if let Some(port) = port {
+        cmd.args(["--port", &port.to_string()]);
+    }
+    Ok(cmd)
 }
 
 /// Result of one child: its figures, or skipped/failed with a reason.
 type ChildResult = Result<Vec<f64>, Status>;
 
-fn child_run(env: &Env, w: &Workload, peer: Peer, reps: usize, warmup: bool) -> ChildResult {
-    let out = run_limited(workload_command(env, w, peer, reps, warmup), w.limit)
-        .map_err(Status::Failed)?;
+fn child_run(
+    env: &Env,
+    w: &Workload,
+    peer: Peer,
+    reps: usize,
+    warmup: bool,
+    port: Option<u16>,
+) -> ChildResult {
+    let cmd = workload_command(env, w, peer, reps, warmup, port).map_err(Status::Failed)?;
+    let out = run_limited(cmd, w.limit).map_err(Status::Failed)?;
     let mut values = Vec::new();
     for line in out.stdout.lines() {
         if let Some(v) = line.strip_prefix("value ") {
@@ -315,9 +465,9 @@ const SERVER_READY: Duration = Duration::from_secs(10);
 /// wrk's own duration per repetition, as BENCH.md specifies.
 const WRK_ARGS: [&str; 3] = ["-t1", "-c100", "-d5s"];
 
-/// Starts `peer`'s server, checks one response by hand, warms up for 1 s, then runs `wrk`
-/// `env.reps` times and stops the server.
-fn http(env: &Env, peer: Peer, wrk: &Path) -> PeerRun {
+/// Starts `peer`'s server for `w`, checks one response by hand, warms up for 1 s, then runs
+/// `wrk` `env.reps` times and stops the server.
+fn http(env: &Env, w: &Workload, peer: Peer, wrk: &Path) -> PeerRun {
     let mut run = PeerRun {
         peer,
         status: Status::Ok,
@@ -328,32 +478,29 @@ fn http(env: &Env, peer: Peer, wrk: &Path) -> PeerRun {
         Ok(p) => p,
         Err(e) => return PeerRun::skipped(peer, format!("no free port: {e}")),
     };
-    let log = env.scratch.join(format!("http-{}.log", peer.name()));
-    let mut cmd = match peer {
-        Peer::Fibra => match build_http_hello(&env.self_exe) {
-            Ok(bin) => {
-                let mut c = Command::new(bin);
-                c.args(["--port", &port.to_string()])
-                    .args(["--threads", &env.threads.to_string()]);
-                c
-            }
+    let log = env.scratch.join(format!("{}-{}.log", w.name, peer.name()));
+    let mut cmd = if let Some(example) = workloads::fibra_example(peer, w.name) {
+        let bin = match build_example(&env.self_exe, example) {
+            Ok(bin) => bin,
             Err(e) => {
                 run.status = Status::Failed(e);
                 return run;
             }
-        },
-        Peer::Go => {
-            let mut c = Command::new(env.go.as_ref().expect("checked by caller"));
-            c.args(["-w", "http", "-port", &port.to_string()])
-                .env("GOMAXPROCS", env.threads.to_string());
-            c
-        }
-        _ => {
-            let mut c = Command::new(&env.self_exe);
-            c.args(["__serve", peer.name(), "--port", &port.to_string()])
-                .args(["--threads", &env.threads.to_string()]);
-            c
-        }
+        };
+        let mut c = Command::new(bin);
+        c.args(["--port", &port.to_string()])
+            .args(["--threads", &env.threads.to_string()]);
+        c
+    } else if peer == Peer::Go {
+        let mut c = Command::new(env.go.as_ref().expect("checked by caller"));
+        c.args(["-w", "http", "-port", &port.to_string()])
+            .env("GOMAXPROCS", env.threads.to_string());
+        c
+    } else {
+        let mut c = Command::new(&env.self_exe);
+        c.args(["__serve", peer.name(), "--port", &port.to_string()])
+            .args(["--threads", &env.threads.to_string()]);
+        c
     };
     let server = std::fs::File::create(&log).and_then(|f| {
         cmd.stdin(Stdio::null())
@@ -387,31 +534,36 @@ fn http(env: &Env, peer: Peer, wrk: &Path) -> PeerRun {
     run
 }
 
-/// Builds fibra's server, `examples/http_hello`, with this binary's profile (so into the same
-/// target directory) and returns its path.
-fn build_http_hello(self_exe: &Path) -> Result<PathBuf, String> {
+/// Builds one of the fibra crate's examples with its features and this binary's profile (so
+/// into the same target directory) and returns its path. Cargo keeps the fibra library built
+/// with and without `hook` side by side, so switching between them costs no rebuild.
+fn build_example(self_exe: &Path, example: Example) -> Result<PathBuf, String> {
+    let name = example.name;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "fibra", "--example", "http_hello"])
+    cmd.args(["build", "--quiet", "-p", "fibra", "--example", name])
         .current_dir(root);
+    if !example.features.is_empty() {
+        cmd.args(["--features", &example.features.join(",")]);
+    }
     if !cfg!(debug_assertions) {
         cmd.arg("--release");
     }
     let out = cmd
         .output()
-        .map_err(|e| format!("cannot run cargo to build examples/http_hello: {e}"))?;
+        .map_err(|e| format!("cannot run cargo to build examples/{name}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "cargo build --example http_hello failed: {}",
+            "cargo build --example {name} failed: {}",
             last_line(&String::from_utf8_lossy(&out.stderr))
         ));
     }
     let bin = self_exe
         .parent()
-        .map(|dir| dir.join("examples").join("http_hello"))
+        .map(|dir| dir.join("examples").join(name))
         .filter(|p| p.is_file())
-        .ok_or("built examples/http_hello but cannot find it next to this binary")?;
+        .ok_or_else(|| format!("built examples/{name} but cannot find it next to this binary"))?;
     Ok(bin)
 }
 
