@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::workloads::{self, Example, Mode, Peer, Workload};
@@ -38,6 +39,20 @@ impl PeerRun {
             samples: Vec::new(),
             notes: Vec::new(),
         }
+    }
+
+    /// A cell about to collect samples.
+    fn ok(peer: Peer) -> PeerRun {
+        PeerRun {
+            peer,
+            status: Status::Ok,
+            samples: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    fn is_ok(&self) -> bool {
+        matches!(self.status, Status::Ok)
     }
 
     pub fn median(&self) -> Option<f64> {
@@ -95,33 +110,6 @@ pub fn build_go(out_dir: &Path) -> Result<PathBuf, String> {
         ));
     }
     Ok(bin)
-}
-
-/// What the parent starts once per workload, before its peers run, and stops after them: the
-/// `redis-server` of redis_get. Dropping it stops it.
-pub struct Fixture {
-    /// The redis-server's port, or the status every peer gets instead (skipped when
-    /// redis-server is not installed, failed when it did not start).
-    redis: Option<Result<RedisServer, Status>>,
-}
-
-impl Fixture {
-    /// Starts what `w` needs (nothing for most workloads).
-    pub fn start(env: &Env, w: &Workload) -> Fixture {
-        let redis = (w.mode == Mode::Redis).then(|| match &env.redis_server {
-            Ok(bin) => RedisServer::start(bin, &env.scratch).map_err(Status::Failed),
-            Err(why) => Err(Status::Skipped(why.clone())),
-        });
-        Fixture { redis }
-    }
-
-    fn redis_port(&self) -> Result<u16, Status> {
-        match &self.redis {
-            Some(Ok(server)) => Ok(server.port),
-            Some(Err(status)) => Err(status.clone()),
-            None => Err(Status::Failed("no redis-server was started".into())),
-        }
-    }
 }
 
 /// A `redis-server` child on a free loopback port, without persistence; killed when dropped.
@@ -202,46 +190,114 @@ fn redis_ping(port: u16) -> Result<(), String> {
     }
 }
 
-/// Runs `workload` for `peer` as configured and returns the cell.
-pub fn run(env: &Env, w: &Workload, peer: Peer, fixture: &Fixture) -> PeerRun {
-    if let Some(why) = workloads::skip_reason(peer, w.name) {
-        return PeerRun::skipped(peer, why);
-    }
-    if peer == Peer::Go {
-        if let Err(why) = &env.go {
-            return PeerRun::skipped(peer, why.clone());
+/// Runs workload `w` for each of `peers` and returns their cells in that order; `done` gets
+/// each cell as soon as it is final.
+///
+/// Timed and fresh-per-repetition workloads run one peer after the other. The server
+/// workloads (http, http_hooked, redis_get) interleave their peers instead: every server is
+/// started first (or the one redis-server), then repetition k of every peer runs before
+/// repetition k + 1 of any. A shared machine's speed drifts over minutes; run back to back,
+/// one peer could get a slow stretch and another a fast one, and their ratio would measure the
+/// drift. Interleaved, every peer samples the same stretches.
+pub fn run_workload(
+    env: &Env,
+    w: &Workload,
+    peers: &[Peer],
+    done: &mut dyn FnMut(&PeerRun),
+) -> Vec<PeerRun> {
+    match w.mode {
+        Mode::Timed | Mode::FreshPerRep => peers
+            .iter()
+            .map(|&peer| {
+                let mut run = unavailable(env, w, peer).unwrap_or_else(|| sequential(env, w, peer));
+                add_note(&mut run, w);
+                done(&run);
+                run
+            })
+            .collect(),
+        Mode::Http | Mode::Redis => {
+            let mut runs: Vec<PeerRun> = peers
+                .iter()
+                .map(|&peer| unavailable(env, w, peer).unwrap_or_else(|| PeerRun::ok(peer)))
+                .collect();
+            if w.mode == Mode::Http {
+                http_rounds(env, w, &mut runs);
+            } else {
+                redis_rounds(env, w, &mut runs);
+            }
+            for run in &mut runs {
+                add_note(run, w);
+                run.notes.dedup();
+                done(run);
+            }
+            runs
         }
     }
-    let mut run = match w.mode {
-        Mode::Timed => collect(
-            peer,
-            std::iter::once(child_run(env, w, peer, env.reps, true, None)),
-        ),
+}
+
+/// The cell of a peer that cannot run `w`, by design or because a tool is missing.
+fn unavailable(env: &Env, w: &Workload, peer: Peer) -> Option<PeerRun> {
+    if let Some(why) = workloads::skip_reason(peer, w.name) {
+        return Some(PeerRun::skipped(peer, why));
+    }
+    let tool = match w.mode {
+        Mode::Http => env.wrk.as_ref().err(),
+        Mode::Redis => env.redis_server.as_ref().err(),
+        Mode::Timed | Mode::FreshPerRep => None,
+    };
+    let go = if peer == Peer::Go {
+        env.go.as_ref().err()
+    } else {
+        None
+    };
+    go.or(tool).map(|why| PeerRun::skipped(peer, why.clone()))
+}
+
+fn add_note(run: &mut PeerRun, w: &Workload) {
+    if let Some(note) = workloads::note(run.peer, w.name) {
+        run.notes.insert(0, note.to_string());
+    }
+}
+
+/// A timed or fresh-per-repetition workload for one peer.
+fn sequential(env: &Env, w: &Workload, peer: Peer) -> PeerRun {
+    match w.mode {
         Mode::FreshPerRep => collect(
             peer,
             (0..env.reps).map(|_| child_run(env, w, peer, 1, false, None)),
         ),
-        Mode::Http => match &env.wrk {
-            Ok(wrk) => http(env, w, peer, wrk),
-            Err(why) => PeerRun::skipped(peer, why.clone()),
-        },
-        Mode::Redis => match fixture.redis_port() {
-            Ok(port) => collect(
-                peer,
-                std::iter::once(child_run(env, w, peer, env.reps, true, Some(port))),
-            ),
-            Err(status) => PeerRun {
-                peer,
-                status,
-                samples: Vec::new(),
-                notes: Vec::new(),
-            },
-        },
-    };
-    if let Some(note) = workloads::note(peer, w.name) {
-        run.notes.insert(0, note.to_string());
+        _ => collect(
+            peer,
+            std::iter::once(child_run(env, w, peer, env.reps, true, None)),
+        ),
     }
-    run
+}
+
+/// redis_get: starts one redis-server, then runs R rounds; in each, every peer runs one child
+/// (connections, SET, one untimed warm-up, one timed repetition) against it.
+fn redis_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
+    if !runs.iter().any(PeerRun::is_ok) {
+        return;
+    }
+    let bin = env.redis_server.as_ref().expect("checked by unavailable()");
+    let server = match RedisServer::start(bin, &env.scratch) {
+        Ok(s) => s,
+        Err(e) => {
+            for run in runs.iter_mut().filter(|r| r.is_ok()) {
+                run.status = Status::Failed(e.clone());
+            }
+            return;
+        }
+    };
+    for _ in 0..env.reps {
+        for run in runs.iter_mut().filter(|r| r.is_ok()) {
+            match child_run(env, w, run.peer, 1, true, Some(server.port)) {
+                Ok(v) => run.samples.extend(v),
+                Err(status) => run.status = status,
+            }
+        }
+    }
+    drop(server);
 }
 
 /// The command that runs `w` for `peer` in a fresh process: the Go program, one of fibra's
@@ -465,80 +521,116 @@ const SERVER_READY: Duration = Duration::from_secs(10);
 /// wrk's own duration per repetition, as BENCH.md specifies.
 const WRK_ARGS: [&str; 3] = ["-t1", "-c100", "-d5s"];
 
-/// Starts `peer`'s server for `w`, checks one response by hand, warms up for 1 s, then runs
-/// `wrk` `env.reps` times and stops the server.
-fn http(env: &Env, w: &Workload, peer: Peer, wrk: &Path) -> PeerRun {
-    let mut run = PeerRun {
-        peer,
-        status: Status::Ok,
-        samples: Vec::new(),
-        notes: Vec::new(),
-    };
-    let port = match free_port() {
-        Ok(p) => p,
-        Err(e) => return PeerRun::skipped(peer, format!("no free port: {e}")),
-    };
-    let log = env.scratch.join(format!("{}-{}.log", w.name, peer.name()));
-    let mut cmd = if let Some(example) = workloads::fibra_example(peer, w.name) {
-        let bin = match build_example(&env.self_exe, example) {
-            Ok(bin) => bin,
-            Err(e) => {
-                run.status = Status::Failed(e);
-                return run;
-            }
-        };
-        let mut c = Command::new(bin);
-        c.args(["--port", &port.to_string()])
-            .args(["--threads", &env.threads.to_string()]);
-        c
-    } else if peer == Peer::Go {
-        let mut c = Command::new(env.go.as_ref().expect("checked by caller"));
-        c.args(["-w", "http", "-port", &port.to_string()])
-            .env("GOMAXPROCS", env.threads.to_string());
-        c
-    } else {
-        let mut c = Command::new(&env.self_exe);
-        c.args(["__serve", peer.name(), "--port", &port.to_string()])
-            .args(["--threads", &env.threads.to_string()]);
-        c
-    };
-    let server = std::fs::File::create(&log).and_then(|f| {
-        cmd.stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f)
-            .spawn()
-    });
-    let mut server = match server {
-        Ok(s) => s,
-        Err(e) => {
-            run.status = Status::Failed(format!("cannot start server: {e}"));
-            return run;
-        }
-    };
-    let url = format!("http://127.0.0.1:{port}/");
-    let result = (|| -> Result<(), String> {
-        wait_ready(&mut server, port, &log)?;
-        wrk_once(wrk, &["-t1", "-c100", "-d1s"], &url)?;
-        for _ in 0..env.reps {
-            let (rps, warnings) = wrk_once(wrk, &WRK_ARGS, &url)?;
-            run.samples.push(rps);
-            run.notes.extend(warnings);
-        }
-        Ok(())
-    })();
-    kill(&mut server);
-    if let Err(e) = result {
-        run.status = Status::Failed(e);
+/// http, http_hooked: starts every peer's server, warms each up with `wrk -d1s`, then runs R
+/// rounds of `wrk` over them, and stops them.
+fn http_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
+    if !runs.iter().any(PeerRun::is_ok) {
+        return;
     }
-    run.notes.dedup();
-    run
+    let wrk = env.wrk.as_ref().expect("checked by unavailable()");
+    let mut servers: Vec<Option<HttpServer>> = runs
+        .iter_mut()
+        .map(|run| {
+            if !run.is_ok() {
+                return None;
+            }
+            HttpServer::start(env, w, run.peer)
+                .map_err(|e| run.status = Status::Failed(e))
+                .ok()
+        })
+        .collect();
+    let mut round = |args: &[&str], keep: bool| {
+        for (run, slot) in runs.iter_mut().zip(servers.iter_mut()) {
+            let Some(server) = slot else { continue };
+            match server.load(wrk, args) {
+                Ok((rps, warnings)) if keep => {
+                    run.samples.push(rps);
+                    run.notes.extend(warnings);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    run.status = Status::Failed(e);
+                    *slot = None;
+                }
+            }
+        }
+    };
+    round(&["-t1", "-c100", "-d1s"], false);
+    for _ in 0..env.reps {
+        round(&WRK_ARGS, true);
+    }
+    drop(servers);
+}
+
+/// A peer's http server child on a free loopback port; killed when dropped.
+struct HttpServer {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl HttpServer {
+    /// Starts `peer`'s server for `w` (`__serve <peer>`, the Go program, or one of fibra's
+    /// examples, built first) and checks one response by hand.
+    fn start(env: &Env, w: &Workload, peer: Peer) -> Result<HttpServer, String> {
+        let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+        let log = env.scratch.join(format!("{}-{}.log", w.name, peer.name()));
+        let mut cmd = if let Some(example) = workloads::fibra_example(peer, w.name) {
+            let mut c = Command::new(build_example(&env.self_exe, example)?);
+            c.args(["--port", &port.to_string()])
+                .args(["--threads", &env.threads.to_string()]);
+            c
+        } else if peer == Peer::Go {
+            let mut c = Command::new(env.go.as_ref().expect("checked by caller"));
+            c.args(["-w", "http", "-port", &port.to_string()])
+                .env("GOMAXPROCS", env.threads.to_string());
+            c
+        } else {
+            let mut c = Command::new(&env.self_exe);
+            c.args(["__serve", peer.name(), "--port", &port.to_string()])
+                .args(["--threads", &env.threads.to_string()]);
+            c
+        };
+        let child = std::fs::File::create(&log)
+            .and_then(|f| {
+                cmd.stdin(Stdio::null())
+                    .stdout(f.try_clone()?)
+                    .stderr(f)
+                    .spawn()
+            })
+            .map_err(|e| format!("cannot start server: {e}"))?;
+        let mut server = HttpServer { child, port, log };
+        wait_ready(&mut server.child, port, &server.log)?;
+        Ok(server)
+    }
+
+    /// Runs wrk once against this server, which must still be running.
+    fn load(&mut self, wrk: &Path, args: &[&str]) -> Result<(f64, Vec<String>), String> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            let out = std::fs::read_to_string(&self.log).unwrap_or_default();
+            return Err(format!("server exited ({status}): {}", last_line(&out)));
+        }
+        wrk_once(wrk, args, &format!("http://127.0.0.1:{}/", self.port))
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
 }
 
 /// Builds one of the fibra crate's examples with its features and this binary's profile (so
-/// into the same target directory) and returns its path. Cargo keeps the fibra library built
-/// with and without `hook` side by side, so switching between them costs no rebuild.
+/// into the same target directory) and returns its path; once per run, as redis_get starts
+/// its example once per repetition. Cargo keeps the fibra library built with and without
+/// `hook` side by side, so switching between them costs no rebuild.
 fn build_example(self_exe: &Path, example: Example) -> Result<PathBuf, String> {
+    static BUILT: Mutex<Vec<(&str, PathBuf)>> = Mutex::new(Vec::new());
     let name = example.name;
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, bin)) = built.iter().find(|(n, _)| *n == name) {
+        return Ok(bin.clone());
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut cmd = Command::new(cargo);
@@ -564,6 +656,7 @@ fn build_example(self_exe: &Path, example: Example) -> Result<PathBuf, String> {
         .map(|dir| dir.join("examples").join(name))
         .filter(|p| p.is_file())
         .ok_or_else(|| format!("built examples/{name} but cannot find it next to this binary"))?;
+    built.push((name, bin.clone()));
     Ok(bin)
 }
 

@@ -145,23 +145,18 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
             .as_ref()
             .is_none_or(|o| o.iter().any(|n| n == w.name))
     }) {
-        let mut runs = Vec::new();
-        // Started before the peers and stopped (dropped) after them.
-        let fixture = driver::Fixture::start(&env, w);
-        for peer in Peer::ALL
+        let peers: Vec<Peer> = Peer::ALL
             .into_iter()
             .filter(|&p| workloads::applies(p, w.name))
-        {
-            let run = driver::run(&env, w, peer, &fixture);
+            .collect();
+        let runs = driver::run_workload(&env, w, &peers, &mut |run| {
             eprintln!(
                 "{:<14} {:<9} {}",
                 w.name,
-                peer.name(),
-                progress(&run, w.unit)
+                run.peer.name(),
+                progress(run, w.unit)
             );
-            runs.push(run);
-        }
-        drop(fixture);
+        });
         rows.push(Row { workload: w, runs });
     }
 
