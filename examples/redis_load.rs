@@ -9,8 +9,9 @@
 //!
 //! `redis::Connection` is a blocking client: `con.get(key)` writes the command and waits in
 //! `read` for the answer. In a fiber with hooks on, that wait parks only the fiber, so
-//! `--connections` fibers (default 50), each with its own connection, keep one worker thread
-//! each busy with the others' answers instead of one OS thread per connection.
+//! `--connections` fibers (default 50), each with its own connection, share a few worker
+//! threads: while one waits for its answer, its worker runs the others. No OS thread per
+//! connection, and no async rewrite of the client.
 //!
 //! The connections are opened in fibers (dealt to the workers in turn; a started fiber stays
 //! on its worker) before anything is timed, and the key is SET once. A repetition then runs
