@@ -9,10 +9,11 @@ usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
   --threads N   worker threads for every runtime (default 2; GOMAXPROCS for Go)
   --reps R      repetitions per workload and peer; medians are reported (default 5)
   --only LIST   comma-separated workloads to run (default: all)
-  --install     apt-get install golang-go and wrk first (needs root)
+  --install     apt-get install golang-go, wrk and redis-server first (needs root)
 
 workloads: spawn_many spawn_remote yield_many ping_pong chained_spawn skynet sleep_storm
-           timer_p50 timer_p99 unblock unblock_seq mpmc broadcast idle_cpu park_memory http";
+           timer_p50 timer_p99 unblock unblock_seq mpmc broadcast idle_cpu park_memory http
+           http_hooked redis_get";
 
 /// Options of a comparison run.
 #[derive(Debug)]
@@ -28,7 +29,7 @@ pub struct Options {
 pub enum Args {
     Help,
     Compare(Options),
-    /// `__run <peer> <workload> --threads N --reps R [--no-warmup]`
+    /// `__run <peer> <workload> --threads N --reps R [--no-warmup] [--port P]`
     Child {
         peer: Peer,
         workload: String,
@@ -106,6 +107,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
                 threads,
                 reps,
                 warmup,
+                port: (port != 0).then_some(port),
             },
         },
         (Some("__serve"), Some(peer)) => Args::Serve {

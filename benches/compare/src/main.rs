@@ -11,7 +11,9 @@
 //! process-global runtime can be configured each time, a crash or hang costs one cell of the
 //! table (each child has a time limit), and memory/CPU figures start clean. `idle_cpu` and
 //! `park_memory` even use a fresh process per repetition. http servers run as `__serve`
-//! children loaded by `wrk`.
+//! children loaded by `wrk`. fibra's http servers and its redis_get client are the fibra
+//! crate's examples, built by the parent (the hooked ones with `--features hook`, which must
+//! not be compiled into this binary: it would reroute the other peers' system calls too).
 
 mod cli;
 mod driver;
@@ -129,6 +131,8 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         go: driver::build_go(&scratch),
         wrk: driver::which("wrk")
             .ok_or_else(|| "`wrk` is not on PATH (install with --install)".into()),
+        redis_server: driver::which("redis-server")
+            .ok_or_else(|| "`redis-server` is not on PATH (install with --install)".into()),
         scratch,
     };
     if let Err(why) = &env.go {
@@ -141,17 +145,18 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
             .as_ref()
             .is_none_or(|o| o.iter().any(|n| n == w.name))
     }) {
-        let mut runs = Vec::new();
-        for peer in Peer::ALL {
-            let run = driver::run(&env, w, peer);
+        let peers: Vec<Peer> = Peer::ALL
+            .into_iter()
+            .filter(|&p| workloads::applies(p, w.name))
+            .collect();
+        let runs = driver::run_workload(&env, w, &peers, &mut |run| {
             eprintln!(
-                "{:<14} {:<6} {}",
+                "{:<14} {:<9} {}",
                 w.name,
-                peer.name(),
-                progress(&run, w.unit)
+                run.peer.name(),
+                progress(run, w.unit)
             );
-            runs.push(run);
-        }
+        });
         rows.push(Row { workload: w, runs });
     }
 
@@ -217,11 +222,14 @@ fn progress(run: &driver::PeerRun, unit: &str) -> String {
     }
 }
 
-/// `--install`: Debian's Go toolchain and wrk, as in `ci/install-bench-peers.sh`.
+/// `--install`: Debian's Go toolchain, wrk and redis-server, as in `ci/install-bench-peers.sh`.
 fn install_peers() {
-    eprintln!("installing golang-go and wrk with apt-get");
+    eprintln!("installing golang-go, wrk and redis-server with apt-get");
     let status = Command::new("sh")
-        .args(["-c", "apt-get update && apt-get install -y golang-go wrk"])
+        .args([
+            "-c",
+            "apt-get update && apt-get install -y golang-go wrk redis-server",
+        ])
         .status();
     match status {
         Ok(s) if s.success() => {}
@@ -272,7 +280,7 @@ fn tool_versions(env: &Env) -> Vec<String> {
             .unwrap_or_default()
     };
     let mut tools = vec![format!(
-        "Rust peers: versions pinned in the workspace Cargo.lock (tokio 1.x, may 0.3.x)"
+        "Rust peers: versions pinned in the workspace Cargo.lock (tokio 1.x, may 0.3.x, redis 1.x)"
     )];
     match (&env.go, driver::which("go")) {
         (Ok(_), Some(go)) => tools.push(format!("Go: {}", first_line(&go, "version"))),
@@ -282,6 +290,10 @@ fn tool_versions(env: &Env) -> Vec<String> {
     match &env.wrk {
         Ok(wrk) => tools.push(format!("wrk: {}", first_line(wrk, "--version"))),
         Err(why) => tools.push(format!("wrk: skipped ({why})")),
+    }
+    match &env.redis_server {
+        Ok(redis) => tools.push(format!("redis-server: {}", first_line(redis, "--version"))),
+        Err(why) => tools.push(format!("redis-server: skipped ({why})")),
     }
     tools
 }

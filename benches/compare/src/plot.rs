@@ -1,19 +1,19 @@
 //! Draws `report.svg`: for each workload, one bar per peer giving fibra's cost relative to that
 //! peer (log scale), with a line at 1.0. Bars below the line mean fibra is ahead. For times, CPU
-//! and memory the bar is fibra/peer; for http (req/s, higher is better) it is peer/fibra, so
-//! "below 1 = fibra ahead" holds for every bar.
+//! and memory the bar is fibra/peer; for http and http_hooked (req/s, higher is better) it is
+//! peer/fibra, so "below 1 = fibra ahead" holds for every bar. `fibra-net` (fibra's own
+//! `fibra::net` server, in http_hooked only) gets a bar like the other peers.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::report::{cost_ratio, fmt_value, Row};
+use crate::report::{cost_ratio, fmt_value, others, Row};
 use crate::workloads::Peer;
-
-const PEERS: [Peer; 4] = [Peer::Tokio, Peer::May, Peer::Go, Peer::Std];
 
 fn colour(peer: Peer) -> RGBColor {
     match peer {
+        Peer::FibraNet => RGBColor(150, 60, 170),
         Peer::Tokio => RGBColor(230, 120, 20),
         Peer::May => RGBColor(40, 160, 60),
         Peer::Go => RGBColor(0, 140, 200),
@@ -39,11 +39,13 @@ struct Bar {
 }
 
 pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let peers = others(rows);
+    let peers = &peers;
     let bars: Vec<Bar> = rows
         .iter()
         .enumerate()
         .flat_map(|(group, row)| {
-            PEERS.iter().enumerate().filter_map(move |(slot, &peer)| {
+            peers.iter().enumerate().filter_map(move |(slot, &peer)| {
                 cost_ratio(row, peer)
                     .filter(|r| r.is_finite() && *r > 0.0)
                     .map(|ratio| Bar { group, slot, ratio })
@@ -60,7 +62,7 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
     let caption = if bars.is_empty() {
         "fibra cost / peer cost: no fibra figures in this run"
     } else {
-        "fibra cost / peer cost (log scale; below 1.0 = fibra ahead; http: peer req/s ÷ fibra req/s)"
+        "fibra cost / peer cost (log scale; below 1.0 = fibra ahead; http, http_hooked: peer req/s ÷ fibra req/s)"
     };
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 18))
@@ -94,8 +96,8 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
         .y_label_formatter(&|y| fmt_value(*y))
         .draw()?;
 
-    let width = GROUP * 4 / 5 / PEERS.len() as u32;
-    for (slot, &peer) in PEERS.iter().enumerate() {
+    let width = GROUP * 4 / 5 / peers.len().max(1) as u32;
+    for (slot, &peer) in peers.iter().enumerate() {
         let c = colour(peer);
         chart
             .draw_series(bars.iter().filter(|b| b.slot == slot).map(|b| {

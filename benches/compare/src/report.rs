@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use crate::driver::{PeerRun, Status};
 use crate::workloads::{Peer, Workload};
 
-/// One workload's results, one [`PeerRun`] per peer in [`Peer::ALL`] order.
+/// One workload's results, one [`PeerRun`] per peer that applies to it, in [`Peer::ALL`] order.
 pub struct Row {
     pub workload: &'static Workload,
     pub runs: Vec<PeerRun>,
@@ -60,24 +60,39 @@ fn cell(row: &Row, peer: Peer) -> String {
     }
 }
 
-const OTHERS: [Peer; 4] = [Peer::Tokio, Peer::May, Peer::Go, Peer::Std];
+/// The peers with a column in the table: those with a cell in at least one row, in
+/// [`Peer::ALL`] order (`fibra-net` only appears when `http_hooked` ran).
+fn columns(rows: &[Row]) -> Vec<Peer> {
+    Peer::ALL
+        .into_iter()
+        .filter(|&p| rows.iter().any(|r| r.run(p).is_some()))
+        .collect()
+}
 
-fn header() -> Vec<String> {
+/// The peers fibra is compared with (a ratio column, a bar in the plot).
+pub fn others(rows: &[Row]) -> Vec<Peer> {
+    columns(rows)
+        .into_iter()
+        .filter(|&p| p != Peer::Fibra)
+        .collect()
+}
+
+fn header(rows: &[Row]) -> Vec<String> {
     let mut h = vec!["workload".to_string(), "unit".to_string()];
-    h.extend(Peer::ALL.iter().map(|p| p.name().to_string()));
-    h.extend(OTHERS.iter().map(|p| format!("fibra/{}", p.name())));
+    h.extend(columns(rows).iter().map(|p| p.name().to_string()));
+    h.extend(others(rows).iter().map(|p| format!("fibra/{}", p.name())));
     h
 }
 
-fn cells(row: &Row) -> Vec<String> {
+fn cells(row: &Row, rows: &[Row]) -> Vec<String> {
     let unit = if row.workload.lower_is_better {
         row.workload.unit.to_string()
     } else {
         format!("{} (higher better)", row.workload.unit)
     };
     let mut c = vec![row.workload.name.to_string(), unit];
-    c.extend(Peer::ALL.iter().map(|&p| cell(row, p)));
-    c.extend(OTHERS.iter().map(|&p| {
+    c.extend(columns(rows).iter().map(|&p| cell(row, p)));
+    c.extend(others(rows).iter().map(|&p| {
         ratio(row, p)
             .map(|r| format!("{r:.2}"))
             .unwrap_or_else(|| "-".into())
@@ -87,14 +102,16 @@ fn cells(row: &Row) -> Vec<String> {
 
 /// How to read the ratio columns.
 pub const LEGEND: &str = "Ratios are fibra's median divided by the peer's. For times, CPU and \
-memory lower is better, so below 1.00 means fibra is ahead; for http (req/s) higher is better, \
-so above 1.00 means fibra is ahead. \"-\": no ratio (a side is missing, or the peer's figure \
-is 0).";
+memory lower is better, so below 1.00 means fibra is ahead; for http and http_hooked (req/s) \
+higher is better, so above 1.00 means fibra is ahead. In http_hooked, fibra is the std::net \
+server under the hook feature and fibra-net the fibra::net server: fibra/fibra-net is the share \
+of fibra::net's throughput kept through the hooks. \"-\": no ratio (a side is missing, or the \
+peer's figure is 0) or no cell (fibra-net runs http_hooked only).";
 
 /// The table as aligned plain text.
 pub fn text_table(rows: &[Row]) -> String {
-    let mut table = vec![header()];
-    table.extend(rows.iter().map(cells));
+    let mut table = vec![header(rows)];
+    table.extend(rows.iter().map(|r| cells(r, rows)));
     let widths: Vec<usize> = (0..table[0].len())
         .map(|i| {
             table
@@ -176,14 +193,14 @@ pub fn markdown(rows: &[Row], meta: &Meta) -> String {
         let _ = writeln!(md, "- {t}");
     }
     let _ = writeln!(md, "\n## Medians\n");
-    let h = header();
+    let h = header(rows);
     let _ = writeln!(md, "| {} |", h.join(" | "));
     let align: Vec<&str> = (0..h.len())
         .map(|i| if i < 2 { "---" } else { "---:" })
         .collect();
     let _ = writeln!(md, "| {} |", align.join(" | "));
     for row in rows {
-        let _ = writeln!(md, "| {} |", cells(row).join(" | "));
+        let _ = writeln!(md, "| {} |", cells(row, rows).join(" | "));
     }
     let _ = writeln!(md, "\n{LEGEND}\n");
     let _ = writeln!(md, "![fibra / peer cost ratios](report.svg)\n");

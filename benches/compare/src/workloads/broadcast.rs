@@ -23,7 +23,7 @@ pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
     match peer {
         Peer::Fibra => Ok(fibra(cfg)),
         Peer::Tokio => Ok(tokio(cfg)),
-        Peer::May | Peer::Std | Peer::Go => Err("not run in-process".into()),
+        Peer::May | Peer::Std | Peer::Go | Peer::FibraNet => Err("not run in-process".into()),
     }
 }
 

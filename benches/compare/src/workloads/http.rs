@@ -6,6 +6,10 @@
 //! the blank line (wrk's GETs carry no body) and pipelined requests are answered in order.
 //! Go uses `net/http` (see `go/http.go`). fibra's server is `examples/http_hello` (parsed with
 //! httparse), which `crate::driver` builds and starts itself.
+//!
+//! `http_hooked` runs the same load against `examples/http_std` (peer `fibra`: the same server
+//! written with `std::net` and run with fibra's `hook` feature), `examples/http_hello` (peer
+//! `fibra-net`) and tokio's server here, so fibra/fibra-net is the cost of the hooks.
 
 use std::io::{Read, Write};
 
@@ -50,7 +54,7 @@ pub fn serve(peer: Peer, port: u16, threads: usize) -> Result<(), String> {
         }
         Peer::May => serve_may(port, threads),
         other => Err(format!(
-            "no in-process http server for {} (fibra runs examples/http_hello, Go its own binary)",
+            "no in-process http server for {} (fibra runs its examples, Go its own binary)",
             other.name()
         )),
     }

@@ -11,6 +11,7 @@ pub mod idle_cpu;
 pub mod mpmc;
 pub mod park_memory;
 pub mod ping_pong;
+pub mod redis_get;
 pub mod skynet;
 pub mod sleep_storm;
 pub mod spawn_many;
@@ -26,6 +27,9 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {
     Fibra,
+    /// fibra's own `fibra::net` server (`examples/http_hello`), as the peer of the `hook`
+    /// feature's std server in `http_hooked`; it runs no other workload (see [`applies`]).
+    FibraNet,
     Tokio,
     May,
     Go,
@@ -34,11 +38,19 @@ pub enum Peer {
 
 impl Peer {
     /// All peers, in table order (fibra first).
-    pub const ALL: [Peer; 5] = [Peer::Fibra, Peer::Tokio, Peer::May, Peer::Go, Peer::Std];
+    pub const ALL: [Peer; 6] = [
+        Peer::Fibra,
+        Peer::FibraNet,
+        Peer::Tokio,
+        Peer::May,
+        Peer::Go,
+        Peer::Std,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Peer::Fibra => "fibra",
+            Peer::FibraNet => "fibra-net",
             Peer::Tokio => "tokio",
             Peer::May => "may",
             Peer::Go => "go",
@@ -61,6 +73,8 @@ pub enum Mode {
     FreshPerRep,
     /// A server child per peer, loaded by `wrk` from the parent.
     Http,
+    /// Like `Timed`, against a `redis-server` that the parent starts once for the workload.
+    Redis,
 }
 
 /// One row of BENCH.md's workload table.
@@ -68,7 +82,7 @@ pub enum Mode {
 pub struct Workload {
     pub name: &'static str,
     pub unit: &'static str,
-    /// `true` for times, CPU and memory; `false` for throughput (http).
+    /// `true` for times, CPU and memory; `false` for throughput (http, http_hooked).
     pub lower_is_better: bool,
     pub mode: Mode,
     /// Wall-clock limit for one child process; past it the child is killed and the peer is
@@ -111,6 +125,20 @@ pub const WORKLOADS: &[Workload] = &[
         mode: Mode::Http,
         limit: Duration::from_secs(30),
     },
+    Workload {
+        name: "http_hooked",
+        unit: "req/s",
+        lower_is_better: false,
+        mode: Mode::Http,
+        limit: Duration::from_secs(30),
+    },
+    Workload {
+        name: "redis_get",
+        unit: "ns/GET",
+        lower_is_better: true,
+        mode: Mode::Redis,
+        limit: Duration::from_secs(60),
+    },
 ];
 
 const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload {
@@ -125,6 +153,36 @@ const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload
 
 pub fn find(name: &str) -> Option<&'static Workload> {
     WORKLOADS.iter().find(|w| w.name == name)
+}
+
+/// Whether `peer` has a cell in `workload`'s row at all. Only `fibra-net` is limited: it is a
+/// second fibra server for `http_hooked`, not a runtime to compare on every workload, so it
+/// shows up nowhere else (not even as skipped).
+pub fn applies(peer: Peer, workload: &str) -> bool {
+    peer != Peer::FibraNet || workload == "http_hooked"
+}
+
+/// A program of the fibra crate's `examples/` that the parent builds (`cargo build --release
+/// --example <name> --features <features>`) and runs as a peer's child process.
+#[derive(Clone, Copy, Debug)]
+pub struct Example {
+    pub name: &'static str,
+    pub features: &'static [&'static str],
+}
+
+/// The program that stands for `peer` on `workload` when it is one of fibra's examples rather
+/// than this binary: the http servers, and the hooked redis client, which must not share a
+/// process with the other peers (the `hook` feature would reroute tokio's system calls too).
+pub fn fibra_example(peer: Peer, workload: &str) -> Option<Example> {
+    const PLAIN: &[&str] = &[];
+    const HOOK: &[&str] = &["hook"];
+    let (name, features) = match (peer, workload) {
+        (Peer::Fibra, "http") | (Peer::FibraNet, "http_hooked") => ("http_hello", PLAIN),
+        (Peer::Fibra, "http_hooked") => ("http_std", HOOK),
+        (Peer::Fibra, "redis_get") => ("redis_load", HOOK),
+        _ => return None,
+    };
+    Some(Example { name, features })
 }
 
 /// Why `peer` does not run `workload`, when that is decided by design rather than by what is
@@ -144,6 +202,12 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
             Some("no blocking pool: tokio's spawn_blocking is the peer for fibra::unblock")
         }
         (Peer::Std, "http") => Some("thread-per-connection server is not part of this comparison"),
+        (Peer::May | Peer::Go | Peer::Std, "http_hooked") => Some(
+            "http_hooked compares fibra's two servers and tokio; this peer's is in the http row",
+        ),
+        (Peer::May | Peer::Go | Peer::Std, "redis_get") => Some(
+            "redis_get compares the blocking redis client in fibers with the async one on tokio",
+        ),
         (Peer::May, "mpmc") => Some("may's mpmc channel is unbounded only: no bounded(128) peer"),
         (Peer::May | Peer::Std, "broadcast") => Some("no broadcast channel"),
         _ => None,
@@ -160,6 +224,22 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
         (Peer::Fibra, "http") => Some(
             "fibra: examples/http_hello (httparse; connections dealt to workers in turn), \
              built by the harness",
+        ),
+        (Peer::Fibra, "http_hooked") => Some(
+            "fibra: examples/http_std (std::net::TcpListener/TcpStream, blocking calls parked by \
+             the hook feature; same framing as http_hello), built by the harness with --features hook",
+        ),
+        (Peer::FibraNet, "http_hooked") => Some(
+            "fibra-net: examples/http_hello (fibra::net), the server of fibra's http cell; \
+             fibra/fibra-net is the hooks' cost",
+        ),
+        (Peer::Fibra, "redis_get") => Some(
+            "fibra: examples/redis_load (the synchronous redis crate in fibers, hook feature), \
+             built by the harness with --features hook",
+        ),
+        (Peer::Tokio, "redis_get") => Some(
+            "tokio: the redis crate's async MultiplexedConnection, one per task, response \
+             timeout off (the blocking client has none)",
         ),
         (Peer::Go, "http") => {
             Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)")
@@ -180,14 +260,20 @@ pub struct Cfg {
     pub threads: usize,
     pub reps: usize,
     pub warmup: bool,
+    /// The loopback port of the server the workload talks to (`redis_get`), if any.
+    pub port: Option<u16>,
 }
 
 /// Runs `workload` for `peer` inside this process and returns one figure per repetition.
-/// Go is never run in-process (its programs are separate binaries) and `http` is driven by the
-/// parent through [`http::serve`].
+/// Go is never run in-process (its programs are separate binaries), `http` and `http_hooked` are
+/// driven by the parent through [`http::serve`], and fibra's side of those and of `redis_get`
+/// is one of the crate's examples ([`fibra_example`]).
 pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
     if let Some(reason) = skip_reason(peer, workload) {
         return Err(reason.to_string());
+    }
+    if peer == Peer::FibraNet {
+        return Err(format!("fibra-net does not run {workload}"));
     }
     let f = match workload {
         "spawn_many" => spawn_many::run,
@@ -205,6 +291,7 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "broadcast" => broadcast::run,
         "idle_cpu" => idle_cpu::run,
         "park_memory" => park_memory::run,
+        "redis_get" => redis_get::run,
         other => return Err(format!("workload {other} cannot run in-process")),
     };
     f(peer, cfg)

@@ -25,7 +25,7 @@ pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
         Peer::Fibra => Ok(fibra(cfg)),
         Peer::Tokio => Ok(tokio(cfg)),
         Peer::Std => Ok(std_threads(cfg)),
-        Peer::May | Peer::Go => Err("not run in-process".into()),
+        Peer::May | Peer::Go | Peer::FibraNet => Err("not run in-process".into()),
     }
 }
 

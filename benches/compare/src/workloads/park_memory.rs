@@ -27,7 +27,7 @@ pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
         Peer::Fibra => fibra,
         Peer::Tokio => tokio,
         Peer::May => may,
-        Peer::Go | Peer::Std => return Err("not run in-process".into()),
+        Peer::Go | Peer::Std | Peer::FibraNet => return Err("not run in-process".into()),
     };
     Ok((0..cfg.reps).map(|_| f(cfg)).collect())
 }

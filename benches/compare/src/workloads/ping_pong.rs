@@ -23,7 +23,7 @@ pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
         Peer::Tokio => Ok(tokio(cfg)),
         Peer::May => Ok(may(cfg)),
         Peer::Std => Ok(std_threads(cfg)),
-        Peer::Go => Err("go runs out of process".into()),
+        Peer::Go | Peer::FibraNet => Err("not run in-process".into()),
     }
 }
 

@@ -25,7 +25,7 @@ pub fn run(peer: Peer, cfg: Cfg, pct: Pct) -> Result<Vec<f64>, String> {
         Peer::Fibra => Ok(fibra(cfg, pct)),
         Peer::Tokio => Ok(tokio(cfg, pct)),
         Peer::May => Ok(may(cfg, pct)),
-        Peer::Go | Peer::Std => Err("not run in-process".into()),
+        Peer::Go | Peer::Std | Peer::FibraNet => Err("not run in-process".into()),
     }
 }
 

@@ -24,7 +24,9 @@ pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
     match peer {
         Peer::Fibra => Ok(fibra(cfg)),
         Peer::Tokio => Ok(tokio(cfg)),
-        Peer::May | Peer::Std | Peer::Go => Err("no blocking pool to compare".into()),
+        Peer::May | Peer::Std | Peer::Go | Peer::FibraNet => {
+            Err("no blocking pool to compare".into())
+        }
     }
 }
 

@@ -16,7 +16,7 @@ pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
         Peer::Fibra => Ok(fibra(cfg)),
         Peer::Tokio => Ok(tokio(cfg)),
         Peer::May => Ok(may(cfg)),
-        Peer::Go | Peer::Std => Err("not run in-process".into()),
+        Peer::Go | Peer::Std | Peer::FibraNet => Err("not run in-process".into()),
     }
 }
 

@@ -1,0 +1,204 @@
+//! The HTTP side shared by `http_hello` (written with `fibra::net`) and `http_std` (written
+//! with `std::net` and the `hook` feature): the responses and the request framing. With it in
+//! one place the two servers answer byte for byte alike and differ only in their I/O, which is
+//! what the benchmark harness compares.
+//!
+//! Requests are parsed with `httparse`. A malformed request is answered `400 Bad Request`
+//! and the connection closed; a request head over [`MAX_HEAD`] bytes or [`MAX_HEADERS`]
+//! headers is refused with `431 Request Header Fields Too Large` and closed. Bodies
+//! announced by `Content-Length` are read and discarded; chunked bodies are refused with
+//! `501`. Pipelined requests are answered in order, in one write.
+
+/// The largest request head accepted (request line and headers).
+pub const MAX_HEAD: usize = 8 * 1024;
+/// The most headers a request may carry.
+pub const MAX_HEADERS: usize = 64;
+/// How long a connection being closed drains what the client still sends.
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+/// How much a connection being closed drains at most.
+pub const LINGER_BYTES: usize = 64 * 1024;
+
+/// The answer to an HTTP/1.1 request that keeps the connection open.
+pub const OK_KEEP_ALIVE: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nHello, World!";
+/// For HTTP/1.0 clients that asked to keep the connection open.
+pub const OK_KEEP_ALIVE_10: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: keep-alive\r\n\r\nHello, World!";
+/// The answer to a request that ends the connection.
+pub const OK_CLOSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\nConnection: close\r\n\r\nHello, World!";
+const BAD_REQUEST: &[u8] =
+    b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+const TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+const NOT_IMPLEMENTED: &[u8] =
+    b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+/// Whether an `accept` error is about the process or the system rather than the connection:
+/// out of descriptors or memory. The connection then stays queued and an immediate retry
+/// fails again, so the accept loop should back off.
+pub fn out_of_resources(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// What to do after answering the requests read so far.
+pub enum Next {
+    /// Read more requests.
+    KeepGoing,
+    /// The last answer ends the connection: close it (after draining, see `LINGER`).
+    Close,
+}
+
+/// Answers every complete request in `buf[*start..end]`, appending the responses to `out`
+/// and advancing `*start` past them. `body_left` carries the bytes of a request body still
+/// to be skipped from one call to the next.
+pub fn answer(
+    buf: &[u8],
+    start: &mut usize,
+    end: usize,
+    body_left: &mut usize,
+    out: &mut Vec<u8>,
+) -> Next {
+    loop {
+        if *body_left > 0 {
+            let skip = (*body_left).min(end - *start);
+            *start += skip;
+            *body_left -= skip;
+            if *body_left > 0 {
+                return Next::KeepGoing;
+            }
+        }
+        if *start == end {
+            return Next::KeepGoing;
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let head_len = match req.parse(&buf[*start..end]) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => {
+                // A partial head that already fills the buffer will never fit.
+                if *start == 0 && end == buf.len() {
+                    out.extend_from_slice(TOO_LARGE);
+                    return Next::Close;
+                }
+                return Next::KeepGoing;
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                out.extend_from_slice(TOO_LARGE);
+                return Next::Close;
+            }
+            Err(_) => {
+                out.extend_from_slice(BAD_REQUEST);
+                return Next::Close;
+            }
+        };
+        *start += head_len;
+        match request_framing(&req) {
+            Ok(framing) => {
+                *body_left = framing.body;
+                if framing.keep_alive {
+                    out.extend_from_slice(if req.version == Some(0) {
+                        OK_KEEP_ALIVE_10
+                    } else {
+                        OK_KEEP_ALIVE
+                    });
+                } else {
+                    out.extend_from_slice(OK_CLOSE);
+                    return Next::Close;
+                }
+            }
+            Err(response) => {
+                out.extend_from_slice(response);
+                return Next::Close;
+            }
+        }
+    }
+}
+
+struct Framing {
+    /// Body bytes that follow the head.
+    body: usize,
+    /// Whether the connection stays open after the response.
+    keep_alive: bool,
+}
+
+/// Reads the headers that matter for framing; an error is the response to send before
+/// closing.
+fn request_framing(req: &httparse::Request<'_, '_>) -> Result<Framing, &'static [u8]> {
+    // HTTP/1.1 keeps connections open unless told otherwise; HTTP/1.0 closes them unless told.
+    let mut keep_alive = req.version == Some(1);
+    let mut body = None;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or(BAD_REQUEST)?;
+            // Two different lengths make the framing ambiguous (RFC 9112, 6.3).
+            if body.is_some_and(|b| b != n) {
+                return Err(BAD_REQUEST);
+            }
+            body = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(NOT_IMPLEMENTED);
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive = true;
+                }
+            }
+        }
+    }
+    Ok(Framing {
+        body: body.unwrap_or(0),
+        keep_alive,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(input: &[u8]) -> (Vec<u8>, bool, usize) {
+        let mut buf = [0u8; MAX_HEAD];
+        buf[..input.len()].copy_from_slice(input);
+        let (mut start, mut body, mut out) = (0, 0, Vec::new());
+        let next = answer(&buf, &mut start, input.len(), &mut body, &mut out);
+        (out, matches!(next, Next::Close), start)
+    }
+
+    #[test]
+    fn pipelined_requests_are_answered_in_order_and_a_partial_one_waits() {
+        let (out, close, used) =
+            run(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\nGET /");
+        assert_eq!(out, [OK_KEEP_ALIVE, OK_KEEP_ALIVE].concat());
+        assert!(!close);
+        assert_eq!(used, 2 * 27);
+    }
+
+    #[test]
+    fn malformed_oversize_and_close_requests() {
+        assert_eq!(run(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n").0, BAD_REQUEST);
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: y\r\n")).collect();
+        let (out, close, _) = run(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes());
+        assert_eq!((out.as_slice(), close), (TOO_LARGE, true));
+        let (out, close, _) = run(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert_eq!((out.as_slice(), close), (OK_CLOSE, true));
+        let (out, close, _) = run(b"GET / HTTP/1.0\r\n\r\n");
+        assert_eq!((out.as_slice(), close), (OK_CLOSE, true));
+        let (out, close, _) = run(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+        assert_eq!((out.as_slice(), close), (OK_KEEP_ALIVE_10, false));
+    }
+
+    #[test]
+    fn bodies_are_skipped() {
+        let (out, close, used) =
+            run(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\n\r\n");
+        assert_eq!(out, [OK_KEEP_ALIVE, OK_KEEP_ALIVE].concat());
+        assert!(!close);
+        assert_eq!(used, 61);
+    }
+}
