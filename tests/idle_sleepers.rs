@@ -18,14 +18,28 @@ fn cpu_time() -> Duration {
 fn a_hundred_thousand_sleeping_fibers_cost_no_cpu_while_idle() {
     let s = fibra::Scheduler::builder().threads(2).build().unwrap();
     s.start();
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let handles: Vec<_> = (0..100_000)
         .map(|_| {
-            s.submit(|| fibra::sleep(Duration::from_secs(3600)), None)
-                .unwrap()
+            let started = started.clone();
+            s.submit(
+                move || {
+                    started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    fibra::sleep(Duration::from_secs(3600))
+                },
+                None,
+            )
+            .unwrap()
         })
         .collect();
-    // Let every fiber start and park (and stack trimming finish), then measure.
-    std::thread::sleep(Duration::from_secs(2));
+    // Let every fiber start and park (on a loaded machine that takes a while), and stack
+    // trimming finish; then measure.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while started.load(std::sync::atomic::Ordering::Relaxed) < 100_000 {
+        assert!(std::time::Instant::now() < deadline, "the fibers did not all start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
     let before = cpu_time();
     std::thread::sleep(Duration::from_secs(2));
     let used = cpu_time() - before;
