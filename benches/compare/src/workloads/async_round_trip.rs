@@ -23,6 +23,7 @@ use crate::rt;
 const ROUND_TRIPS: u64 = 100_000;
 const CAPACITY: usize = 1;
 
+/// Runs async_round_trip for `peer`: one figure (ns per round trip) per repetition, or why the peer has none.
 pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
     match peer {
         Peer::Fibra => Ok(fibra(cfg)),
