@@ -12,8 +12,8 @@ usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
   --install     apt-get install golang-go, wrk and redis-server first (needs root)
 
 workloads: spawn_many spawn_remote yield_many ping_pong chained_spawn skynet sleep_storm
-           timer_p50 timer_p99 unblock unblock_seq mpmc broadcast idle_cpu park_memory http
-           http_hooked redis_get";
+           timer_p50 timer_p99 unblock unblock_seq mpmc broadcast block_on_ready
+           async_round_trip idle_cpu park_memory http http_hooked redis_get";
 
 /// Options of a comparison run.
 #[derive(Debug)]

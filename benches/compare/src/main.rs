@@ -151,7 +151,7 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
             .collect();
         let runs = driver::run_workload(&env, w, &peers, &mut |run| {
             eprintln!(
-                "{:<14} {:<9} {}",
+                "{:<16} {:<9} {}",
                 w.name,
                 run.peer.name(),
                 progress(run, w.unit)

@@ -6,8 +6,22 @@ use std::time::Duration;
 
 /// A started fibra scheduler with `threads` workers, shared so that fibers can submit more work.
 pub fn fibra(threads: usize) -> Arc<fibra::Scheduler> {
-    let sched = fibra::Scheduler::builder()
-        .threads(threads)
+    start(fibra::Scheduler::builder().threads(threads))
+}
+
+/// Like [`fibra`], with `tokio` as the scheduler's tokio runtime: `fibra::future::block_on`
+/// in its fibers enters that runtime's context around each poll, so tokio's channels, timers
+/// and sockets work there. The runtime's own threads come on top of the `threads` workers.
+pub fn fibra_with_tokio(threads: usize, tokio: tokio::runtime::Handle) -> Arc<fibra::Scheduler> {
+    start(
+        fibra::Scheduler::builder()
+            .threads(threads)
+            .tokio_handle(tokio),
+    )
+}
+
+fn start(builder: fibra::Builder) -> Arc<fibra::Scheduler> {
+    let sched = builder
         .name("fibra-bench")
         .build()
         .expect("build fibra scheduler");

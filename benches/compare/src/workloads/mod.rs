@@ -4,6 +4,8 @@
 //! Each workload lives in its own file with one function per peer side by side, so that the code
 //! being compared can be read together. Go's versions are in `benches/compare/go/`.
 
+pub mod async_round_trip;
+pub mod block_on_ready;
 pub mod broadcast;
 pub mod chained_spawn;
 pub mod http;
@@ -104,6 +106,8 @@ pub const WORKLOADS: &[Workload] = &[
     timed("unblock_seq", "ns/call", 60),
     timed("mpmc", "ns/message", 60),
     timed("broadcast", "ns/message", 60),
+    timed("block_on_ready", "ns/call", 60),
+    timed("async_round_trip", "ns/round trip", 60),
     Workload {
         name: "idle_cpu",
         unit: "CPU ms in 2 s",
@@ -210,6 +214,13 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
         ),
         (Peer::May, "mpmc") => Some("may's mpmc channel is unbounded only: no bounded(128) peer"),
         (Peer::May | Peer::Std, "broadcast") => Some("no broadcast channel"),
+        (Peer::May | Peer::Go | Peer::Std, "block_on_ready") => {
+            Some("no async runtime: block_on_ready compares fibra::future::block_on with tokio's")
+        }
+        (Peer::May | Peer::Go | Peer::Std, "async_round_trip") => Some(
+            "no async runtime: async_round_trip compares a fiber's round trip to a tokio task \
+             with a tokio task's",
+        ),
         _ => None,
     }
 }
@@ -249,6 +260,20 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
             "std: crossbeam-channel's bounded channel, one OS thread per producer and consumer; \
              --threads does not apply",
         ),
+        (Peer::Fibra, "block_on_ready") => Some(
+            "fibra: fibra::future::block_on in a fiber; the scheduler has a tokio runtime \
+             (tokio_handle), whose context each poll enters",
+        ),
+        (Peer::Tokio, "block_on_ready") => Some(
+            "tokio: Runtime::block_on from a plain thread (not allowed on the runtime's workers)",
+        ),
+        (Peer::Fibra, "async_round_trip") => Some(
+            "fibra: 2N threads: the client fiber on a fibra scheduler with N workers, the echo \
+             task on a tokio runtime with N workers",
+        ),
+        (Peer::Tokio, "async_round_trip") => {
+            Some("tokio: N threads: client and echo tasks on one runtime with N workers")
+        }
         (Peer::Std, _) => Some("std: one OS thread per task; --threads does not apply"),
         _ => None,
     }
@@ -289,6 +314,8 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "unblock_seq" => unblock_seq::run,
         "mpmc" => mpmc::run,
         "broadcast" => broadcast::run,
+        "block_on_ready" => block_on_ready::run,
+        "async_round_trip" => async_round_trip::run,
         "idle_cpu" => idle_cpu::run,
         "park_memory" => park_memory::run,
         "redis_get" => redis_get::run,
