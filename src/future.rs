@@ -44,17 +44,14 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     let signal = Signal::new();
     let waker = Waker::from(signal.clone());
     let mut cx = Context::from_waker(&waker);
-    #[cfg(feature = "tokio")]
-    let runtime = crate::sched::tokio_handle();
     loop {
         crate::coop::spend();
         // Forget earlier wakes: this poll sees whatever they announced.
         signal.reset();
-        let polled = {
-            #[cfg(feature = "tokio")]
-            let _context = runtime.as_ref().map(|h| h.enter());
-            fut.as_mut().poll(&mut cx)
-        };
+        #[cfg(feature = "tokio")]
+        let polled = crate::sched::in_tokio_context(|| fut.as_mut().poll(&mut cx));
+        #[cfg(not(feature = "tokio"))]
+        let polled = fut.as_mut().poll(&mut cx);
         if let Poll::Ready(v) = polled {
             return v;
         }

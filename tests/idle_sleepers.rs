@@ -36,7 +36,10 @@ fn a_hundred_thousand_sleeping_fibers_cost_no_cpu_while_idle() {
     // trimming finish; then measure.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while started.load(std::sync::atomic::Ordering::Relaxed) < 100_000 {
-        assert!(std::time::Instant::now() < deadline, "the fibers did not all start");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fibers did not all start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_secs(1));
