@@ -3,10 +3,12 @@
 //!
 //! # Design
 //! The buffer, the flags and two wait lists share the internal lock:
-//! - `receiver` — the receiver waiting for a message (at most one: [`Receiver`] is `!Sync`).
-//!   Its node points at a slot on the receiver's stack; a sender that finds it there puts the
-//!   message straight into that slot and wakes it, bypassing the buffer (the buffer is empty
-//!   whenever the receiver waits, so order is kept).
+//! - `receiver` — the receivers waiting for a message, in arrival order (usually one; more
+//!   only when threads share one [`Receiver`] by reference, which `Sync` allows so that the
+//!   future of [`Receiver::recv_async`] is `Send`). Each node points at a slot on its
+//!   receiver's stack; a sender that finds one there puts the message straight into that slot
+//!   and wakes it, bypassing the buffer (the buffer is empty whenever a receiver waits, so
+//!   order is kept).
 //! - `senders` — senders of a full bounded channel, in arrival order, each node pointing at a
 //!   slot on its sender's stack that holds its message. When the receiver takes a message
 //!   and frees a place, it moves the first blocked sender's message into the buffer and wakes
@@ -17,7 +19,8 @@
 //! lock each, plus an unpark when the other side sleeps. Two measured refinements (against
 //! crossbeam-channel between threads, the yardstick): the receiver of an unbounded
 //! channel takes the whole buffer in one go when it holds several messages (one lock per
-//! batch instead of per message, and less contention with the senders), and a receiving
+//! batch instead of per message, and less contention with the senders; the batch has a small
+//! lock of its own, uncontended unless receivers share the `Receiver`), and a receiving
 //! *thread* watches its queued node briefly before it parks (see `wait_queue`): a sender
 //! that comes meanwhile delivers straight into its slot and neither side makes a futex
 //! call (a fiber parks at once: that is only a context switch). Disconnection: the last sender (an
