@@ -337,3 +337,79 @@ fn the_waker_clones_and_wakes_without_allocating() {
         s.stop();
     });
 }
+
+#[test]
+fn receivers_sharing_one_mpsc_receiver_get_every_message_once() {
+    with_deadline(|| {
+        let s = sched(2);
+        let (tx, rx) = mpsc::channel::<u32>();
+        let rx = Arc::new(rx);
+        const PER: u32 = 20_000;
+        for p in 0..4u32 {
+            let tx = tx.clone();
+            s.submit(
+                move || {
+                    for i in 0..PER {
+                        tx.send(p * PER + i).unwrap();
+                        if i % 1000 == 0 {
+                            fibra::sleep(Duration::from_micros(200));
+                        }
+                    }
+                },
+                None,
+            )
+            .unwrap();
+        }
+        drop(tx);
+        // Two plain threads with `recv`, two fibers with `recv_async` in `block_on`, and a
+        // third thread with `recv_timeout`, all on the one receiver.
+        let mut threads = Vec::new();
+        for kind in 0..3 {
+            let rx = rx.clone();
+            threads.push(std::thread::spawn(move || {
+                let mut got = Vec::new();
+                loop {
+                    let r = match kind {
+                        0 | 1 => rx.recv().ok(),
+                        _ => match rx.recv_timeout(Duration::from_millis(5)) {
+                            Ok(v) => Some(v),
+                            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                            Err(mpsc::RecvTimeoutError::Disconnected) => None,
+                        },
+                    };
+                    match r {
+                        Some(v) => got.push(v),
+                        None => return got,
+                    }
+                }
+            }));
+        }
+        let fibers: Vec<_> = (0..2)
+            .map(|_| {
+                let rx = rx.clone();
+                s.submit(
+                    move || {
+                        block_on(async {
+                            let mut got = Vec::new();
+                            while let Ok(v) = rx.recv_async().await {
+                                got.push(v);
+                            }
+                            got
+                        })
+                    },
+                    None,
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut all: Vec<u32> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .chain(fibers.into_iter().flat_map(finish))
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all.len(), 4 * PER as usize);
+        assert!(all.iter().enumerate().all(|(i, &v)| v == i as u32));
+        s.stop();
+    });
+}
