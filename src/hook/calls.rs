@@ -499,26 +499,33 @@ pub unsafe extern "C" fn getaddrinfo(
         return unsafe { real::getaddrinfo(node, service, hints, res) };
     };
     let args = Args(node, service, hints, res);
-    let done = std::cell::Cell::new(None);
+    // What the pool's call returned, written by the pool thread itself: if the fiber is
+    // cancelled while it waits, `unblock` still waits for the call but its value is lost.
+    const NOT_RUN: c_int = c_int::MIN;
+    let returned = std::sync::atomic::AtomicI32::new(NOT_RUN);
+    let cancelled = std::cell::Cell::new(false);
     let rc = in_fiber(
         meta,
-        || libc::EAI_SYSTEM,
         || {
-            let rc = crate::unblock(move || {
+            cancelled.set(true);
+            libc::EAI_SYSTEM
+        },
+        || {
+            let returned = &returned;
+            crate::unblock(move || {
                 let a = args;
                 // SAFETY: the caller's arguments, alive until this hook returns.
-                unsafe { real::getaddrinfo(a.0, a.1, a.2, a.3) }
-            });
-            done.set(Some(rc));
-            rc
+                let rc = unsafe { real::getaddrinfo(a.0, a.1, a.2, a.3) };
+                returned.store(rc, std::sync::atomic::Ordering::Release);
+                rc
+            })
         },
     );
-    if done.get().is_none() {
-        // Cancelled while the pool resolved: `unblock` waited for the call, whose result the
-        // caller will not free after an error.
-        // SAFETY: `res` is the caller's out-pointer, written by a successful call.
-        unsafe {
-            if !(*res).is_null() {
+    if cancelled.get() {
+        // Cancelled: the caller sees an error, so it will not free a list the call made.
+        if returned.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            // SAFETY: the successful call wrote the list to the caller's out-pointer.
+            unsafe {
                 libc::freeaddrinfo(*res);
                 *res = std::ptr::null_mut();
             }
