@@ -187,7 +187,7 @@ fn recv_async_dropped_mid_flight_loses_nothing() {
                     let mut k = 0usize;
                     while got.len() < N {
                         k += 1;
-                        if k % 3 == 0 {
+                        if k.is_multiple_of(3) {
                             // Poll once and drop: a taken message must be returned.
                             let mut f = rx.recv_async();
                             if let Poll::Ready(r) = Pin::new(&mut f).poll(&mut cx) {
@@ -288,7 +288,8 @@ fn cancel_a_fiber_inside_block_on() {
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
         // And stop_timeout with fibers parked in block_on.
         for _ in 0..50 {
-            s.submit(|| block_on(std::future::pending::<()>()), None).unwrap();
+            s.submit(|| block_on(std::future::pending::<()>()), None)
+                .unwrap();
         }
         std::thread::sleep(Duration::from_millis(20));
         let t = Instant::now();
@@ -341,17 +342,28 @@ fn join_handle_awaited_in_many_fibers_of_other_fibers() {
     with_deadline(|| {
         let s = sched(2);
         let hs: Vec<_> = (0..2000usize)
-            .map(|i| s.submit(move || { fibra::sleep(Duration::from_micros(1)); i }, None).unwrap())
+            .map(|i| {
+                s.submit(
+                    move || {
+                        fibra::sleep(Duration::from_micros(1));
+                        i
+                    },
+                    None,
+                )
+                .unwrap()
+            })
             .collect();
         let sum = s
             .submit(
-                move || block_on(async move {
-                    let mut sum = 0;
-                    for h in hs {
-                        sum += h.await.unwrap();
-                    }
-                    sum
-                }),
+                move || {
+                    block_on(async move {
+                        let mut sum = 0;
+                        for h in hs {
+                            sum += h.await.unwrap();
+                        }
+                        sum
+                    })
+                },
                 None,
             )
             .unwrap();
@@ -403,19 +415,24 @@ mod with_tokio {
             let hs: Vec<_> = (0..500)
                 .map(|i| {
                     s.submit(
-                        move || block_on(async move {
-                            tokio::time::sleep(Duration::from_millis(1 + i % 10)).await;
-                            let (tx, rx) = tokio::sync::oneshot::channel();
-                            tokio::spawn(async move { tx.send(i).unwrap() });
-                            rx.await.unwrap()
-                        }),
+                        move || {
+                            block_on(async move {
+                                tokio::time::sleep(Duration::from_millis(1 + i % 10)).await;
+                                let (tx, rx) = tokio::sync::oneshot::channel();
+                                tokio::spawn(async move { tx.send(i).unwrap() });
+                                rx.await.unwrap()
+                            })
+                        },
                         None,
                     )
                     .unwrap()
                 })
                 .collect();
             let sleeper = s
-                .submit(|| block_on(async { tokio::time::sleep(Duration::from_secs(3600)).await }), None)
+                .submit(
+                    || block_on(async { tokio::time::sleep(Duration::from_secs(3600)).await }),
+                    None,
+                )
                 .unwrap();
             for (i, h) in hs.into_iter().enumerate() {
                 assert_eq!(finish(h), i as u64);

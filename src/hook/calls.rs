@@ -292,7 +292,7 @@ pub unsafe extern "C" fn accept4(
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     match active() {
-        Some(meta) if timeout != 0 => {
+        Some(meta) if timeout != 0 && nfds_ok(n) => {
             let deadline =
                 (timeout > 0).then(|| deadline_after(Duration::from_millis(timeout as u64)));
             // SAFETY: the caller's array of `n` pollfds.
@@ -315,7 +315,7 @@ pub unsafe extern "C" fn ppoll(
 ) -> c_int {
     let meta = match active() {
         // With a signal mask the caller waits for signals too: only the kernel can do that.
-        Some(meta) if mask.is_null() => meta,
+        Some(meta) if mask.is_null() && nfds_ok(n) => meta,
         // SAFETY: the caller's arguments.
         _ => return unsafe { real::ppoll(fds, n, timeout, mask) },
     };
@@ -372,6 +372,20 @@ pub unsafe extern "C" fn select(
     })
 }
 
+/// Whether `n` pollfds are within what the kernel accepts (`RLIMIT_NOFILE`); beyond it the
+/// real call answers `EINVAL` without reading the array, as the hook must not either.
+fn nfds_ok(n: nfds_t) -> bool {
+    if n <= 1024 {
+        return true;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a live rlimit to fill in.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && n <= lim.rlim_cur }
+}
+
 unsafe fn slice_mut<'a>(fds: *mut pollfd, n: usize) -> &'a mut [pollfd] {
     if n == 0 || fds.is_null() {
         &mut []
@@ -394,9 +408,13 @@ fn duration(ts: &timespec) -> Option<Duration> {
         .then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
-/// Sleeps the fiber; a cancellation ends the sleep early.
+/// Sleeps the fiber; a cancellation ends the sleep early, and a fiber whose cancellation a
+/// hook caught does not sleep at all (like every hooked call that would wait): a loop of
+/// sleeps, or std's `thread::sleep(Duration::MAX)` split into several, then ends.
 fn fiber_sleep(meta: &crate::fiber::FiberMeta, d: Duration) {
-    in_fiber(meta, || (), || crate::time::sleep(d))
+    if !meta.hook_cancel.get() {
+        in_fiber(meta, || (), || crate::time::sleep(d))
+    }
 }
 
 #[no_mangle]

@@ -186,11 +186,16 @@ impl Slot {
         self.record.lock().clone()
     }
 
-    /// The reactor record, registering `fd` first if needed.
+    /// The reactor record to wait on, registering `fd` first if needed — also when the
+    /// record this slot had is no longer the fd's registration: another owner of the fd may
+    /// have deregistered the record the slot shares with it (a `fibra::net` socket made from
+    /// the std one and given back, `io::deregister`), and epoll no longer reports it.
     pub(crate) fn register(&self, fd: libc::c_int) -> io::Result<Arc<IoRecord>> {
         let mut r = self.record.lock();
         if let Some(r) = &*r {
-            return Ok(r.clone());
+            if reactor().is_current(r) {
+                return Ok(r.clone());
+            }
         }
         let rec = reactor().register(fd)?;
         *r = Some(rec.clone());
@@ -251,11 +256,13 @@ pub(crate) fn own(fd: libc::c_int) {
     }
 }
 
-/// A `fibra::net` socket let go of `fd` (it closes it, or gives it back to std).
+/// A `fibra::net` socket let go of `fd` (it closes it, or gives it back to std), after
+/// deregistering the reactor record the slot may share with it.
 pub(crate) fn disown(fd: libc::c_int) {
     if let Some(s) = lookup(fd) {
         let _ = s
             .state
             .compare_exchange(OWNED, UNKNOWN, Ordering::AcqRel, Ordering::Relaxed);
+        s.record.lock().take();
     }
 }

@@ -302,12 +302,13 @@ impl Blocking {
             return Err(libc::ECANCELED);
         }
         let rec = match seen {
-            Some((rec, seen)) => {
+            Some((rec, seen)) if crate::io::reactor::reactor().is_current(&rec) => {
                 rec.clear(seen, interest);
                 rec
             }
-            // New to the reactor: registering reports the current readiness.
-            None => match self.slot.register(self.fd) {
+            // New to the reactor, or deregistered by another owner of the fd: registering
+            // reports the current readiness.
+            _ => match self.slot.register(self.fd) {
                 Ok(rec) => rec,
                 // The reactor cannot take it (no memory, no epoll): block the thread instead.
                 Err(_) => return poll_fd(self.fd, interest, deadline).map_err(os_error),

@@ -356,6 +356,17 @@ impl Reactor {
         Ok(record)
     }
 
+    /// Whether `record` is still the registration of its fd (not deregistered by its owner,
+    /// nor replaced after the fd number was reused).
+    #[cfg(feature = "hook")]
+    pub(crate) fn is_current(&self, record: &IoRecord) -> bool {
+        self.records
+            .read()
+            .get(record.fd as usize)
+            .and_then(|r| r.as_ref())
+            .is_some_and(|r| r.generation == record.generation)
+    }
+
     /// Removes `record` before its fd is closed; its waiters wake with a hang-up.
     pub(crate) fn deregister(&self, record: &IoRecord) {
         let idx = record.fd as usize;
