@@ -27,7 +27,6 @@ fn errno() -> i32 {
 /// taken over by fibra::net (which waits, sharing that record), then given back to std: a
 /// read that must wait must still be woken by data.
 #[test]
-
 fn std_to_fibra_net_and_back_then_read_waits() {
     with_deadline(|| {
         let s = sched(1);
@@ -436,7 +435,6 @@ fn close_and_reuse_race_with_a_starting_waiter() {
 /// After a cancellation caught in a hooked sleep, a loop of hooked sleeps must end soon
 /// (the docs: a cancelled fiber's sleep just ends).
 #[test]
-
 fn cancelled_fiber_in_a_sleep_loop_ends() {
     with_deadline(|| {
         let s = sched(1);
@@ -462,7 +460,6 @@ fn cancelled_fiber_in_a_sleep_loop_ends() {
 
 /// std::thread::sleep(Duration::MAX) in a fiber, cancelled: must end.
 #[test]
-
 fn cancelled_fiber_in_an_endless_std_sleep_ends() {
     with_deadline(|| {
         let s = sched(1);
@@ -569,7 +566,6 @@ fn drop_during_unwind_body() {
 /// answer (the kernel takes nfds as a 32-bit count, so 1 << 40 reads as 0 fds: a plain
 /// timeout) instead of building a slice of 2^40 entries.
 #[test]
-
 fn poll_with_huge_nfds_is_einval() {
     if common::is_child("ATTACK_HOOK_CHILD", "huge_nfds_child") {
         return huge_nfds_body();
