@@ -17,17 +17,14 @@
 //!
 //! The server runs until killed. It prints `listening on <addr>` once it accepts.
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fibra::net::{TcpListener, TcpStream};
+use fibra::net::TcpListener;
 
 mod http_common;
-use http_common::{
-    answer, out_of_resources, Next, LINGER, LINGER_BYTES, MAX_HEAD, OK_KEEP_ALIVE_10,
-};
+use http_common::{out_of_resources, serve};
 
 struct Options {
     threads: usize,
@@ -99,7 +96,13 @@ fn main() {
                 Ok((conn, _)) => {
                     delay = Duration::ZERO;
                     // Deal connections out to the workers in turn (see the module docs).
-                    let _ = s.submit(move || serve(conn), Some(next));
+                    let _ = s.submit(
+                        move || {
+                            let _ = conn.set_nodelay(true);
+                            serve(conn)
+                        },
+                        Some(next),
+                    );
                     next = (next + 1) % workers;
                 }
                 // Out of descriptors or memory: the connection stays queued and an immediate
@@ -115,53 +118,4 @@ fn main() {
             }
         }
     });
-}
-
-/// Serves one connection until the client closes it or a request ends it.
-fn serve(mut conn: TcpStream) {
-    let _ = conn.set_nodelay(true);
-    let mut buf = [0u8; MAX_HEAD];
-    let mut out = Vec::with_capacity(4 * OK_KEEP_ALIVE_10.len());
-    let (mut start, mut end) = (0, 0);
-    // Bytes of a request body still to be read and discarded.
-    let mut body_left = 0usize;
-    loop {
-        if start == end {
-            (start, end) = (0, 0);
-        } else if end == buf.len() {
-            buf.copy_within(start..end, 0);
-            (start, end) = (0, end - start);
-        }
-        match conn.read(&mut buf[end..]) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => end += n,
-        }
-        out.clear();
-        let next = answer(&buf, &mut start, end, &mut body_left, &mut out);
-        if !out.is_empty() && conn.write_all(&out).is_err() {
-            return;
-        }
-        if let Next::Close = next {
-            linger_close(&mut conn, &mut buf);
-            return;
-        }
-    }
-}
-
-/// Closes after an answer that ends the connection. Closing a socket with unread input
-/// makes the kernel send a reset, which can destroy the answer before the client reads it,
-/// so send a FIN first and drain what the client still sends, for a bounded time and amount.
-fn linger_close(conn: &mut TcpStream, buf: &mut [u8]) {
-    if conn.shutdown(std::net::Shutdown::Write).is_err()
-        || conn.set_read_timeout(Some(LINGER)).is_err()
-    {
-        return;
-    }
-    let mut drained = 0;
-    while drained < LINGER_BYTES {
-        match conn.read(buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => drained += n,
-        }
-    }
 }

@@ -7,7 +7,7 @@
 //! cargo run --release --example http_std --features hook -- --selftest   # loads itself, exits
 //! ```
 //!
-//! Look at [`serve`] and [`accept_loop`]: a `std::net::TcpListener`, one
+//! Look at [`accept_loop`] and `http_common::serve`: a `std::net::TcpListener`, one
 //! `std::net::TcpStream` per connection, `Read::read` and `Write::write_all`, and even
 //! `std::thread::sleep` for the accept back-off. Nothing there knows about fibra except the
 //! one `submit` that starts a fiber per connection. On threads, this would be a
@@ -37,10 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod http_common;
-use http_common::{
-    answer, out_of_resources, Next, LINGER, LINGER_BYTES, MAX_HEAD, OK_CLOSE, OK_KEEP_ALIVE,
-    OK_KEEP_ALIVE_10,
-};
+use http_common::{out_of_resources, serve, OK_CLOSE, OK_KEEP_ALIVE};
 
 struct Options {
     threads: usize,
@@ -152,7 +149,13 @@ fn accept_loop(listener: TcpListener, sched: &fibra::Scheduler) {
                 delay = Duration::ZERO;
                 // A started fiber never changes worker, so dealing connections out to the
                 // workers in turn is what balances the load.
-                let _ = sched.submit(move || serve(conn), Some(next));
+                let _ = sched.submit(
+                    move || {
+                        let _ = conn.set_nodelay(true);
+                        serve(conn)
+                    },
+                    Some(next),
+                );
                 next = (next + 1) % workers;
             }
             // Out of descriptors or memory: back off (5 ms doubling to 1 s, as Go's
@@ -168,57 +171,6 @@ fn accept_loop(listener: TcpListener, sched: &fibra::Scheduler) {
             Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => return,
             // The peer gave up before we got to it, and the like: next one.
             Err(e) => eprintln!("http_std: accept: {e}"),
-        }
-    }
-}
-
-/// Serves one connection until the client closes it or a request ends it. Plain blocking
-/// std code: each `read` that finds nothing to read parks this fiber until there is.
-fn serve(mut conn: TcpStream) {
-    let _ = conn.set_nodelay(true);
-    let mut buf = [0u8; MAX_HEAD];
-    let mut out = Vec::with_capacity(4 * OK_KEEP_ALIVE_10.len());
-    let (mut start, mut end) = (0, 0);
-    // Bytes of a request body still to be read and discarded.
-    let mut body_left = 0usize;
-    loop {
-        if start == end {
-            (start, end) = (0, 0);
-        } else if end == buf.len() {
-            buf.copy_within(start..end, 0);
-            (start, end) = (0, end - start);
-        }
-        match conn.read(&mut buf[end..]) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => end += n,
-        }
-        out.clear();
-        let next = answer(&buf, &mut start, end, &mut body_left, &mut out);
-        if !out.is_empty() && conn.write_all(&out).is_err() {
-            return;
-        }
-        if let Next::Close = next {
-            linger_close(&mut conn, &mut buf);
-            return;
-        }
-    }
-}
-
-/// Closes after an answer that ends the connection. Closing a socket with unread input
-/// makes the kernel send a reset, which can destroy the answer before the client reads it,
-/// so send a FIN first and drain what the client still sends, for a bounded time and amount.
-/// std's `set_read_timeout` keeps its meaning under the hooks: the read fails after `LINGER`.
-fn linger_close(conn: &mut TcpStream, buf: &mut [u8]) {
-    if conn.shutdown(std::net::Shutdown::Write).is_err()
-        || conn.set_read_timeout(Some(LINGER)).is_err()
-    {
-        return;
-    }
-    let mut drained = 0;
-    while drained < LINGER_BYTES {
-        match conn.read(buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => drained += n,
         }
     }
 }

@@ -9,6 +9,76 @@
 //! announced by `Content-Length` are read and discarded; chunked bodies are refused with
 //! `501`. Pipelined requests are answered in order, in one write.
 
+/// A connection [`serve`] can drive: `std::net::TcpStream` (in `http_std`, under the hooks)
+/// and `fibra::net::TcpStream` (in `http_hello`).
+pub trait Conn: std::io::Read + std::io::Write {
+    /// Sends a FIN and bounds later reads by [`LINGER`].
+    fn finish_writing(&mut self) -> std::io::Result<()>;
+}
+
+impl Conn for std::net::TcpStream {
+    fn finish_writing(&mut self) -> std::io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)?;
+        // std's read timeout keeps its meaning under the hooks: the read fails after it.
+        self.set_read_timeout(Some(LINGER))
+    }
+}
+
+impl Conn for fibra::net::TcpStream {
+    fn finish_writing(&mut self) -> std::io::Result<()> {
+        self.shutdown(std::net::Shutdown::Write)?;
+        self.set_read_timeout(Some(LINGER))
+    }
+}
+
+/// Serves one connection until the client closes it or a request ends it: plain blocking
+/// code, in which each `read` that finds nothing parks only the calling fiber (fibra::net's
+/// sockets by themselves, std's through the `hook` feature).
+pub fn serve(mut conn: impl Conn) {
+    let mut buf = [0u8; MAX_HEAD];
+    let mut out = Vec::with_capacity(4 * OK_KEEP_ALIVE_10.len());
+    let (mut start, mut end) = (0, 0);
+    // Bytes of a request body still to be read and discarded.
+    let mut body_left = 0usize;
+    loop {
+        if start == end {
+            (start, end) = (0, 0);
+        } else if end == buf.len() {
+            buf.copy_within(start..end, 0);
+            (start, end) = (0, end - start);
+        }
+        match conn.read(&mut buf[end..]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => end += n,
+        }
+        out.clear();
+        let next = answer(&buf, &mut start, end, &mut body_left, &mut out);
+        if !out.is_empty() && conn.write_all(&out).is_err() {
+            return;
+        }
+        if let Next::Close = next {
+            linger_close(&mut conn, &mut buf);
+            return;
+        }
+    }
+}
+
+/// Closes after an answer that ends the connection. Closing a socket with unread input
+/// makes the kernel send a reset, which can destroy the answer before the client reads it,
+/// so send a FIN first and drain what the client still sends, for a bounded time and amount.
+fn linger_close(conn: &mut impl Conn, buf: &mut [u8]) {
+    if conn.finish_writing().is_err() {
+        return;
+    }
+    let mut drained = 0;
+    while drained < LINGER_BYTES {
+        match conn.read(buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => drained += n,
+        }
+    }
+}
+
 /// The largest request head accepted (request line and headers).
 pub const MAX_HEAD: usize = 8 * 1024;
 /// The most headers a request may carry.
