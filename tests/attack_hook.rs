@@ -96,11 +96,13 @@ fn dup2_over_a_waited_fd_wakes_the_waiter() {
             .unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let d = s
+            // SAFETY: duplicates a live fd over another fd the test owns.
             .submit(move || unsafe { libc::dup2(cfd, fd) }, Some(1))
             .unwrap();
         assert_eq!(finish(d), fd);
         let (r, e) = finish(waiter);
         assert_eq!((r, e), (-1, libc::EBADF));
+        // SAFETY: closes an fd the test owns and no longer uses through any handle.
         unsafe { libc::close(fd) };
         drop(c);
         s.stop();
@@ -130,6 +132,7 @@ fn poll_on_a_fibra_net_socket_fd() {
                 events: libc::POLLIN,
                 revents: 0,
             };
+            // SAFETY: a live array of pollfds of the length passed.
             let n = unsafe { libc::poll(&mut p, 1, 10_000) };
             let _b = w.join().unwrap();
             (n, p.revents & libc::POLLIN != 0)
@@ -173,6 +176,7 @@ fn poll_with_nval_negative_and_duplicate_fds_returns_at_once() {
                 },
             ];
             let t = Instant::now();
+            // SAFETY: a live array of pollfds of the length passed.
             let n = unsafe { libc::poll(p.as_mut_ptr(), 4, 5_000) };
             (n, p[3].revents, p[1].revents, t.elapsed())
         });
@@ -196,7 +200,9 @@ fn poll_with_only_negative_fds_sleeps_the_timeout() {
                 revents: 0,
             }];
             let t = Instant::now();
+            // SAFETY: a live array of pollfds of the length passed.
             let n = unsafe { libc::poll(p.as_mut_ptr(), 1, 100) };
+            // SAFETY: no fds: a null array with a zero count is valid.
             let n0 = unsafe { libc::poll(std::ptr::null_mut(), 0, 50) };
             (n, n0, t.elapsed())
         });
@@ -297,6 +303,7 @@ fn pipe_writer_close_gives_eof_across_workers() {
         let s = sched(2);
         for _ in 0..50 {
             let mut fds = [0; 2];
+            // SAFETY: a live two-int array for the new fds.
             assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
             let (r, w) = (fds[0], fds[1]);
             let reader = s
@@ -305,6 +312,7 @@ fn pipe_writer_close_gives_eof_across_workers() {
                         let mut got = Vec::new();
                         let mut buf = [0u8; 64];
                         loop {
+                            // SAFETY: a live buffer of at least the length passed; the fd is the test's.
                             let n = unsafe { libc::read(r, buf.as_mut_ptr().cast(), 64) };
                             assert!(n >= 0, "read: {}", errno());
                             if n == 0 {
@@ -312,6 +320,7 @@ fn pipe_writer_close_gives_eof_across_workers() {
                             }
                             got.extend_from_slice(&buf[..n as usize]);
                         }
+                        // SAFETY: closes an fd the test owns and no longer uses through any handle.
                         unsafe { libc::close(r) };
                         got
                     },
@@ -322,7 +331,9 @@ fn pipe_writer_close_gives_eof_across_workers() {
                 .submit(
                     move || {
                         fibra::sleep(Duration::from_millis(1));
+                        // SAFETY: a live buffer of the length passed; the fd is the test's.
                         assert_eq!(unsafe { libc::write(w, b"abc".as_ptr().cast(), 3) }, 3);
+                        // SAFETY: closes an fd the test owns and no longer uses through any handle.
                         unsafe { libc::close(w) };
                     },
                     Some(1),
@@ -398,6 +409,7 @@ fn close_and_reuse_race_with_a_starting_waiter() {
                 .submit(
                     move || {
                         let mut buf = [0u8; 4];
+                        // SAFETY: a live buffer of at least the length passed; the fd is the test's.
                         let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 4) };
                         (r, if r < 0 { errno() } else { 0 })
                     },
@@ -410,6 +422,7 @@ fn close_and_reuse_race_with_a_starting_waiter() {
                         // Let the waiter park first (a close before the read starts would
                         // be the user's own use-after-close race).
                         fibra::sleep(Duration::from_millis(5 + (i % 3) as u64));
+                        // SAFETY: closes an fd the test owns and no longer uses through any handle.
                         unsafe { libc::close(fd) };
                         // Reuse the number at once with an idle socket.
                         UnixStream::pair().unwrap()
