@@ -5,7 +5,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::{
-    active, errno, fd, in_fiber, io, real, route, set_errno, Blocking, Ctx, Route, READ, WRITE,
+    active, cancelled, errno, fd, in_fiber, io, real, route, set_errno, Blocking, Ctx, Route, READ,
+    WRITE,
 };
 use crate::time::deadline_after;
 use libc::{
@@ -249,7 +250,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     match ctx {
         Ctx::Thread => call(),
-        Ctx::Fiber(meta) => in_fiber(meta, cancelled_int, || {
+        Ctx::Fiber(meta) => in_fiber(meta, cancelled, || {
             crate::coop::spend();
             call()
         }),
@@ -297,9 +298,7 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
                 (timeout > 0).then(|| deadline_after(Duration::from_millis(timeout as u64)));
             // SAFETY: the caller's array of `n` pollfds.
             let fds = unsafe { slice_mut(fds, n as usize) };
-            in_fiber(meta, cancelled_int, || {
-                super::wait::poll(meta, fds, deadline)
-            })
+            in_fiber(meta, cancelled, || super::wait::poll(meta, fds, deadline))
         }
         // SAFETY: the caller's arguments.
         _ => unsafe { real::poll(fds, n, timeout) },
@@ -331,7 +330,7 @@ pub unsafe extern "C" fn ppoll(
     };
     // SAFETY: the caller's array of `n` pollfds.
     let fds = unsafe { slice_mut(fds, n as usize) };
-    in_fiber(meta, cancelled_int, || {
+    in_fiber(meta, cancelled, || {
         super::wait::poll(meta, fds, d.map(deadline_after))
     })
 }
@@ -366,7 +365,7 @@ pub unsafe extern "C" fn select(
         }
     };
     let deadline = d.map(deadline_after);
-    in_fiber(meta, cancelled_int, || {
+    in_fiber(meta, cancelled, || {
         // SAFETY: the caller's fd sets (null ones are skipped) and timeout.
         unsafe { super::wait::select(meta, n, [r, w, e], deadline, timeout) }
     })
@@ -393,11 +392,6 @@ unsafe fn slice_mut<'a>(fds: *mut pollfd, n: usize) -> &'a mut [pollfd] {
         // SAFETY: the caller passes poll's array of `n` entries.
         unsafe { std::slice::from_raw_parts_mut(fds, n) }
     }
-}
-
-fn cancelled_int() -> c_int {
-    set_errno(libc::ECANCELED);
-    -1
 }
 
 // ---- sleeping ----

@@ -196,10 +196,11 @@ fn in_fiber<R>(meta: &FiberMeta, on_cancel: impl FnOnce() -> R, f: impl FnOnce()
     }
 }
 
-/// Fails a waiting call of a cancelled fiber: -1 with `ECANCELED`.
-fn cancelled() -> isize {
+/// Fails a waiting call of a cancelled fiber: -1 (of the call's return type) with
+/// `ECANCELED`.
+fn cancelled<R: From<i8>>() -> R {
     set_errno(libc::ECANCELED);
-    -1
+    R::from(-1)
 }
 
 /// Where a call that would block waits.
