@@ -55,6 +55,6 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
         if let Poll::Ready(v) = polled {
             return v;
         }
-        signal.park(None);
+        signal.park(None, crate::dump::WaitOn::Future);
     }
 }

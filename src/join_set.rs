@@ -1,5 +1,6 @@
 //! [`JoinSet`]: a set of tasks joined in the order they finish.
 
+use crate::dump::WaitOn;
 use crate::fiber::FiberId;
 use crate::join::{JoinError, JoinHandle};
 use crate::sched::Scheduler;
@@ -94,6 +95,7 @@ impl<T: Send + 'static> JoinSet<T> {
     ///
     /// # Panics
     /// Outside a fiber of a scheduler; use [`spawn_on`](JoinSet::spawn_on) there.
+    #[track_caller]
     pub fn spawn<F>(&mut self, f: F) -> FiberId
     where
         F: FnOnce() -> T + Send + 'static,
@@ -103,6 +105,7 @@ impl<T: Send + 'static> JoinSet<T> {
 
     /// Starts `f` as a fiber of `sched` and adds it to the set; works from any thread. If
     /// `sched` refuses new work, the task is in the set, cancelled.
+    #[track_caller]
     pub fn spawn_on<F>(&mut self, sched: &Scheduler, f: F) -> FiberId
     where
         F: FnOnce() -> T + Send + 'static,
@@ -145,7 +148,15 @@ impl<T: Send + 'static> JoinSet<T> {
                     }
                 }
                 None => {
-                    let _ = wait(g, |st| &mut st.waiters, (), None, || {}, pass_on);
+                    let _ = wait(
+                        g,
+                        |st| &mut st.waiters,
+                        (),
+                        None,
+                        WaitOn::Other("JoinSet::join_next"),
+                        || {},
+                        pass_on,
+                    );
                 }
             }
         }

@@ -46,6 +46,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod coop;
+pub mod dump;
 mod error;
 pub mod exec;
 mod fiber;
@@ -56,8 +57,10 @@ pub mod hook;
 pub mod io;
 mod join;
 mod join_set;
+mod metrics;
 pub mod net;
 mod park;
+mod report;
 mod sched;
 mod scope;
 mod stack;
@@ -73,10 +76,12 @@ pub mod __bench {
     pub use crate::sched::timers::{TimerId, TimerWheel};
 }
 
+pub use dump::Dump;
 pub use error::{Error, SubmitError};
 pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
 pub use join::{JoinError, JoinHandle};
 pub use join_set::JoinSet;
+pub use metrics::{Metrics, WorkerMetrics};
 pub use park::{park, park_timeout, ParkResult, Unparker};
 pub use sched::{
     current_worker, spawn, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DROP_PATIENCE,

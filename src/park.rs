@@ -10,6 +10,7 @@
 //! `unpark` only succeeds with a compare-and-swap from "parked, generation g" to "notified,
 //! generation g". Unparking twice, late, or after the fiber moved on does nothing.
 
+use crate::dump::WaitOn;
 use crate::fiber::{current_meta, suspend, Suspend};
 use crate::sched::task::Job;
 use crate::sched::worker::Shared;
@@ -129,18 +130,25 @@ impl fmt::Debug for Unparker {
 /// h.join().unwrap();
 /// ```
 pub fn park(register: impl FnOnce(Unparker)) {
-    park_until(None, register);
+    park_until(None, WaitOn::Park, register);
 }
 
 /// Like [`park`], but gives up at `deadline`. A wake and a timeout racing at the same instant
 /// resume the caller exactly once, and the result says which one won.
 pub fn park_timeout(deadline: Instant, register: impl FnOnce(Unparker)) -> ParkResult {
-    park_until(Some(deadline), register)
+    park_until(Some(deadline), WaitOn::Park, register)
 }
 
-pub(crate) fn park_until(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
+/// [`park_timeout`] without a deadline when `deadline` is `None`; `on` says what the fiber
+/// waits for (for `Scheduler::dump`).
+pub(crate) fn park_until(
+    deadline: Option<Instant>,
+    on: WaitOn,
+    register: impl FnOnce(Unparker),
+) -> ParkResult {
     match current_meta() {
         Some(meta) if meta.worker.is_some() => {
+            meta.wait.set(on);
             let mut register = Some(register);
             let mut call = |u: Unparker| {
                 if let Some(r) = register.take() {

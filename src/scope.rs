@@ -1,5 +1,6 @@
 //! [`scope`]: fibers that may borrow from the caller, like `std::thread::scope`.
 
+use crate::dump::WaitOn;
 use crate::fiber::Cancelled;
 use crate::join::{JoinError, JoinHandle};
 use crate::sched::worker::{current_shared, Shared};
@@ -130,6 +131,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// borrow anything that outlives the scope; the scope waits for it. If the scheduler
     /// refuses new work (it is stopping), `f` is dropped unrun and its handle reports
     /// cancelled.
+    #[track_caller]
     pub fn spawn<F, T>(&'scope self, f: F) -> ScopedJoinHandle<'scope, T>
     where
         F: FnOnce() -> T + Send + 'scope,
@@ -189,7 +191,15 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             if g.count == 0 {
                 return;
             }
-            let _ = wait(g, |st| &mut st.waiters, (), None, || {}, |_, _| {});
+            let _ = wait(
+                g,
+                |st| &mut st.waiters,
+                (),
+                None,
+                WaitOn::Other("scope"),
+                || {},
+                |_, _| {},
+            );
         }
     }
 }

@@ -28,7 +28,7 @@
 //! Idle threads sleep on a futex each, the most recently idle woken first, so the oldest
 //! time out. Nothing spins (see `Pool::sleep` for the measurement).
 
-use crate::park::{park, Unparker};
+use crate::park::Unparker;
 use crate::sys::futex;
 use crossbeam_queue::SegQueue;
 use std::cell::UnsafeCell;
@@ -106,7 +106,7 @@ where
         completion: NonNull::from(&call.completion),
         unparker,
     };
-    park(|u| {
+    crate::park::park_until(None, crate::dump::WaitOn::Blocking, |u| {
         call.completion.state.store(QUEUED, Ordering::Relaxed);
         POOL.submit(entry(u));
     });
@@ -159,6 +159,15 @@ pub fn keep_alive() -> Duration {
 /// ```
 pub fn threads() -> usize {
     POOL.idle.lock().threads
+}
+
+/// The blocking pool's threads, those busy (running a call or about to look for one), and
+/// the calls queued: for `Scheduler::metrics`.
+pub(crate) fn pool_stats() -> (usize, usize, usize) {
+    let idle = POOL.idle.lock();
+    let (threads, sleeping) = (idle.threads, idle.sleepers.len());
+    drop(idle);
+    (threads, threads.saturating_sub(sleeping), POOL.queue.len())
 }
 
 /// Completion word states.

@@ -136,15 +136,25 @@ impl<E: Executor> Executor for Arc<E> {
 }
 
 /// A task cell that no scheduler owns: run by hand ([`RunOnce`]) or failed at once.
+#[track_caller]
 fn detached_cell<F, T>(f: F) -> Arc<JoinCell<F, T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    JoinCell::new(f, Header::new(None, DEFAULT_STACK_SIZE, None))
+    JoinCell::new(
+        f,
+        Header::new(
+            None,
+            DEFAULT_STACK_SIZE,
+            None,
+            std::panic::Location::caller(),
+        ),
+    )
 }
 
 /// A handle whose task was refused (its executor has shut down): reports cancelled.
+#[track_caller]
 pub(crate) fn cancelled<F, T>(f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,

@@ -138,6 +138,8 @@ pub(crate) struct FiberMeta {
     pub(crate) budget: Cell<u32>,
     /// Inside `coop::unconstrained`: a spent budget is refilled instead of yielding.
     pub(crate) unconstrained: Cell<bool>,
+    /// What the fiber waits on, written as it parks (for `Scheduler::dump`).
+    pub(crate) wait: Cell<crate::dump::WaitOn>,
     /// Inside `hook::without`: the C library calls are the real ones.
     #[cfg(feature = "hook")]
     pub(crate) hooks_off: Cell<bool>,
@@ -163,6 +165,7 @@ impl FiberMeta {
             cancelled: Cell::new(false),
             budget: Cell::new(crate::coop::BUDGET),
             unconstrained: Cell::new(false),
+            wait: Cell::new(crate::dump::WaitOn::Park),
             #[cfg(feature = "hook")]
             hooks_off: Cell::new(false),
             #[cfg(feature = "hook")]

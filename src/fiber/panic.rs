@@ -76,6 +76,19 @@ fn report(meta: &FiberMeta, info: &PanicHookInfo<'_>) {
         Some(w) => format!("fiber {} on worker {w}", meta.id),
         None => format!("fiber {}", meta.id),
     };
+    #[cfg(feature = "tracing")]
+    if tracing::dispatcher::has_been_set() {
+        tracing::error!(
+            target: "fibra",
+            kind = "panic",
+            fiber.id = meta.id.as_u64(),
+            fiber.name = name,
+            worker = meta.worker,
+            location,
+            "fiber '{name}' panicked: {msg}"
+        );
+        return;
+    }
     let backtrace = Backtrace::capture();
     // eprint! (not io::stderr) so test harnesses capture it like std's own message.
     if backtrace.status() == BacktraceStatus::Captured {

@@ -13,6 +13,7 @@
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
 //! wait is therefore never lost.
 
+use crate::dump::WaitOn;
 #[cfg(feature = "hook")]
 use crate::hook::real;
 use crate::park::{park_until, ParkResult, Unparker};
@@ -114,7 +115,12 @@ impl IoRecord {
             let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
             // Counted while parked, also if the fiber is cancelled and unwinds from the park.
             let _counted = WaitingGuard::new(&reactor.waiting);
-            let r = park_until(deadline, |u| {
+            let on = WaitOn::Io {
+                fd: self.fd,
+                readable: interest & READABLE != 0,
+                writable: interest & WRITABLE != 0,
+            };
+            let r = park_until(deadline, on, |u| {
                 let mut waiters = self.waiters.lock();
                 if self.ready(interest) {
                     drop(waiters);
@@ -182,7 +188,7 @@ pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instan
     // the top half of the id space, which per-record counters never reach.
     let id = (1 << 63) | NEXT.fetch_add(1, Ordering::Relaxed);
     let _counted = WaitingGuard::new(&reactor().waiting);
-    let r = park_until(deadline, |u| {
+    let r = park_until(deadline, WaitOn::Other("poll (several fds)"), |u| {
         for (rec, interest) in records {
             let mut waiters = rec.waiters.lock();
             if rec.ready(*interest) {
@@ -257,6 +263,18 @@ pub(crate) struct Reactor {
     polling: AtomicBool,
     /// Fibers parked on I/O: while non-zero, busy workers poll now and then.
     waiting: AtomicUsize,
+    /// Registered fds (changed under the `records` write lock).
+    registered: AtomicUsize,
+}
+
+/// Registered fds and fibers waiting for I/O, process-wide (for `Scheduler::metrics`).
+pub(crate) fn counts() -> (usize, usize) {
+    get().map_or((0, 0), |r| {
+        (
+            r.registered.load(Ordering::Relaxed),
+            r.waiting.load(Ordering::Relaxed),
+        )
+    })
 }
 
 static REACTOR: OnceLock<Reactor> = OnceLock::new();
@@ -314,6 +332,7 @@ impl Reactor {
             generation: AtomicU64::new(1),
             polling: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
+            registered: AtomicUsize::new(0),
         })
     }
 
@@ -349,9 +368,12 @@ impl Reactor {
         if records.len() <= idx {
             records.resize(idx + 1, None);
         }
-        if let Some(stale) = records[idx].replace(record.clone()) {
+        match records[idx].replace(record.clone()) {
             // The fd was closed behind our back and its number reused: wake the old waiters.
-            stale.close();
+            Some(stale) => stale.close(),
+            None => {
+                self.registered.fetch_add(1, Ordering::Relaxed);
+            }
         }
         Ok(record)
     }
@@ -378,6 +400,7 @@ impl Reactor {
                     .is_some_and(|r| r.generation == record.generation)
                 {
                     *slot = None;
+                    self.registered.fetch_sub(1, Ordering::Relaxed);
                 }
             }
         }

@@ -191,8 +191,14 @@ impl WorkerSleep {
         self.sleeps.fetch_add(1, Ordering::Relaxed);
         wait();
         // Whether woken, timed out or interrupted, leave EMPTY; Acquire makes the waker's
-        // pushes visible if it was a wake.
-        self.state.swap(EMPTY, Ordering::Acquire);
+        // pushes visible if it was a wake. SeqCst for the watchdog's monitor, which parks
+        // only while it sees every worker asleep (see `MonitorCtl::nudge`).
+        self.state.swap(EMPTY, Ordering::SeqCst);
+    }
+
+    /// Whether the worker is asleep (on its futex or in `epoll_wait`).
+    pub(crate) fn is_sleeping(&self) -> bool {
+        matches!(self.state.load(Ordering::SeqCst), SLEEPING | POLLING)
     }
 
     /// Wakes the worker if it sleeps (on its futex or in `epoll_wait`), or makes its next

@@ -5,9 +5,13 @@
 mod idle;
 #[cfg(all(test, loom))]
 mod loom_model;
+mod observe;
 pub(crate) mod task;
 pub(crate) mod timers;
+pub(crate) mod watchdog;
 pub(crate) mod worker;
+
+pub use watchdog::DEFAULT_WATCHDOG;
 
 pub use worker::current_worker;
 pub(crate) use worker::{cancel_started, unpark_fiber};
@@ -77,9 +81,36 @@ pub struct Builder {
     use_caller: bool,
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
+    watchdog: Duration,
 }
 
 impl Builder {
+    /// How long a fiber may run without suspending before the watchdog reports it on
+    /// stderr (or, with the `tracing` feature and a subscriber, as a `tracing` warning):
+    /// its name and id, its worker, how long so far, and how many tasks wait on that
+    /// worker — once per episode. Default [`DEFAULT_WATCHDOG`](crate::DEFAULT_WATCHDOG)
+    /// (100 ms); `Duration::ZERO` turns the watchdog off.
+    ///
+    /// A fiber that never suspends keeps every other fiber of its worker waiting (fibra
+    /// does not preempt). The watchdog is a monitor thread that looks every quarter of
+    /// this duration at counters the workers publish anyway, so it costs the workers
+    /// nothing; it sleeps while every worker sleeps.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let sched = fibra::Scheduler::builder()
+    ///     .threads(1)
+    ///     .watchdog(Duration::from_millis(500))
+    ///     .build()
+    ///     .unwrap();
+    /// sched.start();
+    /// sched.block_on(|| std::hint::black_box(1 + 1)); // far below 500 ms: no report
+    /// ```
+    pub fn watchdog(mut self, threshold: Duration) -> Self {
+        self.watchdog = threshold;
+        self
+    }
+
     /// The tokio runtime for async code run in this scheduler's fibers (feature `tokio`):
     /// [`future::block_on`](crate::future::block_on) enters its context around every poll, so
     /// futures that need one (tokio's sockets and timers, reqwest, hyper, tonic) work there.
@@ -185,6 +216,7 @@ impl Builder {
             use_caller: self.use_caller,
             #[cfg(feature = "tokio")]
             tokio: self.tokio,
+            watchdog: self.watchdog,
         });
         let caller_worker = self
             .use_caller
@@ -247,6 +279,7 @@ impl Default for Builder {
             use_caller: false,
             #[cfg(feature = "tokio")]
             tokio: None,
+            watchdog: DEFAULT_WATCHDOG,
         }
     }
 }
@@ -299,6 +332,8 @@ impl Scheduler {
         while *n < spawned {
             running.1.wait(&mut n);
         }
+        drop(n);
+        watchdog::start(&self.shared);
     }
 
     /// Runs `f` as a fiber and returns a handle to its result.
@@ -312,6 +347,7 @@ impl Scheduler {
     /// Refusals hand the closure back: [`SubmitError::Stopped`] after `stop` (from
     /// outside; fibers still finishing may submit), [`SubmitError::NoSuchThread`] when `i` is
     /// not below [`threads`](Scheduler::threads).
+    #[track_caller]
     pub fn submit<F, T>(&self, f: F, thread: Option<usize>) -> Result<JoinHandle<T>, SubmitError<F>>
     where
         F: FnOnce() -> T + Send + 'static,
@@ -355,6 +391,7 @@ impl Scheduler {
     /// sched.stop();
     /// assert!(sched.spawn(|| ()).join().unwrap_err().is_cancelled());
     /// ```
+    #[track_caller]
     pub fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
     where
         F: FnOnce() -> T + Send + 'static,
@@ -371,6 +408,7 @@ impl Scheduler {
     ///
     /// # Panics
     /// With `f`'s panic; or if `stop_timeout` cancels `f` before it finishes.
+    #[track_caller]
     pub fn block_on<F, T>(&self, f: F) -> T
     where
         F: FnOnce() -> T + Send + 'static,
@@ -511,6 +549,7 @@ impl Scheduler {
         }
         self.join_workers();
         sh.phase.advance_to(Phase::Done);
+        sh.monitor.stop();
         if how == Shutdown::Wait {
             // `stop` reports no count; leave it to a racing `stop_timeout` that cancelled.
             0
@@ -583,6 +622,7 @@ impl Scheduler {
 }
 
 /// Queues `f` as a new task of the scheduler behind `shared`.
+#[track_caller]
 fn submit_to<F, T>(
     shared: &Shared,
     f: F,
@@ -600,12 +640,16 @@ where
     if !shared.admit() {
         return Err(SubmitError::Stopped(f));
     }
-    let cell = JoinCell::new(f, Header::new(name, stack_size, thread));
+    let cell = JoinCell::new(
+        f,
+        Header::new(name, stack_size, thread, std::panic::Location::caller()),
+    );
     shared.schedule_new(cell.clone());
     Ok(JoinHandle::new(cell))
 }
 
 /// `spawn`'s body: submit to any worker, or a cancelled handle if refused.
+#[track_caller]
 pub(crate) fn spawn_on<F, T>(shared: &Shared, f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -642,6 +686,7 @@ pub(crate) fn in_tokio_context<R>(f: impl FnOnce() -> R) -> R {
 /// });
 /// assert_eq!(sum, 30);
 /// ```
+#[track_caller]
 pub fn spawn<F, T>(f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -682,6 +727,7 @@ impl TaskBuilder<'_> {
     }
 
     /// Submits the task, as [`Scheduler::submit`] does.
+    #[track_caller]
     pub fn submit<F, T>(self, f: F, thread: Option<usize>) -> Result<JoinHandle<T>, SubmitError<F>>
     where
         F: FnOnce() -> T + Send + 'static,

@@ -5,6 +5,7 @@
 //! One allocation per submitted task holds the header, the closure and the result slot
 //! (`join::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by `Arc`.
 
+use crate::dump::WaitOn;
 use crate::fiber::{Coro, FiberId, FiberMeta};
 use crate::join::JoinError;
 use crate::sched::timers::TimerId;
@@ -12,6 +13,7 @@ use crate::sched::worker::Shared;
 use crate::sync::wait_queue::{wait, Lock, Wait, WaitList};
 use std::any::Any;
 use std::cell::UnsafeCell;
+use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,6 +60,8 @@ pub(crate) enum ScheduleTask {
     Fiber(Arc<dyn Job>),
     /// `JoinHandle::cancel` of a started fiber, for its home worker to deliver.
     Cancel(Arc<dyn Job>),
+    /// `Scheduler::dump`: list this worker's fibers.
+    Dump(Arc<crate::dump::DumpRequest>),
 }
 
 /// The park word's state, in its low two bits.
@@ -196,6 +200,10 @@ pub(crate) struct Home {
     pub(crate) timer: Option<TimerId>,
     /// The current park ended by its deadline; the next resumption says so.
     pub(crate) timed_out: bool,
+    /// When the fiber last switched out (coarse `CLOCK_MONOTONIC` ns), and the deadline of
+    /// its current park: for `Scheduler::dump`.
+    pub(crate) since: u64,
+    pub(crate) deadline: Option<Instant>,
     /// How the task's body ended, written by the fiber as its last act.
     pub(crate) ended: Ended,
     /// Set when the fiber is abandoned: keeps its scheduler's shared state alive for as long
@@ -224,6 +232,12 @@ pub(crate) struct Header {
     pub(crate) stack_size: usize,
     /// Task pinned to a worker (never stolen), or free to run anywhere.
     pub(crate) pinned: Option<usize>,
+    /// Where the task was submitted, for `Scheduler::dump`.
+    pub(crate) location: &'static Location<'static>,
+    /// The fiber's span, entered while it runs; a child of the span current where it was
+    /// submitted.
+    #[cfg(feature = "tracing")]
+    pub(crate) span: tracing::Span,
     pub(crate) park: ParkWord,
     /// `STARTED` once a worker has placed the task, `CANCEL_REQUESTED` once
     /// `JoinHandle::cancel` was called: one word, so that exactly one of the two sees the
@@ -251,13 +265,21 @@ unsafe impl Sync for Header {}
 
 impl Header {
     #[inline(always)]
-    pub(crate) fn new(name: Option<Arc<str>>, stack_size: usize, pinned: Option<usize>) -> Header {
+    pub(crate) fn new(
+        name: Option<Arc<str>>,
+        stack_size: usize,
+        pinned: Option<usize>,
+        location: &'static Location<'static>,
+    ) -> Header {
         let id = FiberId::next();
         Header {
             id,
             name: name.clone(),
             stack_size,
             pinned,
+            location,
+            #[cfg(feature = "tracing")]
+            span: tracing::info_span!("fiber", id = id.as_u64(), name = name.as_deref()),
             park: ParkWord::new(),
             run_state: AtomicU8::new(0),
             done: AtomicBool::new(false),
@@ -278,6 +300,8 @@ impl Header {
                 pending_panic: None,
                 timer: None,
                 timed_out: false,
+                since: 0,
+                deadline: None,
                 ended: Ended::Returned,
                 keep_alive: None,
             }),
@@ -358,7 +382,15 @@ impl Header {
         if self.done.load(Ordering::SeqCst) {
             return true;
         }
-        match wait(g, |j| &mut j.list, (), deadline, || {}, |_, _| {}) {
+        match wait(
+            g,
+            |j| &mut j.list,
+            (),
+            deadline,
+            WaitOn::Join(self.id),
+            || {},
+            |_, _| {},
+        ) {
             Wait::Woken(_) => true,
             Wait::TimedOut(_) => self.is_done(),
         }

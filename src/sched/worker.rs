@@ -59,12 +59,15 @@
 //! A failed task's result is published inside a fiber (its own, or a fresh one when it never
 //! started), so `catching` and `finally` continuations may wait like any fiber code.
 
+use crate::dump::{DumpRequest, Entry, Status};
 use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, Yielder};
 use crate::join::JoinError;
+use crate::metrics::WorkerStats;
 use crate::park::Unparker;
 use crate::sched::idle::{Idlers, WorkerSleep};
 use crate::sched::task::{Cancel, Ended, Home, Job, ParkState, Placement, ScheduleTask, Start};
 use crate::sched::timers::TimerWheel;
+use crate::sched::watchdog::{MonitorCtl, Watch};
 use crate::stack::{FiberStack, StackPool};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
@@ -139,6 +142,11 @@ const LOCAL_CAPACITY: usize = 256;
 const INJECTOR_INTERVAL: u32 = 61;
 /// Every this many ticks a busy worker checks its timers.
 const TIMER_INTERVAL: u32 = 16;
+/// Every this many ticks a worker refreshes its coarse clock (when fibers switched out, for
+/// the dump): about 5 ns each time, so under 0.1 ns per pass.
+const CLOCK_INTERVAL: u32 = 64;
+/// How many fibers a worker lists for a dump per pass of its loop: about 0.1 ms of work.
+const DUMP_CHUNK: usize = 1024;
 /// After a yield, a worker takes a task from the injector first if at most this many fibers
 /// are ready on it (see `next_task`).
 pub(crate) const YIELD_PULL_READY_MAX: usize = 8;
@@ -178,6 +186,9 @@ pub(crate) struct Config {
     /// The tokio runtime whose context `future::block_on` enters in this scheduler's fibers.
     #[cfg(feature = "tokio")]
     pub(crate) tokio: Option<tokio::runtime::Handle>,
+    /// How long a fiber may run without suspending before the watchdog reports it; zero:
+    /// no watchdog.
+    pub(crate) watchdog: Duration,
 }
 
 /// What other threads may touch of a worker.
@@ -196,6 +207,30 @@ pub(crate) struct WorkerShared {
     /// Wakers from other threads between their push into `inbox` and their last touch of
     /// this worker (see `unpark_fiber`); the shared state is not freed while any is.
     wakers: WakerCount,
+    /// Counters and gauges for `Scheduler::metrics`, written by this worker only.
+    pub(crate) stats: Padded<WorkerStats>,
+    /// The fiber this worker runs, for the watchdog and the dump.
+    pub(crate) watch: Watch,
+}
+
+impl WorkerShared {
+    /// The worker's loop tick, published at every pass.
+    pub(crate) fn progress(&self) -> u32 {
+        self.progress.0.load(Ordering::Relaxed)
+    }
+
+    /// Tasks waiting to run on this worker: ready fibers (as of its last pass), its inbox,
+    /// its stealable queue and `next` slot.
+    pub(crate) fn waiting(&self) -> usize {
+        self.stats.0.ready.get() as usize + self.inbox.len() + self.local.len() + self.next.len()
+    }
+
+    /// Asleep, or (`use_caller`'s worker 0) not driven by any thread: it runs no fiber
+    /// until it wakes up or a drive begins, both of which nudge the monitor. SeqCst: see
+    /// `MonitorCtl::nudge`.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.stats.0.run_since.get_seqcst() == 0 || self.sleep.is_sleeping()
+    }
 }
 
 const HELP_NONE: u8 = 0;
@@ -276,7 +311,7 @@ enum Help {
 
 /// A value on a cache line of its own, so the owner's writes do not slow its neighbours.
 #[repr(align(128))]
-struct Padded<T>(T);
+pub(crate) struct Padded<T>(pub(crate) T);
 
 /// Counts the wakers in the middle of a remote wake of one worker, so that the memory they
 /// touch outlives them (see `unpark_fiber`).
@@ -331,8 +366,10 @@ pub(crate) struct Shared {
     drained: (parking_lot::Mutex<()>, parking_lot::Condvar),
     /// With `use_caller`: the thread that is worker 0.
     pub(crate) owner: Option<ThreadId>,
-    /// The origin of the help requests' clock.
-    epoch: Instant,
+    /// The origin of the help requests' clock; when the scheduler was built.
+    pub(crate) epoch: Instant,
+    /// The watchdog's monitor thread's sleep.
+    pub(crate) monitor: Arc<MonitorCtl>,
 }
 
 impl Shared {
@@ -349,6 +386,8 @@ impl Shared {
                     progress: Padded(AtomicU32::new(0)),
                     help: HelpSlot::default(),
                     wakers: WakerCount::new(),
+                    stats: Padded(WorkerStats::default()),
+                    watch: Watch::new(),
                 })
                 .collect(),
             injector: SegQueue::new(),
@@ -361,6 +400,7 @@ impl Shared {
             owner,
             config,
             epoch: Instant::now(),
+            monitor: Arc::new(MonitorCtl::new()),
         })
     }
 
@@ -471,6 +511,7 @@ impl Shared {
 impl Drop for Shared {
     /// Waits out wakers still touching a worker (see `unpark_fiber`): a few instructions.
     fn drop(&mut self) {
+        self.monitor.stop();
         for w in self.workers.iter() {
             w.wakers.wait_out();
         }
@@ -541,6 +582,7 @@ pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
     if let Some(w) = sched.local_worker() {
         if w.index == worker {
             w.ready.borrow_mut().push_back(job.clone());
+            w.stats().local_wakes.add(1);
             return;
         }
     }
@@ -634,6 +676,23 @@ pub(crate) struct Worker {
     /// The last report request this worker answered.
     reported: Cell<usize>,
     rng: Cell<u32>,
+    /// A coarse `CLOCK_MONOTONIC` reading (ns), refreshed every `CLOCK_INTERVAL` ticks and
+    /// after a sleep: when fibers switched out, for the dump.
+    clock: Cell<u64>,
+    /// Dumps being answered, a chunk per pass (see `dump_step`); `dumping` while any is.
+    dumps: RefCell<Vec<PartialDump>>,
+    dumping: Cell<bool>,
+}
+
+/// A dump this worker is answering.
+struct PartialDump {
+    req: Arc<DumpRequest>,
+    /// Registry slots below this are still to be listed.
+    cursor: usize,
+    entries: Vec<Entry>,
+    /// The longest chunk and all chunks together, in ns.
+    longest: u64,
+    total: u64,
 }
 
 /// The peers recruited to help with one fiber's spawns, and how many tasks were dealt.
@@ -645,12 +704,17 @@ struct Burst {
     dealt: usize,
 }
 
-/// Restores `CURRENT_WORKER` when a drive ends, even by unwinding.
-struct ExitWorker(*const Worker);
+/// Restores `CURRENT_WORKER` when a drive ends, even by unwinding, and counts the drive's
+/// time.
+struct ExitWorker<'a>(*const Worker, &'a Worker);
 
-impl Drop for ExitWorker {
+impl Drop for ExitWorker<'_> {
     fn drop(&mut self) {
         CURRENT_WORKER.with(|c| c.set(self.0));
+        let st = self.1.stats();
+        let since = st.run_since.get();
+        st.run_ns.add(crate::sys::mono_ns().saturating_sub(since));
+        st.run_since.set_seqcst(0);
     }
 }
 
@@ -672,11 +736,26 @@ impl Worker {
             phase: Cell::new(Phase::Running),
             reported: Cell::new(reported),
             rng: Cell::new(0x9E37_79B9 ^ (index as u32).wrapping_mul(0x85EB_CA6B) | 1),
+            clock: Cell::new(crate::sys::coarse_ns()),
+            dumps: RefCell::new(Vec::new()),
+            dumping: Cell::new(false),
         }
     }
 
     fn me(&self) -> &WorkerShared {
         &self.shared.workers[self.index]
+    }
+
+    #[inline(always)]
+    fn stats(&self) -> &WorkerStats {
+        &self.me().stats.0
+    }
+
+    /// Publishes the stack pool's and the registry's sizes.
+    fn publish_stacks(&self) {
+        let st = self.stats();
+        st.stacks_cached.set(self.stacks.borrow().cached() as u64);
+        st.fibers.set(self.registry.borrow().len() as u64);
     }
 
     /// The home-only state of `job`, a task this worker has started (see `Home`).
@@ -707,8 +786,12 @@ impl Worker {
     /// every sleep, for a caller that must look at the clock (`stop_timeout` on worker 0).
     pub(crate) fn run(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
         let prev = CURRENT_WORKER.with(|c| c.replace(self));
-        let _restore = ExitWorker(prev);
+        let _restore = ExitWorker(prev, self);
         crate::stack::overflow::ensure_alt_stack();
+        self.stats()
+            .run_since
+            .set_seqcst(crate::sys::mono_ns().max(1));
+        self.shared.monitor.nudge();
         loop {
             if until() {
                 return;
@@ -775,6 +858,12 @@ impl Worker {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
         self.me().progress.0.store(tick, Ordering::Relaxed);
+        if self.dumping.get() {
+            self.dump_step();
+        }
+        if tick.is_multiple_of(CLOCK_INTERVAL) {
+            self.clock.set(crate::sys::coarse_ns());
+        }
         // A yield goes behind outside submissions too — while few fibers are ready here:
         // a worker with many would otherwise take a whole batch of them, one per yield,
         // before an idle peer wakes, and a started fiber never moves.
@@ -804,7 +893,7 @@ impl Worker {
             }
         }
         self.next_streak.set(0);
-        if let Some(task) = pop(&self.me().inbox) {
+        if let Some(task) = self.pop_inbox() {
             return Some(task);
         }
         let from_ready = || self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
@@ -833,6 +922,7 @@ impl Worker {
     /// starting them all, since a started fiber never moves (Go's spinning-M handoff).
     fn take_injected(&self) -> Option<Arc<dyn Job>> {
         let job = pop(&self.shared.injector)?;
+        self.stats().injected.add(1);
         if !self.shared.injector.is_empty() {
             self.shared.notify_one();
         }
@@ -855,9 +945,11 @@ impl Worker {
                 // The resumption tells the fiber its park timed out.
                 self.home(&*job).timed_out = true;
                 self.ready.borrow_mut().push_back(job);
+                self.stats().local_wakes.add(1);
                 woke = true;
             }
         }
+        self.stats().timers.set(self.timers.borrow().len() as u64);
         woke
     }
 
@@ -885,12 +977,15 @@ impl Worker {
             let Some(first) = pop_local(victim) else {
                 continue;
             };
+            let mut taken = 1;
             for _ in 0..available / 2 {
                 let Some(job) = victim.pop() else { break };
+                taken += 1;
                 if let Err(job) = self.me().local.push(job) {
                     self.shared.injector.push(job);
                 }
             }
+            self.stats().steals.add(taken);
             return Some(ScheduleTask::New(first));
         }
         None
@@ -908,7 +1003,9 @@ impl Worker {
                     return None;
                 }
                 *watch = None;
-                return pop_local(&w.next).map(ScheduleTask::New);
+                let taken = pop_local(&w.next).map(ScheduleTask::New);
+                self.stats().steals.add(u64::from(taken.is_some()));
+                return taken;
             }
             *watch = None;
         }
@@ -1086,6 +1183,10 @@ impl Worker {
 
     fn idle(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
         let sh = &self.shared;
+        if self.dumping.get() {
+            // A dump in progress: the next pass lists the next chunk.
+            return;
+        }
         if self.report_pending() {
             self.catch_up();
         }
@@ -1095,6 +1196,7 @@ impl Worker {
         }
         let (answered, answer_at) = match self.answer_help() {
             Help::Taken(task) => {
+                self.stats().steals.add(1);
                 self.run_task(task);
                 return;
             }
@@ -1108,8 +1210,9 @@ impl Worker {
             let mut watch = None;
             let start = Instant::now();
             loop {
-                let found = pop(&self.me().inbox)
-                    .or_else(|| pop(&sh.injector).map(ScheduleTask::New))
+                let found = self
+                    .pop_inbox()
+                    .or_else(|| self.take_injected().map(ScheduleTask::New))
                     .or_else(|| self.steal())
                     .or_else(|| self.steal_next(&mut watch));
                 if let Some(task) = found {
@@ -1164,6 +1267,8 @@ impl Worker {
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(now));
         if timeout.is_none_or(|t| !t.is_zero()) {
+            let before = crate::sys::mono_ns();
+            self.stats().asleep_since.set(before);
             match crate::io::reactor::get() {
                 // Nobody polls for I/O: this worker does, sleeping in epoll_wait.
                 Some(reactor) if reactor.try_begin_poll() => {
@@ -1172,6 +1277,14 @@ impl Worker {
                 }
                 _ => self.me().sleep.sleep(timeout),
             }
+            // Awake (the sleep's SeqCst exchange made it visible): the monitor watches again.
+            sh.monitor.nudge();
+            let after = crate::sys::mono_ns();
+            let st = self.stats();
+            st.sleeps.add(1);
+            st.slept_ns.add(after.saturating_sub(before));
+            st.asleep_since.set(0);
+            self.clock.set(after);
         }
         sh.idle.withdraw(self.index);
         // Woken, perhaps for shared work, but with work of its own to do first (a pinned
@@ -1189,6 +1302,98 @@ impl Worker {
             ScheduleTask::New(job) => self.start(job),
             ScheduleTask::Fiber(job) => self.resume(job),
             ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
+            ScheduleTask::Dump(req) => self.answer_dump(req),
+        }
+    }
+
+    /// Pops the inbox, counting the wakes of fibers that came from other threads.
+    #[inline]
+    fn pop_inbox(&self) -> Option<ScheduleTask> {
+        let task = pop(&self.me().inbox)?;
+        if matches!(task, ScheduleTask::Fiber(_)) {
+            self.stats().remote_wakes.add(1);
+        }
+        Some(task)
+    }
+
+    /// Starts listing this worker's fibers for a dump. The list is made `DUMP_CHUNK` fibers
+    /// at a time, one chunk per pass of the loop (see `dump_step`), so a worker with many
+    /// fibers never stops its fibers for long.
+    pub(crate) fn answer_dump(&self, req: Arc<DumpRequest>) {
+        let cursor = self.registry.borrow().len();
+        self.dumps.borrow_mut().push(PartialDump {
+            req,
+            cursor,
+            entries: Vec::with_capacity(cursor),
+            longest: 0,
+            total: 0,
+        });
+        self.dumping.set(true);
+        self.dump_step();
+    }
+
+    /// Lists the next chunk of fibers for the oldest dump in progress; sends the list when
+    /// it is complete. The registry is walked from its end: a fiber that ends meanwhile is
+    /// replaced in its slot by the last one (already listed), so a fiber alive all along is
+    /// listed at least once, and the dump drops the duplicates.
+    fn dump_step(&self) {
+        let start = crate::sys::mono_ns();
+        let mut dumps = self.dumps.borrow_mut();
+        let Some(d) = dumps.first_mut() else {
+            self.dumping.set(false);
+            return;
+        };
+        let registry = self.registry.borrow();
+        let top = d.cursor.min(registry.len());
+        let bottom = top.saturating_sub(DUMP_CHUNK);
+        for job in registry[bottom..top].iter().rev() {
+            let h = job.header();
+            let home = self.home(&**job);
+            let parked = h.park.state() == ParkState::Parked;
+            let status = if d.req.requester == Some(h.id) {
+                Status::Running
+            } else if parked {
+                Status::Parked(home.meta.wait.get())
+            } else {
+                Status::Ready
+            };
+            let for_ = (status != Status::Running && home.since != 0)
+                .then(|| Duration::from_nanos(start.saturating_sub(home.since)));
+            d.entries.push(Entry {
+                id: h.id,
+                name: h.name.clone(),
+                worker: self.index,
+                status,
+                for_,
+                deadline: if parked { home.deadline } else { None },
+                location: h.location,
+                cancelled: home.cancel != Cancel::No,
+            });
+        }
+        drop(registry);
+        d.cursor = bottom;
+        let took = crate::sys::mono_ns().saturating_sub(start);
+        d.longest = d.longest.max(took);
+        d.total += took;
+        if bottom == 0 {
+            let d = dumps.remove(0);
+            self.dumping.set(!dumps.is_empty());
+            drop(dumps);
+            d.req.answer(
+                self.index,
+                d.entries,
+                Duration::from_nanos(d.longest),
+                Duration::from_nanos(d.total),
+            );
+        }
+    }
+
+    /// Lists this worker's fibers all at once, for a dump made while no thread drives it
+    /// (`use_caller`'s worker 0) or while it shuts down.
+    pub(crate) fn answer_dump_now(&self, req: Arc<DumpRequest>) {
+        self.answer_dump(req);
+        while self.dumping.get() {
+            self.dump_step();
         }
     }
 
@@ -1217,6 +1422,7 @@ impl Worker {
                     self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
                 }
                 job.fail(err);
+                self.stats().finished.add(1);
                 self.shared.task_done();
             }
         }
@@ -1268,6 +1474,7 @@ impl Worker {
             home.slot = registry.len();
             registry.push(job.clone());
         }
+        self.publish_stacks();
         self.resume(job);
     }
 
@@ -1277,7 +1484,9 @@ impl Worker {
         let home = self.home(&*job);
         if let Some(id) = home.timer.take() {
             // Woken before its deadline: the timer can never fire for this park.
-            self.timers.borrow_mut().remove(id);
+            let mut timers = self.timers.borrow_mut();
+            timers.remove(id);
+            self.stats().timers.set(timers.len() as u64);
         }
         let timed_out = std::mem::take(&mut home.timed_out);
         home.meta.budget.set(crate::coop::BUDGET);
@@ -1294,13 +1503,26 @@ impl Worker {
         job.header().park.begin_run();
         let meta: *const FiberMeta = &home.meta;
         let coro = home.fiber.as_mut().expect("a queued fiber has a coroutine");
+        let watch = &self.me().watch;
+        let st = self.stats();
+        st.resumes.add(1);
+        // What waits behind this fiber, for the watchdog's report.
+        st.ready.set(self.ready.borrow().len() as u64);
+        watch.enter(job.header());
+        #[cfg(feature = "tracing")]
+        let span = job.header().span.enter();
         let prev = fiber::enter(meta);
         let result = coro.resume(input);
         fiber::leave(prev);
+        #[cfg(feature = "tracing")]
+        drop(span);
+        watch.leave();
         match result {
             corosensei::CoroutineResult::Yield(Suspend::Yield) => {
+                self.home(&*job).since = self.clock.get();
                 self.ready.borrow_mut().push_back(job);
                 self.yielded.set(true);
+                self.stats().yields.add(1);
             }
             corosensei::CoroutineResult::Yield(Suspend::Park(register, deadline)) => {
                 self.publish_park(job, register, deadline);
@@ -1318,12 +1540,19 @@ impl Worker {
         deadline: Option<Instant>,
     ) {
         let gen = job.header().park.publish_parked();
-        if self.home(&*job).cancel == Cancel::Requested {
+        let home = self.home(&*job);
+        home.since = self.clock.get();
+        home.deadline = deadline;
+        self.stats().parks.add(1);
+        if home.cancel == Cancel::Requested {
             self.wake_own(&job, gen);
             return;
         }
         if let Some(d) = deadline {
-            let id = self.timers.borrow_mut().insert(d, (job.clone(), gen));
+            let mut timers = self.timers.borrow_mut();
+            let id = timers.insert(d, (job.clone(), gen));
+            self.stats().timers.set(timers.len() as u64);
+            drop(timers);
             self.home(&*job).timer = Some(id);
         }
         let unparker = Unparker::for_fiber(job.clone(), gen);
@@ -1354,6 +1583,7 @@ impl Worker {
     fn wake_own(&self, job: &Arc<dyn Job>, gen: u64) {
         if job.header().park.notify(gen) {
             self.ready.borrow_mut().push_back(job.clone());
+            self.stats().local_wakes.add(1);
         }
     }
 
@@ -1376,7 +1606,12 @@ impl Worker {
         if let Some(coro) = coro {
             self.stacks.borrow_mut().give(coro.into_stack());
         }
+        // Nobody may still be reading the header from another thread when we drop our
+        // references below (see `Watch::peek`).
+        self.me().watch.retire();
         drop(self.unregister(&job));
+        self.publish_stacks();
+        self.stats().finished.add(1);
         // The task's body publishes its own result and catches every unwind; the fiber root
         // sees an unwind only if the very first resumption cancels, which `start` never does.
         let cancelled = match outcome {
@@ -1404,8 +1639,12 @@ impl Worker {
         while let Some(task) = self.me().inbox.pop() {
             match task {
                 ScheduleTask::New(job) => return Some(job),
-                ScheduleTask::Fiber(job) => self.ready.borrow_mut().push_back(job),
+                ScheduleTask::Fiber(job) => {
+                    self.ready.borrow_mut().push_back(job);
+                    self.stats().remote_wakes.add(1);
+                }
                 ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
+                ScheduleTask::Dump(req) => self.answer_dump_now(req),
             }
         }
         self.me()
@@ -1447,6 +1686,7 @@ impl Worker {
         while let Some(job) = self.pop_unstarted() {
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
             job.fail(JoinError::cancelled());
+            self.stats().finished.add(1);
             self.shared.task_done();
         }
         self.ready.borrow_mut().clear();
@@ -1476,8 +1716,10 @@ impl Worker {
             }
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
             job.fail(JoinError::cancelled());
+            self.stats().finished.add(1);
             self.shared.task_done();
         }
+        self.publish_stacks();
     }
 
     /// Prints this worker's live fibers (a shutdown that takes long).

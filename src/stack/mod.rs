@@ -177,6 +177,11 @@ impl StackPool {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
     }
 
+    /// How many idle stacks the pool holds, of all sizes.
+    pub(crate) fn cached(&self) -> usize {
+        self.classes.iter().map(|c| c.1.len()).sum()
+    }
+
     /// Returns a stack whose fiber has finished.
     pub(crate) fn give(&mut self, stack: FiberStack) {
         self.class(stack.size()).push(stack);

@@ -8,6 +8,7 @@
 
 use super::deadline_after;
 use super::wait_queue::{wait, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::fmt;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
@@ -137,6 +138,7 @@ impl Barrier {
             |st| &mut st.waiters,
             (),
             deadline,
+            WaitOn::Other("Barrier::wait"),
             || {},
             |st, token| {
                 if token.is_none() {

@@ -29,6 +29,7 @@
 use super::deadline_after;
 use super::shim::Arc;
 use super::wait_queue::{wait, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc as Shared;
@@ -289,7 +290,15 @@ impl<T: Clone> Receiver<T> {
                 Found::Nothing => {}
             }
             // Nothing is handed to a waiter, so a cancelled one has nothing to pass on.
-            match wait(st, |st| &mut st.waiters, (), deadline, || {}, |_, _| {}) {
+            match wait(
+                st,
+                |st| &mut st.waiters,
+                (),
+                deadline,
+                WaitOn::Channel("broadcast::Receiver::recv"),
+                || {},
+                |_, _| {},
+            ) {
                 Wait::Woken(SENT | CLOSED) => st = self.chan.state.lock(),
                 Wait::Woken(t) => unreachable!("broadcast receiver woken with token {t}"),
                 // Every send and the close wake all waiters: not woken means nothing new.

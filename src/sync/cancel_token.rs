@@ -2,6 +2,7 @@
 
 use super::select::{Signal, Watchers};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use crate::time::deadline_after;
 use std::fmt;
 use std::sync::atomic::AtomicBool;
@@ -160,7 +161,15 @@ impl CancellationToken {
         if self.is_cancelled() {
             return true;
         }
-        match wait(st, |st| &mut st.waiters, (), deadline, || {}, |_, _| {}) {
+        match wait(
+            st,
+            |st| &mut st.waiters,
+            (),
+            deadline,
+            WaitOn::Other("CancellationToken::cancelled"),
+            || {},
+            |_, _| {},
+        ) {
             Wait::Woken(_) => true,
             Wait::TimedOut(_) => self.is_cancelled(),
         }

@@ -8,6 +8,7 @@
 use super::deadline_after;
 use super::mutex::{Mutex, MutexGuard};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::fmt;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::sync::LockResult;
@@ -187,6 +188,7 @@ impl Condvar {
             |list| list,
             (),
             deadline,
+            WaitOn::Other("Condvar::wait"),
             // Linked first, unlocked second: a notifier that takes the mutex after this
             // finds our node.
             || mutex.raw_unlock(),

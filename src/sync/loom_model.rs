@@ -12,6 +12,7 @@ use super::wait_queue::{wait, Lock, Wait, WaitList};
 use super::{
     broadcast, mpmc, mpsc, oneshot, Barrier, Condvar, Mutex, RwLock, Semaphore, WaitGroup,
 };
+use crate::dump::WaitOn;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use std::time::{Duration, Instant};
@@ -44,7 +45,15 @@ fn wait_queue_no_lost_wakeup() {
         let waker = thread::spawn(move || raise(&f2));
         let g = f.lock();
         if !g.set {
-            match wait(g, |s| &mut s.waiters, (), None, || {}, |_, _| {}) {
+            match wait(
+                g,
+                |s| &mut s.waiters,
+                (),
+                None,
+                WaitOn::Park,
+                || {},
+                |_, _| {},
+            ) {
                 Wait::Woken(t) => assert_eq!(t, 7),
                 Wait::TimedOut(_) => unreachable!(),
             }
@@ -65,7 +74,15 @@ fn wait_queue_timeout_races_a_wake() {
             None
         } else {
             let deadline = Some(Instant::now());
-            match wait(g, |s| &mut s.waiters, (), deadline, || {}, |_, _| {}) {
+            match wait(
+                g,
+                |s| &mut s.waiters,
+                (),
+                deadline,
+                WaitOn::Park,
+                || {},
+                |_, _| {},
+            ) {
                 Wait::Woken(t) => {
                     assert_eq!(t, 7);
                     Some(true)

@@ -32,6 +32,7 @@ use super::mpsc::Slot;
 use super::select::{Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::collections::VecDeque;
 use std::error::Error;
 use std::fmt;
@@ -321,6 +322,7 @@ impl<T> Chan<T> {
             |st| &mut st.senders,
             Slot::new(&slot),
             deadline,
+            WaitOn::Channel("mpmc::Sender::send"),
             || {},
             // A cancelled sender's message (if not taken) stays in its slot and is dropped
             // with it, after the lock is released.
@@ -393,6 +395,7 @@ impl<T> Chan<T> {
             |st| &mut st.receivers,
             Slot::new(&slot),
             deadline,
+            WaitOn::Channel("mpmc::Receiver::recv"),
             || {},
             |st, token| {
                 if token == Some(DELIVERED) {

@@ -32,6 +32,7 @@ use super::deadline_after;
 use super::select::{Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::collections::VecDeque;
 use std::fmt;
 use std::ptr::NonNull;
@@ -368,6 +369,7 @@ impl<T> Chan<T> {
             |st| &mut st.senders,
             Slot::new(&slot),
             None,
+            WaitOn::Channel("mpsc::SyncSender::send"),
             || {},
             // A cancelled sender's message stays in its slot and is dropped with it, after
             // the lock is released.
@@ -528,6 +530,7 @@ impl<T> Receiver<T> {
             |st| &mut st.receiver,
             Slot::new(&slot),
             deadline,
+            WaitOn::Channel("mpsc::Receiver::recv"),
             || {},
             |st, token| {
                 if token == Some(DELIVERED) {

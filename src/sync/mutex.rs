@@ -19,6 +19,7 @@
 use super::poison;
 use super::shim::{AtomicU8, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -251,6 +252,7 @@ impl<T: ?Sized> Mutex<T> {
             |list| list,
             (),
             None,
+            WaitOn::Lock("Mutex::lock"),
             || {},
             |g, token| self.cancelled_waiter(g, token),
         ) {

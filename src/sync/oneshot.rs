@@ -22,6 +22,7 @@
 
 use super::deadline_after;
 use super::shim::{park, Arc, AtomicUsize, Ordering, ParkResult, Unparker, UnsafeCell};
+use crate::dump::WaitOn;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -220,7 +221,9 @@ impl<T> Receiver<T> {
         // If the fiber is cancelled while parked, withdraw like a timeout does, so the
         // waiter cell is never written while a sender may be reading it.
         let withdraw = Withdraw(inner);
-        let parked = park(deadline, |u| publish(inner, u));
+        let parked = park(deadline, WaitOn::Channel("oneshot::Receiver::recv"), |u| {
+            publish(inner, u)
+        });
         std::mem::forget(withdraw);
         if parked == ParkResult::TimedOut && !withdraw_waiter(inner) {
             return Err(RecvTimeoutError::Timeout);

@@ -12,6 +12,7 @@
 use super::poison;
 use super::shim::UnsafeCell;
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -25,6 +26,15 @@ const GRANTED: usize = 1;
 enum Access {
     Read,
     Write,
+}
+
+impl Access {
+    fn wait_on(self) -> WaitOn {
+        match self {
+            Access::Read => WaitOn::Lock("RwLock::read"),
+            Access::Write => WaitOn::Lock("RwLock::write"),
+        }
+    }
 }
 
 /// A reader–writer lock for fibers and threads, like [`std::sync::RwLock`].
@@ -214,6 +224,7 @@ impl<T: ?Sized> RwLock<T> {
             |st| &mut st.waiters,
             access,
             None,
+            access.wait_on(),
             || {},
             |st, token| {
                 if token.is_some() {

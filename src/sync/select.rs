@@ -7,6 +7,7 @@
 //! signal with every channel, tries once more (a change between the two tries fired the
 //! signal, so nothing is missed), and parks until the signal fires or its deadline passes.
 
+use crate::dump::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sync::mpsc::{RecvError, SendError, TryRecvError, TrySendError};
 use crate::sync::{mpmc, mpsc, CancellationToken};
@@ -49,9 +50,9 @@ impl Signal {
     }
 
     /// Parks until the signal fires (at once if it fired since the last reset), or until
-    /// `deadline`.
-    pub(crate) fn park(&self, deadline: Option<Instant>) -> ParkResult {
-        park_until(deadline, |u| {
+    /// `deadline`. `on` is what a fiber dump shows the waiter waiting for.
+    pub(crate) fn park(&self, deadline: Option<Instant>, on: WaitOn) -> ParkResult {
+        park_until(deadline, on, |u| {
             let mut w = self.waiter.lock();
             if self.fired.load(Ordering::Acquire) {
                 drop(w);
@@ -286,7 +287,9 @@ pub fn run(ops: &mut [&mut dyn Op], mode: Mode) -> Option<usize> {
         let parked = if done.is_some() {
             Ok(ParkResult::Unparked)
         } else {
-            catch_unwind(AssertUnwindSafe(|| signal.park(deadline)))
+            catch_unwind(AssertUnwindSafe(|| {
+                signal.park(deadline, WaitOn::Channel("select"))
+            }))
         };
         for op in ops.iter() {
             op.unwatch(&signal);

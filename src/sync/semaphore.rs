@@ -7,6 +7,7 @@
 
 use super::deadline_after;
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::fmt;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
@@ -166,6 +167,7 @@ impl Semaphore {
             |st| &mut st.waiters,
             n,
             deadline,
+            WaitOn::Lock("Semaphore::acquire"),
             || {},
             |st, token| match token {
                 // Granted, but the fiber is being cancelled: give the permits back.

@@ -21,8 +21,12 @@ mod imp {
     /// Suspends the calling fiber (or blocks the thread) until the `Unparker` given to
     /// `register` fires, or until `deadline`. See [`crate::park_timeout`].
     #[inline]
-    pub(crate) fn park(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
-        crate::park::park_until(deadline, register)
+    pub(crate) fn park(
+        deadline: Option<Instant>,
+        on: crate::dump::WaitOn,
+        register: impl FnOnce(Unparker),
+    ) -> ParkResult {
+        crate::park::park_until(deadline, on, register)
     }
 
     /// Whether a waiter may spin briefly before parking: only a thread, whose park is a
@@ -123,7 +127,11 @@ mod imp {
 
     /// The model's park. A deadline is modelled as "may pass at any moment": after `register`
     /// the waiter races its wakers to withdraw, and loom explores both outcomes.
-    pub(crate) fn park(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
+    pub(crate) fn park(
+        deadline: Option<Instant>,
+        _on: crate::dump::WaitOn,
+        register: impl FnOnce(Unparker),
+    ) -> ParkResult {
         let slot = Arc::new(Slot {
             state: AtomicU8::new(PARKED),
             thread: loom::thread::current(),

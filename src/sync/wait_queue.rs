@@ -49,6 +49,7 @@
 use super::shim::{
     may_spin, park, AtomicU8, Ordering, ParkResult, RawGuard, RawLock, Unparker, UnsafeCell,
 };
+use crate::dump::WaitOn;
 use std::marker::PhantomPinned;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
@@ -392,7 +393,7 @@ pub(crate) enum Wait<'a, S> {
 
 /// Joins the back of the list that `list` selects in the locked state, releases the lock,
 /// runs `before_park` (Condvar releases its mutex there) and parks until a waker picks the
-/// node or `deadline` passes.
+/// node or `deadline` passes. `on` is what a fiber dump shows the waiter waiting for.
 ///
 /// If the waiting fiber is cancelled (unwound out of `park`), the node is withdrawn under the
 /// lock and `on_cancel` runs with the lock held: with `Some(token)` if a waker had already
@@ -402,6 +403,7 @@ pub(crate) fn wait<'a, S, D: Copy>(
     list: fn(&mut S) -> &mut WaitList<D>,
     data: D,
     deadline: Option<Instant>,
+    on: WaitOn,
     before_park: impl FnOnce(),
     on_cancel: impl FnOnce(&mut Guard<'a, S>, Option<usize>),
 ) -> Wait<'a, S> {
@@ -437,7 +439,7 @@ pub(crate) fn wait<'a, S, D: Copy>(
             }
         }
     }
-    let parked = park(deadline, |u| node.publish(u));
+    let parked = park(deadline, on, |u| node.publish(u));
     withdraw.finish(parked)
 }
 

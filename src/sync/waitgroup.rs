@@ -10,6 +10,7 @@
 use super::deadline_after;
 use super::shim::{Arc, AtomicUsize, Ordering};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
+use crate::dump::WaitOn;
 use std::fmt;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
@@ -86,7 +87,15 @@ impl WaitGroup {
         if inner.count.load(Ordering::Acquire) == 0 {
             return true;
         }
-        let finished = match wait(g, |list| list, (), deadline, || {}, |_, _| {}) {
+        let finished = match wait(
+            g,
+            |list| list,
+            (),
+            deadline,
+            WaitOn::Other("WaitGroup::wait"),
+            || {},
+            |_, _| {},
+        ) {
             Wait::Woken(_) => true,
             Wait::TimedOut(_) => false,
         };

@@ -17,3 +17,27 @@ pub(crate) fn page_size() -> usize {
         }
     })
 }
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `Instant` reads.
+pub(crate) fn mono_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the same clock as [`mono_ns`] as of the last
+/// kernel tick (1–4 ms behind at most), at a fifth of the cost. For diagnostics' timestamps.
+pub(crate) fn coarse_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; both clocks exist on every Linux fibra
+    // supports, and on failure `ts` stays zero.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}

@@ -7,7 +7,6 @@ mod timer;
 pub use timer::{Timer, TimerHandle};
 
 use crate::fiber::Fiber;
-use crate::park::park_timeout;
 use std::time::{Duration, Instant};
 
 /// Sleeps for `duration`. Inside a scheduled fiber only the fiber sleeps and its worker runs
@@ -46,7 +45,7 @@ pub fn sleep_until(deadline: Instant) {
     }
     // Nobody else holds the Unparker, so only the deadline ends the park.
     while Instant::now() < deadline {
-        park_timeout(deadline, drop);
+        crate::park::park_until(Some(deadline), crate::dump::WaitOn::Sleep, drop);
     }
 }
 

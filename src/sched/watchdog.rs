@@ -1,0 +1,253 @@
+//! The watchdog: a monitor thread per scheduler that reports fibers which run too long
+//! without suspending (Go's sysmon, without the preemption).
+//!
+//! The workers pay nothing for it beyond what they publish anyway: each stores its loop's
+//! progress tick at every pass, and the header of the fiber it resumes in [`Watch`] (a plain
+//! store before the switch, another after). The monitor wakes every quarter of the
+//! threshold and compares: a worker that is inside a fiber, with the same fiber and the
+//! same tick as at an earlier look, has been running that fiber ever since. Once that has
+//! lasted the threshold, the fiber is reported — once per episode — on stderr (or as a
+//! `tracing` event with the `tracing` feature and a subscriber installed).
+//!
+//! When every worker sleeps (or, for `use_caller`'s worker 0, is not driven), the monitor
+//! sleeps too, without a timeout, and the first worker to wake up wakes it: an idle
+//! scheduler costs no periodic wake-ups.
+//!
+//! Reading the fiber's name from another thread needs the fiber to stay alive meanwhile:
+//! see [`Watch::peek`] and [`Watch::retire`].
+
+use super::task::Header;
+use super::worker::Shared;
+use crate::fiber::FiberId;
+use parking_lot::{Condvar, Mutex};
+use std::panic::Location;
+use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// The default of [`Builder::watchdog`](crate::Builder::watchdog).
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_millis(100);
+
+/// What a worker publishes of the fiber it runs.
+pub(crate) struct Watch {
+    /// The header of the fiber the worker is running, or null between fibers.
+    current: AtomicPtr<Header>,
+    /// Readers of `current`'s header right now (see `peek`).
+    inspecting: AtomicUsize,
+    /// Written by the monitor: since when (`CLOCK_MONOTONIC` ns) the worker has run its
+    /// current fiber without a pass of its loop; 0 when it is not known to.
+    pub(crate) stuck_since: AtomicU64,
+}
+
+impl Watch {
+    pub(crate) fn new() -> Watch {
+        Watch {
+            current: AtomicPtr::new(std::ptr::null_mut()),
+            inspecting: AtomicUsize::new(0),
+            stuck_since: AtomicU64::new(0),
+        }
+    }
+
+    /// The worker is about to switch to the fiber of `header`.
+    #[inline(always)]
+    pub(crate) fn enter(&self, header: &Header) {
+        self.current
+            .store(std::ptr::from_ref(header).cast_mut(), Ordering::Relaxed);
+    }
+
+    /// The fiber switched back to the worker.
+    #[inline(always)]
+    pub(crate) fn leave(&self) {
+        self.current.store(std::ptr::null_mut(), Ordering::Relaxed);
+    }
+
+    /// A fiber that ran on this worker has ended, after `leave`: waits until no reader that
+    /// may have seen its header in `current` is still reading it, so that the worker may
+    /// drop its references. Readers are rare (a suspected hog, a dump that timed out) and
+    /// brief; the cost here is one fence per ended fiber.
+    #[inline]
+    pub(crate) fn retire(&self) {
+        // SeqCst fence between the `leave` store and the `inspecting` load, against the
+        // reader's SeqCst increment and load of `current` (see `peek`): either the reader
+        // sees null (or a later fiber), or this load sees its increment.
+        fence(Ordering::SeqCst);
+        while self.inspecting.load(Ordering::Acquire) != 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// The id, name and submission place of the fiber the worker is running, if any: from
+    /// any thread.
+    pub(crate) fn peek(&self) -> Option<(FiberId, Option<Arc<str>>, &'static Location<'static>)> {
+        self.inspecting.fetch_add(1, Ordering::SeqCst);
+        let p = self.current.load(Ordering::SeqCst);
+        // SAFETY: a non-null `current` is the header of a task the worker was running when
+        // it stored it; the task is alive as long as the worker holds references to it,
+        // which it drops only after `retire`. `retire` comes after the worker's `leave`
+        // for that fiber and a SeqCst fence; we incremented `inspecting` and then loaded
+        // `current`, both SeqCst. If our load saw the pointer, it precedes the fence in the
+        // SeqCst order (else it would see the `leave` or a later store), and so does our
+        // increment, so `retire`'s load sees the increment and waits for the decrement
+        // below, which comes after our last touch of the header.
+        let seen = unsafe { p.as_ref() }.map(|h| (h.id, h.name.clone(), h.location));
+        self.inspecting.fetch_sub(1, Ordering::Release);
+        seen
+    }
+}
+
+/// The monitor's sleep, shared by the scheduler (which wakes it) and the monitor thread.
+pub(crate) struct MonitorCtl {
+    /// The monitor sleeps without a timeout until a worker wakes up.
+    parked: AtomicBool,
+    stop: AtomicBool,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl MonitorCtl {
+    pub(crate) fn new() -> MonitorCtl {
+        MonitorCtl {
+            parked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// A worker woke up or began a drive (after a SeqCst operation that made it visible as
+    /// awake): wakes the monitor if it sleeps without a timeout.
+    #[inline]
+    pub(crate) fn nudge(&self) {
+        if self.parked.load(Ordering::SeqCst) && self.parked.swap(false, Ordering::SeqCst) {
+            let _g = self.lock.lock();
+            self.cv.notify_one();
+        }
+    }
+
+    /// Ends the monitor thread (the scheduler stopped).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _g = self.lock.lock();
+        self.cv.notify_one();
+    }
+
+    /// Sleeps `period` (or, with `None`, until nudged); false once stopped.
+    fn sleep(&self, period: Option<Duration>) -> bool {
+        let mut g = self.lock.lock();
+        if self.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        match period {
+            Some(p) => {
+                self.cv.wait_for(&mut g, p);
+            }
+            None => {
+                while self.parked.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+                    self.cv.wait(&mut g);
+                }
+            }
+        }
+        !self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// Starts the monitor thread of the scheduler behind `shared`, if its watchdog is on.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    let threshold = shared.config.watchdog;
+    if threshold.is_zero() {
+        return;
+    }
+    let weak = Arc::downgrade(shared);
+    let ctl = shared.monitor.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("{}-watchdog", shared.config.name))
+        .spawn(move || monitor(weak, ctl, threshold));
+    if let Err(e) = spawned {
+        eprintln!("fibra: cannot start the watchdog thread, running without it: {e}");
+    }
+}
+
+/// What the monitor remembers of a worker between two looks.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    progress: u32,
+    current: usize,
+    since: u64,
+    reported: bool,
+}
+
+fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
+    let period = (threshold / 4).clamp(Duration::from_millis(1), Duration::from_millis(250));
+    let threshold_ns = u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX);
+    let mut seen: Vec<Seen> = Vec::new();
+    let mut park = false;
+    loop {
+        if !ctl.sleep((!park).then_some(period)) {
+            return;
+        }
+        let Some(sh) = weak.upgrade() else { return };
+        if sh.phase.get() >= super::worker::Phase::Done {
+            return;
+        }
+        if park {
+            // Nudged: start the episodes afresh.
+            seen.clear();
+            park = false;
+        }
+        seen.resize(sh.workers.len(), Seen::default());
+        let now = crate::sys::mono_ns();
+        let mut running = false;
+        for (i, w) in sh.workers.iter().enumerate() {
+            let progress = w.progress();
+            let current = w.watch.current.load(Ordering::Relaxed) as usize;
+            let s = &mut seen[i];
+            if current != 0 && progress == s.progress && current == s.current {
+                w.watch.stuck_since.store(s.since, Ordering::Relaxed);
+                let ran = now.saturating_sub(s.since);
+                if ran >= threshold_ns && !s.reported {
+                    s.reported = true;
+                    report(&sh, i, Duration::from_nanos(ran));
+                }
+            } else {
+                w.watch.stuck_since.store(0, Ordering::Relaxed);
+                *s = Seen {
+                    progress,
+                    current,
+                    since: now,
+                    reported: false,
+                };
+            }
+            running |= current != 0;
+        }
+        if !running {
+            // Park if every worker sleeps: SeqCst against the workers' wake-up (see
+            // `MonitorCtl::nudge`): either we see one awake, or it sees us parked.
+            ctl.parked.store(true, Ordering::SeqCst);
+            if sh.workers.iter().all(|w| w.is_quiet()) {
+                park = true;
+            } else {
+                ctl.parked.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// Reports worker `i`'s fiber, which has run for `ran` without suspending.
+fn report(sh: &Shared, i: usize, ran: Duration) {
+    let w = &sh.workers[i];
+    let Some((id, name, _)) = w.watch.peek() else {
+        return;
+    };
+    let waiting = w.waiting();
+    let name = name.as_deref().map_or(String::new(), |n| format!("'{n}' "));
+    crate::report::warn(
+        "watchdog",
+        &format!(
+            "fiber {name}({id}) has run for {} ms on worker {i} of scheduler '{}' without \
+             suspending; {waiting} task(s) wait on that worker. Move long computations to \
+             fibra::unblock, or call fibra::Fiber::yield_now() in long loops",
+            ran.as_millis(),
+            sh.config.name
+        ),
+    );
+}
