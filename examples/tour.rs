@@ -201,7 +201,86 @@ fn main() -> Result<(), fibra::Error> {
     executors_and_tasks();
     structured_concurrency();
     async_bridge();
+    observability();
     Ok(())
+}
+
+/// Metrics, the fiber dump and the watchdog.
+fn observability() {
+    println!("\n== 14. Seeing inside: metrics, the fiber dump, the watchdog");
+    let sched = fibra::Scheduler::builder()
+        .threads(2)
+        .name("tour-watch")
+        .watchdog(Duration::from_millis(50))
+        .build()
+        .expect("valid configuration");
+    sched.start();
+    let lock = Arc::new(fibra::sync::Mutex::new(()));
+    let guard_holder = {
+        let lock = lock.clone();
+        sched
+            .task()
+            .name("holder")
+            .submit(
+                move || {
+                    let _g = lock.lock().expect("not poisoned");
+                    fibra::sleep(Duration::from_millis(300));
+                },
+                None,
+            )
+            .expect("running")
+    };
+    fibra::sleep(Duration::from_millis(20));
+    let waiter = {
+        let lock = lock.clone();
+        sched
+            .task()
+            .name("waiter")
+            .submit(move || drop(lock.lock().expect("not poisoned")), None)
+            .expect("running")
+    };
+    fibra::sleep(Duration::from_millis(20));
+    let dump = sched.dump();
+    for e in dump.fibers() {
+        println!(
+            "   dump: fiber {} '{}' on worker {}: {:?}, submitted at {}",
+            e.id(),
+            e.name().unwrap_or("?"),
+            e.worker(),
+            e.status(),
+            e.location()
+        );
+    }
+    // A fiber that computes for 120 ms without suspending: the watchdog (50 ms here)
+    // reports it on stderr.
+    let hog = sched
+        .task()
+        .name("hog")
+        .submit(
+            || {
+                let end = Instant::now() + Duration::from_millis(120);
+                while Instant::now() < end {
+                    std::hint::spin_loop();
+                }
+            },
+            None,
+        )
+        .expect("running");
+    hog.join().expect("no panic");
+    guard_holder.join().expect("no panic");
+    waiter.join().expect("no panic");
+    let m = sched.metrics();
+    let w: Vec<String> = m
+        .workers()
+        .iter()
+        .map(|w| format!("worker {}: {} resumes, {} parks", w.index(), w.resumes(), w.parks()))
+        .collect();
+    println!(
+        "   metrics: {} spawned, {}; the table: println!(\"{{}}\", sched.metrics())",
+        m.spawned(),
+        w.join(", ")
+    );
+    sched.stop();
 }
 
 /// Scoped fibers that borrow, a JoinSet in completion order, cancelling one task, and a
