@@ -273,7 +273,14 @@ fn observability() {
     let w: Vec<String> = m
         .workers()
         .iter()
-        .map(|w| format!("worker {}: {} resumes, {} parks", w.index(), w.resumes(), w.parks()))
+        .map(|w| {
+            format!(
+                "worker {}: {} resumes, {} parks",
+                w.index(),
+                w.resumes(),
+                w.parks()
+            )
+        })
         .collect();
     println!(
         "   metrics: {} spawned, {}; the table: println!(\"{{}}\", sched.metrics())",

@@ -47,7 +47,9 @@ impl Counter {
 /// One worker's counters and gauges, written by that worker only (see the module docs).
 #[derive(Default)]
 pub(crate) struct WorkerStats {
-    pub(crate) resumes: Counter,
+    /// Fibers that returned to the worker: with `yields` and `parks`, every resumption
+    /// (each ends in exactly one of the three), so resumptions need no counter of their own.
+    pub(crate) returned: Counter,
     pub(crate) yields: Counter,
     pub(crate) parks: Counter,
     pub(crate) local_wakes: Counter,
@@ -68,6 +70,9 @@ pub(crate) struct WorkerStats {
     pub(crate) run_since: Counter,
     /// When the current sleep began (ns), 0 while awake.
     pub(crate) asleep_since: Counter,
+    /// The header of the fiber the worker runs or ran last (see `sched::watchdog::Watch`):
+    /// here, on the line only the worker writes, because it is stored at every switch.
+    pub(crate) current: std::sync::atomic::AtomicPtr<crate::sched::task::Header>,
 }
 
 /// A snapshot of a scheduler's figures, from [`Scheduler::metrics`](crate::Scheduler::metrics).
@@ -107,7 +112,9 @@ pub struct Metrics {
 }
 
 /// One worker's figures in a [`Metrics`] snapshot. Counters count since the scheduler was
-/// built; gauges (`fibers`, the queue depths, `timers`, `stacks_cached`) are current.
+/// built. Gauges are current: the queue depths and `timers` exactly; `fibers`,
+/// `ready_depth` and `stacks_cached` as the worker publishes them, every 64 passes of its
+/// loop and before it sleeps (a busy worker's are at most a few microseconds old).
 #[derive(Clone, Debug, Default)]
 pub struct WorkerMetrics {
     pub(crate) index: usize,
@@ -260,7 +267,8 @@ impl WorkerMetrics {
         self.index
     }
 
-    /// Fiber resumptions (starts included).
+    /// Fiber resumptions (starts included) that have switched back to the worker: each
+    /// ended in a yield, a park, or the fiber's return.
     pub fn resumes(&self) -> u64 {
         self.resumes
     }
@@ -321,8 +329,7 @@ impl WorkerMetrics {
         self.fibers
     }
 
-    /// Started fibers ready to run here (yielded or woken), as of the worker's last switch
-    /// to a fiber.
+    /// Started fibers ready to run here (yielded or woken).
     pub fn ready_depth(&self) -> usize {
         self.ready
     }

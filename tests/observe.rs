@@ -91,8 +91,9 @@ fn counters_count_what_fibers_do() {
         assert_eq!(m.live_tasks(), 0);
         assert_eq!(m.spawned(), n, "{m}");
         assert_eq!(d.spawned(), n);
-        assert_eq!(m.stacks_in_use(), 0);
-        assert!(m.stacks_cached() >= 1, "{m}");
+        // Gauges are published every 64 passes and before a sleep: idle, the workers sleep.
+        wait_until("the gauges to settle", || s.metrics().stacks_in_use() == 0);
+        assert!(s.metrics().stacks_cached() >= 1, "{}", s.metrics());
         assert_eq!(m.timers(), 0);
         // Idle workers went to sleep, and their sleep is not busy time.
         wait_until("a worker to sleep", || {
@@ -126,9 +127,10 @@ fn gauges_show_parked_fibers_timers_and_queues() {
             .collect();
         let unparkers: Vec<_> = (0..10).map(|_| rx.recv_timeout(LIMIT).unwrap()).collect();
         wait_until("7 timers", || s.metrics().timers() == 7);
+        // Published before the workers sleep.
+        wait_until("17 stacks in use", || s.metrics().stacks_in_use() == 17);
         let m = s.metrics();
         assert_eq!(m.live_tasks(), 17, "{m}");
-        assert_eq!(m.stacks_in_use(), 17, "{m}");
         assert!(m.workers()[1].fibers() >= 10, "{m}");
         // Woken from this thread: remote wakes of worker 1.
         let remote_before = m.workers()[1].remote_wakes();
@@ -700,7 +702,12 @@ fn watchdog_reports_a_hog_once_by_name() {
         assert!(r.contains("without suspending"), "{err}");
     }
     assert!(reports[0].contains("3 task(s) wait"), "{err}");
-    assert!(reports[1].contains("0 task(s) wait"), "{err}");
+    // The ready count is published every 64 passes: the hog itself, just yielded, may
+    // still be in it.
+    assert!(
+        reports[1].contains("0 task(s) wait") || reports[1].contains("1 task(s) wait"),
+        "{err}"
+    );
     // The polite fiber that yields, and the scheduler with the watchdog off, are not
     // reported.
     assert!(!err.contains("polite"), "{err}");

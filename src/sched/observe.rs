@@ -53,6 +53,7 @@ impl Scheduler {
             .filter(|m| m.worker.is_some())
             .map(|m| m.id);
         let (req, answers) = DumpRequest::new(requester);
+        let progress: Vec<u32> = sh.workers.iter().map(|w| w.progress()).collect();
         let req = std::sync::Arc::new(req);
         let n = sh.workers.len();
         let mut got: Vec<Option<(Vec<Entry>, Duration, Duration)>> = (0..n).map(|_| None).collect();
@@ -103,7 +104,7 @@ impl Scheduler {
                     dump.fibers.extend(entries);
                 }
                 None => {
-                    let stuck = stuck_fiber(w, i);
+                    let stuck = stuck_fiber(w, i, progress[i]);
                     dump.workers.push(WorkerAnswer {
                         index: i,
                         fibers: usize::from(stuck.is_some()),
@@ -122,8 +123,13 @@ impl Scheduler {
 }
 
 /// The fiber a worker that did not answer a dump is running, if it runs one.
-fn stuck_fiber(w: &WorkerShared, index: usize) -> Option<Entry> {
-    let (id, name, location) = w.watch.peek()?;
+/// It is stuck if its loop has not moved since before the request (`progress`) and it is
+/// awake: then it is inside the fiber it switched to last.
+fn stuck_fiber(w: &WorkerShared, index: usize, progress: u32) -> Option<Entry> {
+    if w.progress() != progress || w.is_quiet() {
+        return None;
+    }
+    let (id, name, location) = w.peek()?;
     let since = w
         .watch
         .stuck_since
@@ -167,7 +173,7 @@ pub(crate) fn metrics(sh: &Shared) -> Metrics {
                 };
             WorkerMetrics {
                 index,
-                resumes: st.resumes.get(),
+                resumes: st.returned.get() + st.yields.get() + st.parks.get(),
                 yields: st.yields.get(),
                 parks: st.parks.get(),
                 local_wakes: st.local_wakes.get(),

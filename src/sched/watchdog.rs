@@ -1,11 +1,11 @@
 //! The watchdog: a monitor thread per scheduler that reports fibers which run too long
 //! without suspending (Go's sysmon, without the preemption).
 //!
-//! The workers pay nothing for it beyond what they publish anyway: each stores its loop's
-//! progress tick at every pass, and the header of the fiber it resumes in [`Watch`] (a plain
-//! store before the switch, another after). The monitor wakes every quarter of the
-//! threshold and compares: a worker that is inside a fiber, with the same fiber and the
-//! same tick as at an earlier look, has been running that fiber ever since. Once that has
+//! The workers pay next to nothing for it: each stores its loop's progress tick at every
+//! pass (for its peers, anyway), and the header of the fiber it switches to (one store per
+//! switch, see [`enter`]). The monitor wakes every quarter of the threshold and compares: a
+//! worker that is awake, with the same fiber and the same tick as at an earlier look, has
+//! been running that fiber ever since. Once that has
 //! lasted the threshold, the fiber is reported — once per episode — on stderr (or as a
 //! `tracing` event with the `tracing` feature and a subscriber installed).
 //!
@@ -28,10 +28,10 @@ use std::time::Duration;
 /// The default of [`Builder::watchdog`](crate::Builder::watchdog).
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_millis(100);
 
-/// What a worker publishes of the fiber it runs.
+/// The watchdog's half of a worker: who reads the header of the fiber the worker runs, and
+/// what the monitor found. The pointer itself, `WorkerStats::current`, lives on the line
+/// only the worker writes: it is stored at every switch.
 pub(crate) struct Watch {
-    /// The header of the fiber the worker is running, or null between fibers.
-    current: AtomicPtr<Header>,
     /// Readers of `current`'s header right now (see `peek`).
     inspecting: AtomicUsize,
     /// Written by the monitor: since when (`CLOCK_MONOTONIC` ns) the worker has run its
@@ -39,56 +39,55 @@ pub(crate) struct Watch {
     pub(crate) stuck_since: AtomicU64,
 }
 
+/// The worker is about to switch to the fiber of `header`. `current` keeps pointing at it
+/// after it switches back (parked or yielded, it stays alive in the worker's registry),
+/// until the next switch or `retire`: one store per switch.
+#[inline(always)]
+pub(crate) fn enter(current: &AtomicPtr<Header>, header: &Header) {
+    current.store(std::ptr::from_ref(header).cast_mut(), Ordering::Relaxed);
+}
+
 impl Watch {
     pub(crate) fn new() -> Watch {
         Watch {
-            current: AtomicPtr::new(std::ptr::null_mut()),
             inspecting: AtomicUsize::new(0),
             stuck_since: AtomicU64::new(0),
         }
     }
 
-    /// The worker is about to switch to the fiber of `header`.
-    #[inline(always)]
-    pub(crate) fn enter(&self, header: &Header) {
-        self.current
-            .store(std::ptr::from_ref(header).cast_mut(), Ordering::Relaxed);
-    }
-
-    /// The fiber switched back to the worker.
-    #[inline(always)]
-    pub(crate) fn leave(&self) {
-        self.current.store(std::ptr::null_mut(), Ordering::Relaxed);
-    }
-
-    /// A fiber that ran on this worker has ended, after `leave`: waits until no reader that
-    /// may have seen its header in `current` is still reading it, so that the worker may
-    /// drop its references. Readers are rare (a suspected hog, a dump that timed out) and
-    /// brief; the cost here is one fence per ended fiber.
+    /// The fiber `current` points at has ended (or the worker stops driving): clears
+    /// `current` and waits until no reader that may have seen the old pointer is still
+    /// reading its header, so that the worker may drop its references. Readers are rare (a
+    /// suspected hog, a dump that timed out) and brief; the cost is one fence.
     #[inline]
-    pub(crate) fn retire(&self) {
-        // SeqCst fence between the `leave` store and the `inspecting` load, against the
-        // reader's SeqCst increment and load of `current` (see `peek`): either the reader
-        // sees null (or a later fiber), or this load sees its increment.
+    pub(crate) fn retire(&self, current: &AtomicPtr<Header>) {
+        current.store(std::ptr::null_mut(), Ordering::Relaxed);
+        // SeqCst fence between that store and the `inspecting` load, against the reader's
+        // SeqCst increment and load of `current` (see `peek`): either the reader sees null
+        // (or a later fiber), or this load sees its increment.
         fence(Ordering::SeqCst);
         while self.inspecting.load(Ordering::Acquire) != 0 {
             std::thread::yield_now();
         }
     }
 
-    /// The id, name and submission place of the fiber the worker is running, if any: from
+    /// The id, name and submission place of the fiber `current` points at, if any: from
     /// any thread.
-    pub(crate) fn peek(&self) -> Option<(FiberId, Option<Arc<str>>, &'static Location<'static>)> {
+    pub(crate) fn peek(
+        &self,
+        current: &AtomicPtr<Header>,
+    ) -> Option<(FiberId, Option<Arc<str>>, &'static Location<'static>)> {
         self.inspecting.fetch_add(1, Ordering::SeqCst);
-        let p = self.current.load(Ordering::SeqCst);
-        // SAFETY: a non-null `current` is the header of a task the worker was running when
-        // it stored it; the task is alive as long as the worker holds references to it,
-        // which it drops only after `retire`. `retire` comes after the worker's `leave`
-        // for that fiber and a SeqCst fence; we incremented `inspecting` and then loaded
-        // `current`, both SeqCst. If our load saw the pointer, it precedes the fence in the
-        // SeqCst order (else it would see the `leave` or a later store), and so does our
-        // increment, so `retire`'s load sees the increment and waits for the decrement
-        // below, which comes after our last touch of the header.
+        let p = current.load(Ordering::SeqCst);
+        // SAFETY: a non-null `current` is the header of a fiber the worker started and has
+        // not retired: it is alive while it is in the worker's registry, which it leaves
+        // only when it ends, and its worker retires it (`retire`, in `finish`, and when a
+        // drive ends) before dropping its references. `retire` clears `current` and then
+        // issues a SeqCst fence; we incremented `inspecting` and then loaded `current`, both
+        // SeqCst. If our load saw the pointer, it precedes the fence in the SeqCst order
+        // (else it would see the null or a later store), and so does our increment, so
+        // `retire`'s load sees the increment and waits for the decrement below, which comes
+        // after our last touch of the header.
         let seen = unsafe { p.as_ref() }.map(|h| (h.id, h.name.clone(), h.location));
         self.inspecting.fetch_sub(1, Ordering::Release);
         seen
@@ -199,7 +198,13 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
         let mut running = false;
         for (i, w) in sh.workers.iter().enumerate() {
             let progress = w.progress();
-            let current = w.watch.current.load(Ordering::Relaxed) as usize;
+            // `current` outlives the fiber's run (see `enter`): a worker runs it only while
+            // it is neither asleep nor undriven.
+            let current = if w.is_quiet() {
+                0
+            } else {
+                w.stats.0.current.load(Ordering::Relaxed) as usize
+            };
             let s = &mut seen[i];
             if current != 0 && progress == s.progress && current == s.current {
                 w.watch.stuck_since.store(s.since, Ordering::Relaxed);
@@ -222,6 +227,7 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
         if !running {
             // Park if every worker sleeps: SeqCst against the workers' wake-up (see
             // `MonitorCtl::nudge`): either we see one awake, or it sees us parked.
+            // (`running` is only a hint: a spinning worker counts as quiet here.)
             ctl.parked.store(true, Ordering::SeqCst);
             if sh.workers.iter().all(|w| w.is_quiet()) {
                 park = true;
@@ -235,7 +241,7 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
 /// Reports worker `i`'s fiber, which has run for `ran` without suspending.
 fn report(sh: &Shared, i: usize, ran: Duration) {
     let w = &sh.workers[i];
-    let Some((id, name, _)) = w.watch.peek() else {
+    let Some((id, name, _)) = w.peek() else {
         return;
     };
     let waiting = w.waiting();

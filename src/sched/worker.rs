@@ -67,7 +67,7 @@ use crate::park::Unparker;
 use crate::sched::idle::{Idlers, WorkerSleep};
 use crate::sched::task::{Cancel, Ended, Home, Job, ParkState, Placement, ScheduleTask, Start};
 use crate::sched::timers::TimerWheel;
-use crate::sched::watchdog::{MonitorCtl, Watch};
+use crate::sched::watchdog::{self, MonitorCtl, Watch};
 use crate::stack::{FiberStack, StackPool};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
@@ -142,10 +142,11 @@ const LOCAL_CAPACITY: usize = 256;
 const INJECTOR_INTERVAL: u32 = 61;
 /// Every this many ticks a busy worker checks its timers.
 const TIMER_INTERVAL: u32 = 16;
-/// Every this many ticks a worker refreshes its coarse clock (when fibers switched out, for
-/// the dump): about 5 ns each time, so under 0.1 ns per pass.
+/// Every this many ticks (a multiple of `TIMER_INTERVAL`) a worker refreshes its coarse
+/// clock (when fibers switched out, for the dump; about 5 ns) and its ready gauge.
 const CLOCK_INTERVAL: u32 = 64;
-/// How many fibers a worker lists for a dump per pass of its loop: about 0.1 ms of work.
+/// How many fibers a worker lists for a dump per chunk (one chunk every `TIMER_INTERVAL`
+/// passes, or whenever it is idle): about 0.1 ms of work.
 const DUMP_CHUNK: usize = 1024;
 /// After a yield, a worker takes a task from the injector first if at most this many fibers
 /// are ready on it (see `next_task`).
@@ -223,6 +224,17 @@ impl WorkerShared {
     /// its stealable queue and `next` slot.
     pub(crate) fn waiting(&self) -> usize {
         self.stats.0.ready.get() as usize + self.inbox.len() + self.local.len() + self.next.len()
+    }
+
+    /// The fiber this worker runs (or ran last): see `Watch::peek`.
+    pub(crate) fn peek(
+        &self,
+    ) -> Option<(
+        crate::fiber::FiberId,
+        Option<Arc<str>>,
+        &'static std::panic::Location<'static>,
+    )> {
+        self.watch.peek(&self.stats.0.current)
     }
 
     /// Asleep, or (`use_caller`'s worker 0) not driven by any thread: it runs no fiber
@@ -682,7 +694,18 @@ pub(crate) struct Worker {
     /// Dumps being answered, a chunk per pass (see `dump_step`); `dumping` while any is.
     dumps: RefCell<Vec<PartialDump>>,
     dumping: Cell<bool>,
+    /// This worker's counters in `shared` (one load away instead of an indexed lookup:
+    /// they are touched at every switch).
+    stats: StatsRef,
 }
+
+/// A pointer to a worker's counters inside its own `Arc<Shared>`.
+struct StatsRef(std::ptr::NonNull<WorkerStats>);
+
+// SAFETY: it points into the `Shared` that the same `Worker` keeps alive through its `Arc`,
+// so it moves between threads together with that `Arc`; `WorkerStats` is `Sync` (atomics
+// only), and only shared references are made from it.
+unsafe impl Send for StatsRef {}
 
 /// A dump this worker is answering.
 struct PartialDump {
@@ -712,6 +735,9 @@ impl Drop for ExitWorker<'_> {
     fn drop(&mut self) {
         CURRENT_WORKER.with(|c| c.set(self.0));
         let st = self.1.stats();
+        // Until the next drive, the last fiber may end elsewhere (abandoned) or its worker
+        // be dropped: nobody may read it through `current` any more.
+        self.1.me().watch.retire(&st.current);
         let since = st.run_since.get();
         st.run_ns.add(crate::sys::mono_ns().saturating_sub(since));
         st.run_since.set_seqcst(0);
@@ -722,7 +748,9 @@ impl Worker {
     pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
         let stacks = StackPool::new(shared.config.stack_cache);
         let reported = shared.report.load(Ordering::Relaxed);
+        let stats = StatsRef(std::ptr::NonNull::from(&shared.workers[index].stats.0));
         Worker {
+            stats,
             shared,
             index,
             ready: RefCell::new(VecDeque::new()),
@@ -748,12 +776,16 @@ impl Worker {
 
     #[inline(always)]
     fn stats(&self) -> &WorkerStats {
-        &self.me().stats.0
+        // SAFETY: points into `self.shared`, which this worker keeps alive (and an `Arc`'s
+        // contents never move); only shared references are made.
+        unsafe { self.stats.0.as_ref() }
     }
 
-    /// Publishes the stack pool's and the registry's sizes.
-    fn publish_stacks(&self) {
+    /// Publishes the sizes of the ready queue, the registry and the stack pool: every
+    /// `CLOCK_INTERVAL` passes and before a sleep, not at every change.
+    fn publish_gauges(&self) {
         let st = self.stats();
+        st.ready.set(self.ready.borrow().len() as u64);
         st.stacks_cached.set(self.stacks.borrow().cached() as u64);
         st.fibers.set(self.registry.borrow().len() as u64);
     }
@@ -858,12 +890,6 @@ impl Worker {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
         self.me().progress.0.store(tick, Ordering::Relaxed);
-        if self.dumping.get() {
-            self.dump_step();
-        }
-        if tick.is_multiple_of(CLOCK_INTERVAL) {
-            self.clock.set(crate::sys::coarse_ns());
-        }
         // A yield goes behind outside submissions too — while few fibers are ready here:
         // a worker with many would otherwise take a whole batch of them, one per yield,
         // before an idle peer wakes, and a started fiber never moves.
@@ -877,6 +903,7 @@ impl Worker {
         }
         if tick.is_multiple_of(TIMER_INTERVAL) {
             self.fire_timers();
+            self.every_few_passes(tick);
         }
         if tick.is_multiple_of(IO_POLL_INTERVAL) {
             poll_io_now();
@@ -915,6 +942,19 @@ impl Worker {
         self.take_injected()
             .map(ScheduleTask::New)
             .or_else(|| self.steal())
+    }
+
+    /// The observability chores of every `TIMER_INTERVAL`-th pass: the next chunk of a dump
+    /// in progress, and every `CLOCK_INTERVAL` ticks the coarse clock and the ready gauge.
+    #[inline]
+    fn every_few_passes(&self, tick: u32) {
+        if self.dumping.get() {
+            self.dump_step();
+        }
+        if tick.is_multiple_of(CLOCK_INTERVAL) {
+            self.clock.set(crate::sys::coarse_ns());
+            self.publish_gauges();
+        }
     }
 
     /// Takes a task submitted from outside. If more wait, gets another idle worker looking
@@ -1184,7 +1224,8 @@ impl Worker {
     fn idle(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
         let sh = &self.shared;
         if self.dumping.get() {
-            // A dump in progress: the next pass lists the next chunk.
+            // Nothing else to do: list the next chunk of the dump in progress.
+            self.dump_step();
             return;
         }
         if self.report_pending() {
@@ -1267,6 +1308,7 @@ impl Worker {
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(now));
         if timeout.is_none_or(|t| !t.is_zero()) {
+            self.publish_gauges();
             let before = crate::sys::mono_ns();
             self.stats().asleep_since.set(before);
             match crate::io::reactor::get() {
@@ -1307,7 +1349,7 @@ impl Worker {
     }
 
     /// Pops the inbox, counting the wakes of fibers that came from other threads.
-    #[inline]
+    #[inline(always)]
     fn pop_inbox(&self) -> Option<ScheduleTask> {
         let task = pop(&self.me().inbox)?;
         if matches!(task, ScheduleTask::Fiber(_)) {
@@ -1474,7 +1516,6 @@ impl Worker {
             home.slot = registry.len();
             registry.push(job.clone());
         }
-        self.publish_stacks();
         self.resume(job);
     }
 
@@ -1500,26 +1541,20 @@ impl Worker {
         } else {
             Resume::Run
         };
-        job.header().park.begin_run();
+        let header = job.header();
+        header.park.begin_run();
         let meta: *const FiberMeta = &home.meta;
         let coro = home.fiber.as_mut().expect("a queued fiber has a coroutine");
-        let watch = &self.me().watch;
-        let st = self.stats();
-        st.resumes.add(1);
-        // What waits behind this fiber, for the watchdog's report.
-        st.ready.set(self.ready.borrow().len() as u64);
-        watch.enter(job.header());
+        watchdog::enter(&self.stats().current, header);
         #[cfg(feature = "tracing")]
-        let span = job.header().span.enter();
+        let span = header.span.enter();
         let prev = fiber::enter(meta);
         let result = coro.resume(input);
         fiber::leave(prev);
         #[cfg(feature = "tracing")]
         drop(span);
-        watch.leave();
         match result {
             corosensei::CoroutineResult::Yield(Suspend::Yield) => {
-                self.home(&*job).since = self.clock.get();
                 self.ready.borrow_mut().push_back(job);
                 self.yielded.set(true);
                 self.stats().yields.add(1);
@@ -1608,10 +1643,10 @@ impl Worker {
         }
         // Nobody may still be reading the header from another thread when we drop our
         // references below (see `Watch::peek`).
-        self.me().watch.retire();
+        self.me().watch.retire(&self.stats().current);
         drop(self.unregister(&job));
-        self.publish_stacks();
         self.stats().finished.add(1);
+        self.stats().returned.add(1);
         // The task's body publishes its own result and catches every unwind; the fiber root
         // sees an unwind only if the very first resumption cancels, which `start` never does.
         let cancelled = match outcome {
@@ -1719,7 +1754,7 @@ impl Worker {
             self.stats().finished.add(1);
             self.shared.task_done();
         }
-        self.publish_stacks();
+        self.publish_gauges();
     }
 
     /// Prints this worker's live fibers (a shutdown that takes long).
