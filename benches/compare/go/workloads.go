@@ -26,6 +26,7 @@ var workloads = map[string]func() float64{
 	"timer_p99":     func() float64 { return timerLateness(99) },
 	"idle_cpu":      idleCPU,
 	"park_memory":   parkMemory,
+	"join_chain":    joinChain,
 }
 
 func nsPer(d time.Duration, n int) float64 { return float64(d.Nanoseconds()) / float64(n) }
@@ -127,6 +128,32 @@ func chainedSpawn() float64 {
 	go hop(depth)
 	<-done
 	return nsPer(time.Since(start), depth)
+}
+
+// join_chain: each goroutine starts the next and waits for its result, 2 000 deep, so 2 000
+// goroutines are alive at once; the result (the depth) is checked. Goroutines have no join
+// handle: each hop hands its result up on a channel of capacity 1.
+func joinChain() float64 {
+	const depth = 2000
+	var hop func(n int, result chan<- int)
+	hop = func(n int, result chan<- int) {
+		if n == 0 {
+			result <- 0
+			return
+		}
+		child := make(chan int, 1)
+		go hop(n-1, child)
+		result <- <-child + 1
+	}
+	start := time.Now()
+	root := make(chan int, 1)
+	go hop(depth, root)
+	got := <-root
+	elapsed := time.Since(start)
+	if got != depth {
+		panic("join_chain: depth " + strconv.Itoa(got))
+	}
+	return nsPer(elapsed, depth)
 }
 
 // skynet: a 10-ary tree of goroutines with 1 000 000 leaves; inner nodes sum their children.

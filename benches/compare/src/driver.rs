@@ -11,7 +11,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::workloads::{self, Example, Mode, Peer, Workload};
+use crate::workloads::{self, Example, Mode, Peer, Threads, Workload};
 
 /// What happened to one peer on one workload.
 #[derive(Clone, Debug)]
@@ -85,6 +85,14 @@ pub fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
+}
+
+/// The worker threads of every peer's runtime for `w`.
+fn threads(env: &Env, w: &Workload) -> usize {
+    match w.threads {
+        Threads::Run => env.threads,
+        Threads::One => 1,
+    }
 }
 
 /// Builds `benches/compare/go` into `out_dir/go-bench` with the Go toolchain on `PATH`.
@@ -314,9 +322,9 @@ fn workload_command(
     let mut cmd;
     if peer == Peer::Go {
         cmd = Command::new(env.go.as_ref().expect("checked by caller"));
-        cmd.args(["-w", w.name, "-reps", &reps.to_string()])
+        cmd.args(["-w", w.program(), "-reps", &reps.to_string()])
             .arg(format!("-warmup={warmup}"))
-            .env("GOMAXPROCS", env.threads.to_string());
+            .env("GOMAXPROCS", threads(env, w).to_string());
         return Ok(cmd);
     }
     if let Some(example) = workloads::fibra_example(peer, w.name) {
@@ -328,9 +336,9 @@ fn workload_command(
         }
     } else {
         cmd = Command::new(&env.self_exe);
-        cmd.args(["__run", peer.name(), w.name]);
+        cmd.args(["__run", peer.name(), w.program()]);
     }
-    cmd.args(["--threads", &env.threads.to_string()])
+    cmd.args(["--threads", &threads(env, w).to_string()])
         .args(["--reps", &reps.to_string()]);
     if !warmup {
         cmd.arg("--no-warmup");
@@ -578,17 +586,17 @@ impl HttpServer {
         let mut cmd = if let Some(example) = workloads::fibra_example(peer, w.name) {
             let mut c = Command::new(build_example(&env.self_exe, example)?);
             c.args(["--port", &port.to_string()])
-                .args(["--threads", &env.threads.to_string()]);
+                .args(["--threads", &threads(env, w).to_string()]);
             c
         } else if peer == Peer::Go {
             let mut c = Command::new(env.go.as_ref().expect("checked by caller"));
             c.args(["-w", "http", "-port", &port.to_string()])
-                .env("GOMAXPROCS", env.threads.to_string());
+                .env("GOMAXPROCS", threads(env, w).to_string());
             c
         } else {
             let mut c = Command::new(&env.self_exe);
             c.args(["__serve", peer.name(), "--port", &port.to_string()])
-                .args(["--threads", &env.threads.to_string()]);
+                .args(["--threads", &threads(env, w).to_string()]);
             c
         };
         let child = std::fs::File::create(&log)

@@ -140,11 +140,10 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
     }
 
     let mut rows = Vec::new();
-    for w in WORKLOADS.iter().filter(|w| {
-        opts.only
-            .as_ref()
-            .is_none_or(|o| o.iter().any(|n| n == w.name))
-    }) {
+    for w in WORKLOADS
+        .iter()
+        .filter(|w| opts.only.as_ref().is_none_or(|o| w.selected(o)))
+    {
         let peers: Vec<Peer> = Peer::ALL
             .into_iter()
             .filter(|&p| workloads::applies(p, w.name))

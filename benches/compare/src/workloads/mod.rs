@@ -10,6 +10,7 @@ pub mod broadcast;
 pub mod chained_spawn;
 pub mod http;
 pub mod idle_cpu;
+pub mod join_chain;
 pub mod mpmc;
 pub mod park_memory;
 pub mod ping_pong;
@@ -79,6 +80,15 @@ pub enum Mode {
     Redis,
 }
 
+/// How many worker threads a workload's runtimes get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threads {
+    /// The run's `--threads` (GOMAXPROCS for Go).
+    Run,
+    /// One, whatever `--threads` says: the single-worker variant of a workload.
+    One,
+}
+
 /// One row of BENCH.md's workload table.
 #[derive(Debug)]
 pub struct Workload {
@@ -90,6 +100,26 @@ pub struct Workload {
     /// Wall-clock limit for one child process; past it the child is killed and the peer is
     /// reported as failed (a hang becomes a finding, not a stuck run).
     pub limit: Duration,
+    /// Worker threads of every peer's runtime for this row (std's threads are per task).
+    pub threads: Threads,
+    /// The workload this row is a variant of (same program, another thread count): its
+    /// children run that workload. `--only <of>` selects the row too.
+    pub of: Option<&'static str>,
+}
+
+impl Workload {
+    /// The workload a child process runs for this row (the Go program's `-w`, `__run`'s).
+    pub fn program(&self) -> &'static str {
+        self.of.unwrap_or(self.name)
+    }
+
+    /// Whether `--only <names>` runs this row: it is named, or it is a variant of a named
+    /// workload.
+    pub fn selected(&self, names: &[String]) -> bool {
+        names
+            .iter()
+            .any(|n| n == self.name || self.of == Some(n.as_str()))
+    }
 }
 
 pub const WORKLOADS: &[Workload] = &[
@@ -98,6 +128,12 @@ pub const WORKLOADS: &[Workload] = &[
     timed("yield_many", "ns/yield", 60),
     timed("ping_pong", "ns/round trip", 60),
     timed("chained_spawn", "ns/hop", 60),
+    timed("join_chain", "ns/hop", 60),
+    Workload {
+        threads: Threads::One,
+        of: Some("join_chain"),
+        ..timed("join_chain_1w", "ns/hop, 1 worker", 60)
+    },
     timed("skynet", "ms", 60),
     timed("sleep_storm", "ms over 50", 60),
     timed("timer_p50", "µs late", 60),
@@ -114,6 +150,8 @@ pub const WORKLOADS: &[Workload] = &[
         lower_is_better: true,
         mode: Mode::FreshPerRep,
         limit: Duration::from_secs(15),
+        threads: Threads::Run,
+        of: None,
     },
     Workload {
         name: "park_memory",
@@ -121,6 +159,8 @@ pub const WORKLOADS: &[Workload] = &[
         lower_is_better: true,
         mode: Mode::FreshPerRep,
         limit: Duration::from_secs(30),
+        threads: Threads::Run,
+        of: None,
     },
     Workload {
         name: "http",
@@ -128,6 +168,8 @@ pub const WORKLOADS: &[Workload] = &[
         lower_is_better: false,
         mode: Mode::Http,
         limit: Duration::from_secs(30),
+        threads: Threads::Run,
+        of: None,
     },
     Workload {
         name: "http_hooked",
@@ -135,6 +177,8 @@ pub const WORKLOADS: &[Workload] = &[
         lower_is_better: false,
         mode: Mode::Http,
         limit: Duration::from_secs(30),
+        threads: Threads::Run,
+        of: None,
     },
     Workload {
         name: "redis_get",
@@ -142,6 +186,8 @@ pub const WORKLOADS: &[Workload] = &[
         lower_is_better: true,
         mode: Mode::Redis,
         limit: Duration::from_secs(60),
+        threads: Threads::Run,
+        of: None,
     },
 ];
 
@@ -152,6 +198,8 @@ const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload
         lower_is_better: true,
         mode: Mode::Timed,
         limit: Duration::from_secs(limit_s),
+        threads: Threads::Run,
+        of: None,
     }
 }
 
@@ -163,7 +211,13 @@ pub fn find(name: &str) -> Option<&'static Workload> {
 /// second fibra server for `http_hooked`, not a runtime to compare on every workload, so it
 /// shows up nowhere else (not even as skipped).
 pub fn applies(peer: Peer, workload: &str) -> bool {
-    peer != Peer::FibraNet || workload == "http_hooked"
+    peer != Peer::FibraNet || family(workload) == "http_hooked"
+}
+
+/// The workload whose program runs for row `workload` (itself, or the row it belongs to):
+/// skip reasons and notes are keyed by it, so a variant or derived row shares them.
+pub fn family(workload: &str) -> &str {
+    find(workload).map_or(workload, |w| w.program())
 }
 
 /// A program of the fibra crate's `examples/` that the parent builds (`cargo build --release
@@ -192,7 +246,7 @@ pub fn fibra_example(peer: Peer, workload: &str) -> Option<Example> {
 /// Why `peer` does not run `workload`, when that is decided by design rather than by what is
 /// installed on the machine (Go and wrk availability is checked by the parent).
 pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
-    match (peer, workload) {
+    match (peer, family(workload)) {
         (Peer::Std, "yield_many") => {
             Some("thread::yield_now is only a hint to the OS scheduler: no like-for-like meaning")
         }
@@ -202,6 +256,9 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
         }
         (Peer::Std, "idle_cpu") => Some("plain threads have no runtime that could idle"),
         (Peer::Std, "park_memory") => Some("100 000 parked OS threads: not a thread workload"),
+        (Peer::Std, "join_chain") => Some(
+            "2 000 OS threads alive at once, each blocked joining the next: not a thread workload",
+        ),
         (Peer::May | Peer::Std, "unblock" | "unblock_seq") => {
             Some("no blocking pool: tokio's spawn_blocking is the peer for fibra::unblock")
         }
@@ -227,11 +284,15 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
 
 /// How `peer`'s figure for `workload` is obtained, where that differs from the other peers.
 pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
-    match (peer, workload) {
+    match (peer, family(workload)) {
         (Peer::Go, "spawn_remote") => {
             Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
         }
         (Peer::Go, "ping_pong") => Some("go: channels of capacity 1 as oneshots"),
+        (Peer::Go, "join_chain") => Some(
+            "go: each goroutine waits for the next one's result on a channel of capacity 1 \
+             (goroutines have no join handle)",
+        ),
         (Peer::Fibra, "http") => Some(
             "fibra: examples/http_hello (httparse; connections dealt to workers in turn), \
              built by the harness",
@@ -306,6 +367,7 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "yield_many" => yield_many::run,
         "ping_pong" => ping_pong::run,
         "chained_spawn" => chained_spawn::run,
+        "join_chain" => join_chain::run,
         "skynet" => skynet::run,
         "sleep_storm" => sleep_storm::run,
         "timer_p50" => |p, c| timer_lateness::run(p, c, timer_lateness::Pct::P50),
@@ -322,4 +384,50 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         other => return Err(format!("workload {other} cannot run in-process")),
     };
     f(peer, cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_that_belong_to_a_workload_follow_it() {
+        for (i, w) in WORKLOADS.iter().enumerate() {
+            assert_eq!(find(w.name).map(|f| f.name), Some(w.name), "unique names");
+            let Some(of) = w.of else { continue };
+            let parent = WORKLOADS[..i].iter().find(|p| p.name == of);
+            let parent = parent.unwrap_or_else(|| panic!("{}: {of} must come first", w.name));
+            assert!(
+                parent.of.is_none(),
+                "{}: {of} belongs to no other row",
+                w.name
+            );
+        }
+    }
+
+    #[test]
+    fn only_selects_what_a_row_needs() {
+        let names = |list: &[&str]| -> Vec<&str> {
+            let only: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            WORKLOADS
+                .iter()
+                .filter(|w| w.selected(&only))
+                .map(|w| w.name)
+                .collect()
+        };
+        assert_eq!(
+            names(&["join_chain", "park_memory"]),
+            ["join_chain", "join_chain_1w", "park_memory"]
+        );
+        assert_eq!(names(&["join_chain_1w"]), ["join_chain_1w"]);
+        assert_eq!(names(&["http"]), ["http"]);
+    }
+
+    #[test]
+    fn variants_share_skip_reasons_and_fibra_net_only_sees_http_hooked() {
+        assert_eq!(family("join_chain_1w"), "join_chain");
+        assert!(skip_reason(Peer::Std, "join_chain_1w").is_some());
+        assert!(applies(Peer::FibraNet, "http_hooked"));
+        assert!(!applies(Peer::FibraNet, "join_chain_1w"));
+    }
 }
