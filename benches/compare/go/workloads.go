@@ -29,6 +29,17 @@ var workloads = map[string]func() float64{
 	"join_chain":    joinChain,
 }
 
+// A figure for a row derived from a workload (the harness's Mode::Derived rows).
+type derived struct {
+	row   string
+	value float64
+}
+
+// Workloads whose repetitions also give figures for derived rows.
+var multiWorkloads = map[string]func() (float64, []derived){
+	"million_park": millionPark,
+}
+
 func nsPer(d time.Duration, n int) float64 { return float64(d.Nanoseconds()) / float64(n) }
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
@@ -282,4 +293,40 @@ func parkMemory() float64 {
 	close(release)
 	wg.Wait()
 	return perTask
+}
+
+// million_park: 1 000 000 goroutines started by the main goroutine, each counting itself in and
+// blocking on one channel; the one that completes the count signals. Figures, µs per
+// goroutine: start until all counted in (million_park), then close(channel) until the
+// WaitGroup says all have ended (million_wake).
+func millionPark() (float64, []derived) {
+	const tasks = 1000000
+	release := make(chan struct{})
+	all := make(chan struct{}, 1)
+	var parked int64
+	var wg sync.WaitGroup
+	wg.Add(tasks)
+	start := time.Now()
+	for i := 0; i < tasks; i++ {
+		go func() {
+			if atomic.AddInt64(&parked, 1) == tasks {
+				all <- struct{}{}
+			}
+			<-release
+			wg.Done()
+		}()
+	}
+	select {
+	case <-all:
+	case <-time.After(150 * time.Second):
+		panic("million_park: only " + strconv.FormatInt(atomic.LoadInt64(&parked), 10) +
+			" goroutines parked")
+	}
+	spawnPark := time.Since(start)
+	woke := time.Now()
+	close(release)
+	wg.Wait()
+	wakeJoin := time.Since(woke)
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / tasks }
+	return us(spawnPark), []derived{{"million_wake", us(wakeJoin)}}
 }

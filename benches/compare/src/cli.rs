@@ -13,8 +13,10 @@ usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
 
 workloads: spawn_many spawn_remote yield_many ping_pong chained_spawn join_chain join_chain_1w
            skynet sleep_storm timer_p50 timer_p99 unblock unblock_seq mpmc broadcast
-           block_on_ready async_round_trip idle_cpu park_memory http http_hooked redis_get
-           (--only W also runs the rows that belong to W: join_chain_1w with join_chain)";
+           block_on_ready async_round_trip idle_cpu park_memory million_park million_wake http
+           http_hooked redis_get
+           (--only W also runs the rows that belong to W: join_chain_1w with join_chain,
+           million_wake with million_park)";
 
 /// Options of a comparison run.
 #[derive(Debug)]

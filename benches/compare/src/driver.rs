@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::workloads::{self, Example, Mode, Peer, Threads, Workload};
 
 /// What happened to one peer on one workload.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Status {
     Ok,
     Skipped(String),
@@ -29,15 +29,16 @@ pub struct PeerRun {
     pub status: Status,
     pub samples: Vec<f64>,
     pub notes: Vec<String>,
+    /// The figures the same repetitions gave for the rows derived from this workload
+    /// ([`Mode::Derived`]), by row name; [`derive`] makes those rows' cells from them.
+    pub also: Vec<(String, Vec<f64>)>,
 }
 
 impl PeerRun {
     fn skipped(peer: Peer, why: impl Into<String>) -> PeerRun {
         PeerRun {
-            peer,
             status: Status::Skipped(why.into()),
-            samples: Vec::new(),
-            notes: Vec::new(),
+            ..PeerRun::ok(peer)
         }
     }
 
@@ -48,6 +49,15 @@ impl PeerRun {
             status: Status::Ok,
             samples: Vec::new(),
             notes: Vec::new(),
+            also: Vec::new(),
+        }
+    }
+
+    /// Adds one repetition's figure for the derived row `row`.
+    fn push_also(&mut self, row: &str, v: f64) {
+        match self.also.iter_mut().find(|(r, _)| r == row) {
+            Some((_, samples)) => samples.push(v),
+            None => self.also.push((row.to_string(), vec![v])),
         }
     }
 
@@ -93,6 +103,36 @@ fn threads(env: &Env, w: &Workload) -> usize {
         Threads::Run => env.threads,
         Threads::One => 1,
     }
+}
+
+/// The cells of derived row `w`, one per cell of its workload's row (`parent`): the figures
+/// those runs reported for `w`, or the parent cell's status when it did not run. A run that
+/// succeeded without a figure for every repetition fails here, named.
+pub fn derive(w: &Workload, parent: &[PeerRun]) -> Vec<PeerRun> {
+    parent
+        .iter()
+        .map(|p| {
+            let mut run = PeerRun::ok(p.peer);
+            if !p.is_ok() {
+                run.status = p.status.clone();
+                return run;
+            }
+            match p.also.iter().find(|(row, _)| row == w.name) {
+                Some((_, samples)) if samples.len() == p.samples.len() => {
+                    run.samples = samples.clone();
+                }
+                got => {
+                    run.status = Status::Failed(format!(
+                        "{} figures for {} reps of {}",
+                        got.map_or(0, |(_, s)| s.len()),
+                        p.samples.len(),
+                        w.of.unwrap_or("its workload"),
+                    ));
+                }
+            }
+            run
+        })
+        .collect()
 }
 
 /// Builds `benches/compare/go` into `out_dir/go-bench` with the Go toolchain on `PATH`.
@@ -214,6 +254,7 @@ pub fn run_workload(
     done: &mut dyn FnMut(&PeerRun),
 ) -> Vec<PeerRun> {
     match w.mode {
+        Mode::Derived => unreachable!("a derived row has no runs of its own (see derive)"),
         Mode::Timed | Mode::FreshPerRep => peers
             .iter()
             .map(|&peer| {
@@ -251,7 +292,7 @@ fn unavailable(env: &Env, w: &Workload, peer: Peer) -> Option<PeerRun> {
     let tool = match w.mode {
         Mode::Http => env.wrk.as_ref().err(),
         Mode::Redis => env.redis_server.as_ref().err(),
-        Mode::Timed | Mode::FreshPerRep => None,
+        Mode::Timed | Mode::FreshPerRep | Mode::Derived => None,
     };
     let go = if peer == Peer::Go {
         env.go.as_ref().err()
@@ -300,7 +341,7 @@ fn redis_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     for _ in 0..env.reps {
         for run in runs.iter_mut().filter(|r| r.is_ok()) {
             match child_run(env, w, run.peer, 1, true, Some(server.port)) {
-                Ok(v) => run.samples.extend(v),
+                Ok(reps) => reps.add_to(run),
                 Err(status) => run.status = status,
             }
         }
@@ -349,8 +390,25 @@ fn workload_command(
     Ok(cmd)
 }
 
+/// The figures of one child: one `value` per repetition, and the `also` lines for the rows
+/// derived from the workload.
+#[derive(Default)]
+struct Reps {
+    values: Vec<f64>,
+    also: Vec<(String, f64)>,
+}
+
+impl Reps {
+    fn add_to(self, run: &mut PeerRun) {
+        run.samples.extend(self.values);
+        for (row, v) in self.also {
+            run.push_also(&row, v);
+        }
+    }
+}
+
 /// Result of one child: its figures, or skipped/failed with a reason.
-type ChildResult = Result<Vec<f64>, Status>;
+type ChildResult = Result<Reps, Status>;
 
 fn child_run(
     env: &Env,
@@ -362,18 +420,26 @@ fn child_run(
 ) -> ChildResult {
     let cmd = workload_command(env, w, peer, reps, warmup, port).map_err(Status::Failed)?;
     let out = run_limited(cmd, w.limit).map_err(Status::Failed)?;
-    let mut values = Vec::new();
+    let figure = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .map_err(|e| Status::Failed(format!("bad figure {v:?} from child: {e}")))
+    };
+    let mut reps_out = Reps::default();
     for line in out.stdout.lines() {
         if let Some(v) = line.strip_prefix("value ") {
-            values.push(
-                v.trim()
-                    .parse::<f64>()
-                    .map_err(|e| Status::Failed(format!("bad figure {v:?} from child: {e}")))?,
-            );
+            reps_out.values.push(figure(v)?);
+        } else if let Some(rest) = line.strip_prefix("also ") {
+            let (row, v) = rest
+                .trim()
+                .split_once(' ')
+                .ok_or_else(|| Status::Failed(format!("bad line from child: {line:?}")))?;
+            reps_out.also.push((row.to_string(), figure(v)?));
         } else if let Some(why) = line.strip_prefix("skip ") {
             return Err(Status::Skipped(why.to_string()));
         }
     }
+    let values = &reps_out.values;
     if !out.status.success() || values.len() != reps {
         let how = match out.status.code() {
             Some(code) => format!("exit code {code}"),
@@ -387,7 +453,7 @@ fn child_run(
             ) + &hint(&out.stderr),
         ));
     }
-    Ok(values)
+    Ok(reps_out)
 }
 
 /// An explanation for failures whose cause is known and not obvious from the message.
@@ -406,15 +472,10 @@ fn hint(stderr: &str) -> String {
 
 /// Folds the results of one or more children into a cell (the first failure wins).
 fn collect(peer: Peer, results: impl Iterator<Item = ChildResult>) -> PeerRun {
-    let mut run = PeerRun {
-        peer,
-        status: Status::Ok,
-        samples: Vec::new(),
-        notes: Vec::new(),
-    };
+    let mut run = PeerRun::ok(peer);
     for r in results {
         match r {
-            Ok(v) => run.samples.extend(v),
+            Ok(reps) => reps.add_to(&mut run),
             Err(status) => {
                 run.status = status;
                 break;

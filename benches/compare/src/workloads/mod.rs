@@ -11,6 +11,7 @@ pub mod chained_spawn;
 pub mod http;
 pub mod idle_cpu;
 pub mod join_chain;
+pub mod million_park;
 pub mod mpmc;
 pub mod park_memory;
 pub mod ping_pong;
@@ -78,6 +79,10 @@ pub enum Mode {
     Http,
     /// Like `Timed`, against a `redis-server` that the parent starts once for the workload.
     Redis,
+    /// No runs of its own: the figures come from the runs of the workload named in
+    /// [`Workload::of`], which report them alongside their own (million_park's wake-up time
+    /// next to its spawn time).
+    Derived,
 }
 
 /// How many worker threads a workload's runtimes get.
@@ -98,12 +103,13 @@ pub struct Workload {
     pub lower_is_better: bool,
     pub mode: Mode,
     /// Wall-clock limit for one child process; past it the child is killed and the peer is
-    /// reported as failed (a hang becomes a finding, not a stuck run).
+    /// reported as failed (a hang becomes a finding, not a stuck run). Unused for derived rows.
     pub limit: Duration,
     /// Worker threads of every peer's runtime for this row (std's threads are per task).
     pub threads: Threads,
-    /// The workload this row is a variant of (same program, another thread count): its
-    /// children run that workload. `--only <of>` selects the row too.
+    /// The workload this row belongs to. A [`Mode::Derived`] row takes its figures from that
+    /// workload's runs; any other row with `of` set is a variant of it (same program, another
+    /// thread count): its children run that workload. `--only <of>` selects the row too.
     pub of: Option<&'static str>,
 }
 
@@ -113,12 +119,15 @@ impl Workload {
         self.of.unwrap_or(self.name)
     }
 
-    /// Whether `--only <names>` runs this row: it is named, or it is a variant of a named
-    /// workload.
+    /// The workloads the run needs for `--only <names>`: every named row, the rows that
+    /// belong to a named one (its variants and derived rows), and the row whose runs a named
+    /// derived row takes its figures from.
     pub fn selected(&self, names: &[String]) -> bool {
-        names
-            .iter()
-            .any(|n| n == self.name || self.of == Some(n.as_str()))
+        names.iter().any(|n| {
+            n == self.name
+                || self.of == Some(n.as_str())
+                || find(n).is_some_and(|w| w.mode == Mode::Derived && w.of == Some(self.name))
+        })
     }
 }
 
@@ -163,6 +172,16 @@ pub const WORKLOADS: &[Workload] = &[
         of: None,
     },
     Workload {
+        name: "million_park",
+        unit: "µs/fiber",
+        lower_is_better: true,
+        mode: Mode::FreshPerRep,
+        limit: Duration::from_secs(180),
+        threads: Threads::Run,
+        of: None,
+    },
+    derived("million_wake", "µs/fiber", "million_park"),
+    Workload {
         name: "http",
         unit: "req/s",
         lower_is_better: false,
@@ -200,6 +219,19 @@ const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload
         limit: Duration::from_secs(limit_s),
         threads: Threads::Run,
         of: None,
+    }
+}
+
+/// A row whose figures (lower is better) the runs of workload `of` report.
+const fn derived(name: &'static str, unit: &'static str, of: &'static str) -> Workload {
+    Workload {
+        name,
+        unit,
+        lower_is_better: true,
+        mode: Mode::Derived,
+        limit: Duration::ZERO,
+        threads: Threads::Run,
+        of: Some(of),
     }
 }
 
@@ -256,6 +288,7 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
         }
         (Peer::Std, "idle_cpu") => Some("plain threads have no runtime that could idle"),
         (Peer::Std, "park_memory") => Some("100 000 parked OS threads: not a thread workload"),
+        (Peer::Std, "million_park") => Some("1 000 000 parked OS threads: not a thread workload"),
         (Peer::Std, "join_chain") => Some(
             "2 000 OS threads alive at once, each blocked joining the next: not a thread workload",
         ),
@@ -292,6 +325,20 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
         (Peer::Go, "join_chain") => Some(
             "go: each goroutine waits for the next one's result on a channel of capacity 1 \
              (goroutines have no join handle)",
+        ),
+        (Peer::Fibra, "million_park") => Some(
+            "fibra: default 256 KiB stacks; fibers block in recv on clones of one \
+             fibra::sync::mpmc receiver, woken by dropping the sender",
+        ),
+        (Peer::Tokio, "million_park") => Some(
+            "tokio: tasks await changed() on clones of one tokio::sync::watch receiver, woken by \
+             one send",
+        ),
+        (Peer::May, "million_park") => {
+            Some("may: coroutines wait on one may::sync::SyncFlag, woken by fire()")
+        }
+        (Peer::Go, "million_park") => Some(
+            "go: goroutines block receiving from one channel, woken by closing it; WaitGroup join",
         ),
         (Peer::Fibra, "http") => Some(
             "fibra: examples/http_hello (httparse; connections dealt to workers in turn), \
@@ -350,16 +397,36 @@ pub struct Cfg {
     pub port: Option<u16>,
 }
 
-/// Runs `workload` for `peer` inside this process and returns one figure per repetition.
+/// One repetition's figures: the workload's own, and those of the rows derived from it
+/// ([`Mode::Derived`], by row name).
+#[derive(Clone, Debug)]
+pub struct Figures {
+    pub value: f64,
+    pub also: Vec<(&'static str, f64)>,
+}
+
+impl From<f64> for Figures {
+    fn from(value: f64) -> Figures {
+        Figures {
+            value,
+            also: Vec::new(),
+        }
+    }
+}
+
+/// Runs `workload` for `peer` inside this process and returns the figures of each repetition.
 /// Go is never run in-process (its programs are separate binaries), `http` and `http_hooked` are
 /// driven by the parent through [`http::serve`], and fibra's side of those and of `redis_get`
 /// is one of the crate's examples ([`fibra_example`]).
-pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
+pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<Figures>, String> {
     if let Some(reason) = skip_reason(peer, workload) {
         return Err(reason.to_string());
     }
     if peer == Peer::FibraNet {
         return Err(format!("fibra-net does not run {workload}"));
+    }
+    if workload == "million_park" {
+        return million_park::run(peer, cfg);
     }
     let f = match workload {
         "spawn_many" => spawn_many::run,
@@ -383,7 +450,7 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "redis_get" => redis_get::run,
         other => return Err(format!("workload {other} cannot run in-process")),
     };
-    f(peer, cfg)
+    f(peer, cfg).map(|v| v.into_iter().map(Figures::from).collect())
 }
 
 #[cfg(test)]
@@ -402,6 +469,7 @@ mod tests {
                 "{}: {of} belongs to no other row",
                 w.name
             );
+            assert_ne!(parent.mode, Mode::Derived);
         }
     }
 
@@ -416,17 +484,25 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            names(&["join_chain", "park_memory"]),
-            ["join_chain", "join_chain_1w", "park_memory"]
+            names(&["join_chain", "million_park"]),
+            [
+                "join_chain",
+                "join_chain_1w",
+                "million_park",
+                "million_wake"
+            ]
         );
         assert_eq!(names(&["join_chain_1w"]), ["join_chain_1w"]);
+        assert_eq!(names(&["million_wake"]), ["million_park", "million_wake"]);
         assert_eq!(names(&["http"]), ["http"]);
     }
 
     #[test]
     fn variants_share_skip_reasons_and_fibra_net_only_sees_http_hooked() {
         assert_eq!(family("join_chain_1w"), "join_chain");
+        assert_eq!(family("million_wake"), "million_park");
         assert!(skip_reason(Peer::Std, "join_chain_1w").is_some());
+        assert!(skip_reason(Peer::Std, "million_wake").is_some());
         assert!(applies(Peer::FibraNet, "http_hooked"));
         assert!(!applies(Peer::FibraNet, "join_chain_1w"));
     }
