@@ -587,8 +587,11 @@ pub fn last_line(s: &str) -> String {
 
 /// How long a server gets to start answering.
 const SERVER_READY: Duration = Duration::from_secs(10);
-/// wrk's own duration per repetition, as BENCH.md specifies.
-const WRK_ARGS: [&str; 3] = ["-t1", "-c100", "-d5s"];
+/// wrk's own duration per repetition, as BENCH.md specifies; `--latency` adds the
+/// percentiles that the `<workload>_p50` and `_p99` rows report.
+const WRK_ARGS: [&str; 4] = ["-t1", "-c100", "-d5s", "--latency"];
+/// The latency percentiles wrk prints that become rows: (percentile, row suffix).
+const WRK_PERCENTILES: [(f64, &str); 2] = [(50.0, "_p50"), (99.0, "_p99")];
 
 /// http, http_hooked: starts every peer's server, warms each up with `wrk -d1s`, then runs R
 /// rounds of `wrk` over them, and stops them.
@@ -612,9 +615,18 @@ fn http_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
         for (run, slot) in runs.iter_mut().zip(servers.iter_mut()) {
             let Some(server) = slot else { continue };
             match server.load(wrk, args) {
-                Ok((rps, warnings)) if keep => {
-                    run.samples.push(rps);
-                    run.notes.extend(warnings);
+                Ok(load) if keep => {
+                    run.samples.push(load.rps);
+                    for (pct, suffix) in WRK_PERCENTILES {
+                        let row = format!("{}{suffix}", w.name);
+                        match load.latency_ms(pct) {
+                            Some(ms) => run.push_also(&row, ms),
+                            None => run
+                                .notes
+                                .push(format!("wrk printed no {pct}% latency for {row}")),
+                        }
+                    }
+                    run.notes.extend(load.warnings);
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -674,7 +686,7 @@ impl HttpServer {
     }
 
     /// Runs wrk once against this server, which must still be running.
-    fn load(&mut self, wrk: &Path, args: &[&str]) -> Result<(f64, Vec<String>), String> {
+    fn load(&mut self, wrk: &Path, args: &[&str]) -> Result<WrkRun, String> {
         if let Ok(Some(status)) = self.child.try_wait() {
             let out = std::fs::read_to_string(&self.log).unwrap_or_default();
             return Err(format!("server exited ({status}): {}", last_line(&out)));
@@ -778,8 +790,68 @@ fn probe(port: u16) -> Result<(), String> {
     }
 }
 
-/// Runs wrk once; returns requests/s and any error lines wrk printed.
-fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<(f64, Vec<String>), String> {
+/// What one wrk run measured.
+struct WrkRun {
+    rps: f64,
+    /// (percentile, ms) from the "Latency Distribution" block (`--latency`), if printed.
+    latency: Vec<(f64, f64)>,
+    /// Error lines wrk printed (socket errors, non-2xx responses).
+    warnings: Vec<String>,
+}
+
+impl WrkRun {
+    fn latency_ms(&self, pct: f64) -> Option<f64> {
+        self.latency
+            .iter()
+            .find(|(p, _)| *p == pct)
+            .map(|&(_, ms)| ms)
+    }
+}
+
+/// The "Latency Distribution" block that `wrk --latency` prints, as (percentile, ms):
+///
+/// ```text
+///   Latency Distribution
+///      50%    3.92ms
+///      99%  812.00us
+/// ```
+fn parse_latency(stdout: &str) -> Result<Vec<(f64, f64)>, String> {
+    let Some(block) = stdout.split_once("Latency Distribution").map(|(_, b)| b) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for line in block.lines().skip(1) {
+        let Some((pct, value)) = line.trim().split_once('%') else {
+            break;
+        };
+        let Ok(pct) = pct.trim().parse::<f64>() else {
+            break;
+        };
+        let ms = duration_ms(value.trim())
+            .ok_or_else(|| format!("cannot read wrk latency {:?}", line.trim()))?;
+        out.push((pct, ms));
+    }
+    Ok(out)
+}
+
+/// A duration as wrk prints it (`812.00us`, `3.92ms`, `1.02s`, `1.50m`, `2.00h`) in ms.
+fn duration_ms(s: &str) -> Option<f64> {
+    const UNITS: [(&str, f64); 5] = [
+        ("us", 1e-3),
+        ("ms", 1.0),
+        ("s", 1e3),
+        ("m", 60e3),
+        ("h", 3600e3),
+    ];
+    UNITS.iter().find_map(|&(unit, ms)| {
+        let number = s.strip_suffix(unit)?;
+        // "ms" and "us" also end in "s": the number must parse on its own.
+        number.trim().parse::<f64>().ok().map(|v| v * ms)
+    })
+}
+
+/// Runs wrk once; returns requests/s, the latency percentiles and any error lines wrk printed.
+fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<WrkRun, String> {
     let mut cmd = Command::new(wrk);
     cmd.args(args).arg(url);
     let out = run_limited(cmd, Duration::from_secs(30))?;
@@ -799,5 +871,57 @@ fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<(f64, Vec<String>), 
         .filter(|l| l.starts_with("Socket errors") || l.starts_with("Non-2xx"))
         .map(|l| format!("wrk: {l}"))
         .collect();
-    Ok((rps, warnings))
+    let latency = parse_latency(&out.stdout)?;
+    Ok(WrkRun {
+        rps,
+        latency,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn reads_wrk_latency_units() {
+        for (text, ms) in [
+            ("812.00us", 0.812),
+            ("3.92ms", 3.92),
+            ("1.02s", 1020.0),
+            ("1.50m", 90_000.0),
+            ("2.00h", 7_200_000.0),
+        ] {
+            let got = duration_ms(text).expect(text);
+            assert!(close(got, ms), "{text}: {got} ms, want {ms}");
+        }
+        assert_eq!(duration_ms("fast"), None);
+        assert_eq!(duration_ms("12"), None);
+    }
+
+    #[test]
+    fn reads_wrk_latency_block() {
+        let out = "Running 5s test @ http://127.0.0.1:1/\n  1 threads and 100 connections\n\
+                   \x20 Thread Stats   Avg      Stdev     Max   +/- Stdev\n\
+                   \x20   Latency     4.01ms  500.00us  20.00ms   90.00%\n\
+                   \x20 Latency Distribution\n\
+                   \x20    50%    3.92ms\n\
+                   \x20    75%    4.10ms\n\
+                   \x20    90%  812.00us\n\
+                   \x20    99%    1.02s \n\
+                   \x20 120000 requests in 5.00s, 9.00MB read\n\
+                   Requests/sec:  24000.00\n";
+        let lat = parse_latency(out).expect("parses");
+        let want = [(50.0, 3.92), (75.0, 4.10), (90.0, 0.812), (99.0, 1020.0)];
+        assert_eq!(lat.len(), want.len(), "{lat:?}");
+        for ((p, ms), (wp, wms)) in lat.iter().zip(want) {
+            assert!(*p == wp && close(*ms, wms), "{lat:?}");
+        }
+        assert_eq!(parse_latency("Requests/sec: 1\n"), Ok(Vec::new()));
+        assert!(parse_latency("  Latency Distribution\n     50%    soon\n").is_err());
+    }
 }

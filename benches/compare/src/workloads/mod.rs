@@ -80,8 +80,8 @@ pub enum Mode {
     /// Like `Timed`, against a `redis-server` that the parent starts once for the workload.
     Redis,
     /// No runs of its own: the figures come from the runs of the workload named in
-    /// [`Workload::of`], which report them alongside their own (million_park's wake-up time
-    /// next to its spawn time).
+    /// [`Workload::of`], which report them alongside their own (wrk's latency percentiles
+    /// next to its requests/s, million_park's wake-up time next to its spawn time).
     Derived,
 }
 
@@ -190,6 +190,8 @@ pub const WORKLOADS: &[Workload] = &[
         threads: Threads::Run,
         of: None,
     },
+    derived("http_p50", "ms", "http"),
+    derived("http_p99", "ms", "http"),
     Workload {
         name: "http_hooked",
         unit: "req/s",
@@ -199,6 +201,8 @@ pub const WORKLOADS: &[Workload] = &[
         threads: Threads::Run,
         of: None,
     },
+    derived("http_hooked_p50", "ms", "http_hooked"),
+    derived("http_hooked_p99", "ms", "http_hooked"),
     Workload {
         name: "redis_get",
         unit: "ns/GET",
@@ -494,16 +498,23 @@ mod tests {
         );
         assert_eq!(names(&["join_chain_1w"]), ["join_chain_1w"]);
         assert_eq!(names(&["million_wake"]), ["million_park", "million_wake"]);
-        assert_eq!(names(&["http"]), ["http"]);
+        assert_eq!(names(&["http"]), ["http", "http_p50", "http_p99"]);
+        assert_eq!(
+            names(&["http_hooked_p99"]),
+            ["http_hooked", "http_hooked_p99"]
+        );
     }
 
     #[test]
     fn variants_share_skip_reasons_and_fibra_net_only_sees_http_hooked() {
         assert_eq!(family("join_chain_1w"), "join_chain");
         assert_eq!(family("million_wake"), "million_park");
+        assert_eq!(family("http_p99"), "http");
         assert!(skip_reason(Peer::Std, "join_chain_1w").is_some());
         assert!(skip_reason(Peer::Std, "million_wake").is_some());
         assert!(applies(Peer::FibraNet, "http_hooked"));
+        assert!(applies(Peer::FibraNet, "http_hooked_p99"));
         assert!(!applies(Peer::FibraNet, "join_chain_1w"));
+        assert!(!applies(Peer::FibraNet, "http_p99"));
     }
 }
