@@ -1,6 +1,7 @@
 // Command go-bench is Go's side of fibra-compare: it runs one BENCH.md workload with the
 // GOMAXPROCS it is given and prints one "value <figure>" line per repetition (the same
-// protocol as the Rust children), or serves the http workload until it is killed.
+// protocol as the Rust children, with "also <row> <figure>" lines for the rows derived from
+// the workload), or serves the http workload until it is killed.
 //
 //	go-bench -w skynet -reps 5 [-warmup=false]
 //	go-bench -w http -port 8080
@@ -26,15 +27,27 @@ func main() {
 		}
 		return
 	}
-	run, ok := workloads[*workload]
-	if !ok {
-		fmt.Printf("skip no Go version of workload %q\n", *workload)
+	if run, ok := workloads[*workload]; ok {
+		if *warmup {
+			run()
+		}
+		for i := 0; i < *reps; i++ {
+			fmt.Printf("value %g\n", run())
+		}
 		return
 	}
-	if *warmup {
-		run()
+	if run, ok := multiWorkloads[*workload]; ok {
+		if *warmup {
+			run()
+		}
+		for i := 0; i < *reps; i++ {
+			value, also := run()
+			fmt.Printf("value %g\n", value)
+			for _, a := range also {
+				fmt.Printf("also %s %g\n", a.row, a.value)
+			}
+		}
+		return
 	}
-	for i := 0; i < *reps; i++ {
-		fmt.Printf("value %g\n", run())
-	}
+	fmt.Printf("skip no Go version of workload %q\n", *workload)
 }

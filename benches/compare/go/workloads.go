@@ -26,6 +26,18 @@ var workloads = map[string]func() float64{
 	"timer_p99":     func() float64 { return timerLateness(99) },
 	"idle_cpu":      idleCPU,
 	"park_memory":   parkMemory,
+	"join_chain":    joinChain,
+}
+
+// A figure for a row derived from a workload (the harness's Mode::Derived rows).
+type derived struct {
+	row   string
+	value float64
+}
+
+// Workloads whose repetitions also give figures for derived rows.
+var multiWorkloads = map[string]func() (float64, []derived){
+	"million_park": millionPark,
 }
 
 func nsPer(d time.Duration, n int) float64 { return float64(d.Nanoseconds()) / float64(n) }
@@ -127,6 +139,32 @@ func chainedSpawn() float64 {
 	go hop(depth)
 	<-done
 	return nsPer(time.Since(start), depth)
+}
+
+// join_chain: each goroutine starts the next and waits for its result, 2 000 deep, so 2 000
+// goroutines are alive at once; the result (the depth) is checked. Goroutines have no join
+// handle: each hop hands its result up on a channel of capacity 1.
+func joinChain() float64 {
+	const depth = 2000
+	var hop func(n int, result chan<- int)
+	hop = func(n int, result chan<- int) {
+		if n == 0 {
+			result <- 0
+			return
+		}
+		child := make(chan int, 1)
+		go hop(n-1, child)
+		result <- <-child + 1
+	}
+	start := time.Now()
+	root := make(chan int, 1)
+	go hop(depth, root)
+	got := <-root
+	elapsed := time.Since(start)
+	if got != depth {
+		panic("join_chain: depth " + strconv.Itoa(got))
+	}
+	return nsPer(elapsed, depth)
 }
 
 // skynet: a 10-ary tree of goroutines with 1 000 000 leaves; inner nodes sum their children.
@@ -255,4 +293,40 @@ func parkMemory() float64 {
 	close(release)
 	wg.Wait()
 	return perTask
+}
+
+// million_park: 1 000 000 goroutines started by the main goroutine, each counting itself in and
+// blocking on one channel; the one that completes the count signals. Figures, µs per
+// goroutine: start until all counted in (million_park), then close(channel) until the
+// WaitGroup says all have ended (million_wake).
+func millionPark() (float64, []derived) {
+	const tasks = 1000000
+	release := make(chan struct{})
+	all := make(chan struct{}, 1)
+	var parked int64
+	var wg sync.WaitGroup
+	wg.Add(tasks)
+	start := time.Now()
+	for i := 0; i < tasks; i++ {
+		go func() {
+			if atomic.AddInt64(&parked, 1) == tasks {
+				all <- struct{}{}
+			}
+			<-release
+			wg.Done()
+		}()
+	}
+	select {
+	case <-all:
+	case <-time.After(150 * time.Second):
+		panic("million_park: only " + strconv.FormatInt(atomic.LoadInt64(&parked), 10) +
+			" goroutines parked")
+	}
+	spawnPark := time.Since(start)
+	woke := time.Now()
+	close(release)
+	wg.Wait()
+	wakeJoin := time.Since(woke)
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / tasks }
+	return us(spawnPark), []derived{{"million_wake", us(wakeJoin)}}
 }

@@ -11,10 +11,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::workloads::{self, Example, Mode, Peer, Workload};
+use crate::workloads::{self, Example, Mode, Peer, Threads, Workload};
 
 /// What happened to one peer on one workload.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Status {
     Ok,
     Skipped(String),
@@ -29,15 +29,16 @@ pub struct PeerRun {
     pub status: Status,
     pub samples: Vec<f64>,
     pub notes: Vec<String>,
+    /// The figures the same repetitions gave for the rows derived from this workload
+    /// ([`Mode::Derived`]), by row name; [`derive`] makes those rows' cells from them.
+    pub also: Vec<(String, Vec<f64>)>,
 }
 
 impl PeerRun {
     fn skipped(peer: Peer, why: impl Into<String>) -> PeerRun {
         PeerRun {
-            peer,
             status: Status::Skipped(why.into()),
-            samples: Vec::new(),
-            notes: Vec::new(),
+            ..PeerRun::ok(peer)
         }
     }
 
@@ -48,6 +49,15 @@ impl PeerRun {
             status: Status::Ok,
             samples: Vec::new(),
             notes: Vec::new(),
+            also: Vec::new(),
+        }
+    }
+
+    /// Adds one repetition's figure for the derived row `row`.
+    fn push_also(&mut self, row: &str, v: f64) {
+        match self.also.iter_mut().find(|(r, _)| r == row) {
+            Some((_, samples)) => samples.push(v),
+            None => self.also.push((row.to_string(), vec![v])),
         }
     }
 
@@ -85,6 +95,44 @@ pub fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
+}
+
+/// The worker threads of every peer's runtime for `w`.
+fn threads(env: &Env, w: &Workload) -> usize {
+    match w.threads {
+        Threads::Run => env.threads,
+        Threads::One => 1,
+    }
+}
+
+/// The cells of derived row `w`, one per cell of its workload's row (`parent`): the figures
+/// those runs reported for `w`, or the parent cell's status when it did not run. A run that
+/// succeeded without a figure for every repetition fails here, named.
+pub fn derive(w: &Workload, parent: &[PeerRun]) -> Vec<PeerRun> {
+    parent
+        .iter()
+        .map(|p| {
+            let mut run = PeerRun::ok(p.peer);
+            if !p.is_ok() {
+                run.status = p.status.clone();
+                return run;
+            }
+            match p.also.iter().find(|(row, _)| row == w.name) {
+                Some((_, samples)) if samples.len() == p.samples.len() => {
+                    run.samples = samples.clone();
+                }
+                got => {
+                    run.status = Status::Failed(format!(
+                        "{} figures for {} reps of {}",
+                        got.map_or(0, |(_, s)| s.len()),
+                        p.samples.len(),
+                        w.of.unwrap_or("its workload"),
+                    ));
+                }
+            }
+            run
+        })
+        .collect()
 }
 
 /// Builds `benches/compare/go` into `out_dir/go-bench` with the Go toolchain on `PATH`.
@@ -206,6 +254,7 @@ pub fn run_workload(
     done: &mut dyn FnMut(&PeerRun),
 ) -> Vec<PeerRun> {
     match w.mode {
+        Mode::Derived => unreachable!("a derived row has no runs of its own (see derive)"),
         Mode::Timed | Mode::FreshPerRep => peers
             .iter()
             .map(|&peer| {
@@ -243,7 +292,7 @@ fn unavailable(env: &Env, w: &Workload, peer: Peer) -> Option<PeerRun> {
     let tool = match w.mode {
         Mode::Http => env.wrk.as_ref().err(),
         Mode::Redis => env.redis_server.as_ref().err(),
-        Mode::Timed | Mode::FreshPerRep => None,
+        Mode::Timed | Mode::FreshPerRep | Mode::Derived => None,
     };
     let go = if peer == Peer::Go {
         env.go.as_ref().err()
@@ -292,7 +341,7 @@ fn redis_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     for _ in 0..env.reps {
         for run in runs.iter_mut().filter(|r| r.is_ok()) {
             match child_run(env, w, run.peer, 1, true, Some(server.port)) {
-                Ok(v) => run.samples.extend(v),
+                Ok(reps) => reps.add_to(run),
                 Err(status) => run.status = status,
             }
         }
@@ -314,9 +363,9 @@ fn workload_command(
     let mut cmd;
     if peer == Peer::Go {
         cmd = Command::new(env.go.as_ref().expect("checked by caller"));
-        cmd.args(["-w", w.name, "-reps", &reps.to_string()])
+        cmd.args(["-w", w.program(), "-reps", &reps.to_string()])
             .arg(format!("-warmup={warmup}"))
-            .env("GOMAXPROCS", env.threads.to_string());
+            .env("GOMAXPROCS", threads(env, w).to_string());
         return Ok(cmd);
     }
     if let Some(example) = workloads::fibra_example(peer, w.name) {
@@ -328,9 +377,9 @@ fn workload_command(
         }
     } else {
         cmd = Command::new(&env.self_exe);
-        cmd.args(["__run", peer.name(), w.name]);
+        cmd.args(["__run", peer.name(), w.program()]);
     }
-    cmd.args(["--threads", &env.threads.to_string()])
+    cmd.args(["--threads", &threads(env, w).to_string()])
         .args(["--reps", &reps.to_string()]);
     if !warmup {
         cmd.arg("--no-warmup");
@@ -341,8 +390,25 @@ fn workload_command(
     Ok(cmd)
 }
 
+/// The figures of one child: one `value` per repetition, and the `also` lines for the rows
+/// derived from the workload.
+#[derive(Default)]
+struct Reps {
+    values: Vec<f64>,
+    also: Vec<(String, f64)>,
+}
+
+impl Reps {
+    fn add_to(self, run: &mut PeerRun) {
+        run.samples.extend(self.values);
+        for (row, v) in self.also {
+            run.push_also(&row, v);
+        }
+    }
+}
+
 /// Result of one child: its figures, or skipped/failed with a reason.
-type ChildResult = Result<Vec<f64>, Status>;
+type ChildResult = Result<Reps, Status>;
 
 fn child_run(
     env: &Env,
@@ -354,18 +420,26 @@ fn child_run(
 ) -> ChildResult {
     let cmd = workload_command(env, w, peer, reps, warmup, port).map_err(Status::Failed)?;
     let out = run_limited(cmd, w.limit).map_err(Status::Failed)?;
-    let mut values = Vec::new();
+    let figure = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .map_err(|e| Status::Failed(format!("bad figure {v:?} from child: {e}")))
+    };
+    let mut reps_out = Reps::default();
     for line in out.stdout.lines() {
         if let Some(v) = line.strip_prefix("value ") {
-            values.push(
-                v.trim()
-                    .parse::<f64>()
-                    .map_err(|e| Status::Failed(format!("bad figure {v:?} from child: {e}")))?,
-            );
+            reps_out.values.push(figure(v)?);
+        } else if let Some(rest) = line.strip_prefix("also ") {
+            let (row, v) = rest
+                .trim()
+                .split_once(' ')
+                .ok_or_else(|| Status::Failed(format!("bad line from child: {line:?}")))?;
+            reps_out.also.push((row.to_string(), figure(v)?));
         } else if let Some(why) = line.strip_prefix("skip ") {
             return Err(Status::Skipped(why.to_string()));
         }
     }
+    let values = &reps_out.values;
     if !out.status.success() || values.len() != reps {
         let how = match out.status.code() {
             Some(code) => format!("exit code {code}"),
@@ -379,7 +453,7 @@ fn child_run(
             ) + &hint(&out.stderr),
         ));
     }
-    Ok(values)
+    Ok(reps_out)
 }
 
 /// An explanation for failures whose cause is known and not obvious from the message.
@@ -398,15 +472,10 @@ fn hint(stderr: &str) -> String {
 
 /// Folds the results of one or more children into a cell (the first failure wins).
 fn collect(peer: Peer, results: impl Iterator<Item = ChildResult>) -> PeerRun {
-    let mut run = PeerRun {
-        peer,
-        status: Status::Ok,
-        samples: Vec::new(),
-        notes: Vec::new(),
-    };
+    let mut run = PeerRun::ok(peer);
     for r in results {
         match r {
-            Ok(v) => run.samples.extend(v),
+            Ok(reps) => reps.add_to(&mut run),
             Err(status) => {
                 run.status = status;
                 break;
@@ -518,8 +587,11 @@ pub fn last_line(s: &str) -> String {
 
 /// How long a server gets to start answering.
 const SERVER_READY: Duration = Duration::from_secs(10);
-/// wrk's own duration per repetition, as BENCH.md specifies.
-const WRK_ARGS: [&str; 3] = ["-t1", "-c100", "-d5s"];
+/// wrk's own duration per repetition, as BENCH.md specifies; `--latency` adds the
+/// percentiles that the `<workload>_p50` and `_p99` rows report.
+const WRK_ARGS: [&str; 4] = ["-t1", "-c100", "-d5s", "--latency"];
+/// The latency percentiles wrk prints that become rows: (percentile, row suffix).
+const WRK_PERCENTILES: [(f64, &str); 2] = [(50.0, "_p50"), (99.0, "_p99")];
 
 /// http, http_hooked: starts every peer's server, warms each up with `wrk -d1s`, then runs R
 /// rounds of `wrk` over them, and stops them.
@@ -543,9 +615,18 @@ fn http_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
         for (run, slot) in runs.iter_mut().zip(servers.iter_mut()) {
             let Some(server) = slot else { continue };
             match server.load(wrk, args) {
-                Ok((rps, warnings)) if keep => {
-                    run.samples.push(rps);
-                    run.notes.extend(warnings);
+                Ok(load) if keep => {
+                    run.samples.push(load.rps);
+                    for (pct, suffix) in WRK_PERCENTILES {
+                        let row = format!("{}{suffix}", w.name);
+                        match load.latency_ms(pct) {
+                            Some(ms) => run.push_also(&row, ms),
+                            None => run
+                                .notes
+                                .push(format!("wrk printed no {pct}% latency for {row}")),
+                        }
+                    }
+                    run.notes.extend(load.warnings);
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -578,17 +659,17 @@ impl HttpServer {
         let mut cmd = if let Some(example) = workloads::fibra_example(peer, w.name) {
             let mut c = Command::new(build_example(&env.self_exe, example)?);
             c.args(["--port", &port.to_string()])
-                .args(["--threads", &env.threads.to_string()]);
+                .args(["--threads", &threads(env, w).to_string()]);
             c
         } else if peer == Peer::Go {
             let mut c = Command::new(env.go.as_ref().expect("checked by caller"));
             c.args(["-w", "http", "-port", &port.to_string()])
-                .env("GOMAXPROCS", env.threads.to_string());
+                .env("GOMAXPROCS", threads(env, w).to_string());
             c
         } else {
             let mut c = Command::new(&env.self_exe);
             c.args(["__serve", peer.name(), "--port", &port.to_string()])
-                .args(["--threads", &env.threads.to_string()]);
+                .args(["--threads", &threads(env, w).to_string()]);
             c
         };
         let child = std::fs::File::create(&log)
@@ -605,7 +686,7 @@ impl HttpServer {
     }
 
     /// Runs wrk once against this server, which must still be running.
-    fn load(&mut self, wrk: &Path, args: &[&str]) -> Result<(f64, Vec<String>), String> {
+    fn load(&mut self, wrk: &Path, args: &[&str]) -> Result<WrkRun, String> {
         if let Ok(Some(status)) = self.child.try_wait() {
             let out = std::fs::read_to_string(&self.log).unwrap_or_default();
             return Err(format!("server exited ({status}): {}", last_line(&out)));
@@ -709,8 +790,68 @@ fn probe(port: u16) -> Result<(), String> {
     }
 }
 
-/// Runs wrk once; returns requests/s and any error lines wrk printed.
-fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<(f64, Vec<String>), String> {
+/// What one wrk run measured.
+struct WrkRun {
+    rps: f64,
+    /// (percentile, ms) from the "Latency Distribution" block (`--latency`), if printed.
+    latency: Vec<(f64, f64)>,
+    /// Error lines wrk printed (socket errors, non-2xx responses).
+    warnings: Vec<String>,
+}
+
+impl WrkRun {
+    fn latency_ms(&self, pct: f64) -> Option<f64> {
+        self.latency
+            .iter()
+            .find(|(p, _)| *p == pct)
+            .map(|&(_, ms)| ms)
+    }
+}
+
+/// The "Latency Distribution" block that `wrk --latency` prints, as (percentile, ms):
+///
+/// ```text
+///   Latency Distribution
+///      50%    3.92ms
+///      99%  812.00us
+/// ```
+fn parse_latency(stdout: &str) -> Result<Vec<(f64, f64)>, String> {
+    let Some(block) = stdout.split_once("Latency Distribution").map(|(_, b)| b) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for line in block.lines().skip(1) {
+        let Some((pct, value)) = line.trim().split_once('%') else {
+            break;
+        };
+        let Ok(pct) = pct.trim().parse::<f64>() else {
+            break;
+        };
+        let ms = duration_ms(value.trim())
+            .ok_or_else(|| format!("cannot read wrk latency {:?}", line.trim()))?;
+        out.push((pct, ms));
+    }
+    Ok(out)
+}
+
+/// A duration as wrk prints it (`812.00us`, `3.92ms`, `1.02s`, `1.50m`, `2.00h`) in ms.
+fn duration_ms(s: &str) -> Option<f64> {
+    const UNITS: [(&str, f64); 5] = [
+        ("us", 1e-3),
+        ("ms", 1.0),
+        ("s", 1e3),
+        ("m", 60e3),
+        ("h", 3600e3),
+    ];
+    UNITS.iter().find_map(|&(unit, ms)| {
+        let number = s.strip_suffix(unit)?;
+        // "ms" and "us" also end in "s": the number must parse on its own.
+        number.trim().parse::<f64>().ok().map(|v| v * ms)
+    })
+}
+
+/// Runs wrk once; returns requests/s, the latency percentiles and any error lines wrk printed.
+fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<WrkRun, String> {
     let mut cmd = Command::new(wrk);
     cmd.args(args).arg(url);
     let out = run_limited(cmd, Duration::from_secs(30))?;
@@ -730,5 +871,57 @@ fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<(f64, Vec<String>), 
         .filter(|l| l.starts_with("Socket errors") || l.starts_with("Non-2xx"))
         .map(|l| format!("wrk: {l}"))
         .collect();
-    Ok((rps, warnings))
+    let latency = parse_latency(&out.stdout)?;
+    Ok(WrkRun {
+        rps,
+        latency,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn reads_wrk_latency_units() {
+        for (text, ms) in [
+            ("812.00us", 0.812),
+            ("3.92ms", 3.92),
+            ("1.02s", 1020.0),
+            ("1.50m", 90_000.0),
+            ("2.00h", 7_200_000.0),
+        ] {
+            let got = duration_ms(text).expect(text);
+            assert!(close(got, ms), "{text}: {got} ms, want {ms}");
+        }
+        assert_eq!(duration_ms("fast"), None);
+        assert_eq!(duration_ms("12"), None);
+    }
+
+    #[test]
+    fn reads_wrk_latency_block() {
+        let out = "Running 5s test @ http://127.0.0.1:1/\n  1 threads and 100 connections\n\
+                   \x20 Thread Stats   Avg      Stdev     Max   +/- Stdev\n\
+                   \x20   Latency     4.01ms  500.00us  20.00ms   90.00%\n\
+                   \x20 Latency Distribution\n\
+                   \x20    50%    3.92ms\n\
+                   \x20    75%    4.10ms\n\
+                   \x20    90%  812.00us\n\
+                   \x20    99%    1.02s \n\
+                   \x20 120000 requests in 5.00s, 9.00MB read\n\
+                   Requests/sec:  24000.00\n";
+        let lat = parse_latency(out).expect("parses");
+        let want = [(50.0, 3.92), (75.0, 4.10), (90.0, 0.812), (99.0, 1020.0)];
+        assert_eq!(lat.len(), want.len(), "{lat:?}");
+        for ((p, ms), (wp, wms)) in lat.iter().zip(want) {
+            assert!(*p == wp && close(*ms, wms), "{lat:?}");
+        }
+        assert_eq!(parse_latency("Requests/sec: 1\n"), Ok(Vec::new()));
+        assert!(parse_latency("  Latency Distribution\n     50%    soon\n").is_err());
+    }
 }

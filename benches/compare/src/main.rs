@@ -66,14 +66,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Hidden `__run` mode: runs one workload for one peer in this process, printing `value <f>`
-/// per repetition or `skip <reason>`.
+/// Hidden `__run` mode: runs one workload for one peer in this process, printing per
+/// repetition `value <f>` and an `also <row> <f>` line for each row derived from the workload,
+/// or `skip <reason>`.
 fn child(peer: Peer, workload: &str, cfg: workloads::Cfg) -> ExitCode {
     exit_on_panic();
     match workloads::run(peer, workload, cfg) {
-        Ok(values) => {
-            for v in values {
-                println!("value {v}");
+        Ok(reps) => {
+            for figures in reps {
+                println!("value {}", figures.value);
+                for (row, v) in figures.also {
+                    println!("also {row} {v}");
+                }
             }
             ExitCode::SUCCESS
         }
@@ -139,24 +143,36 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         eprintln!("go: skipped: {why}");
     }
 
-    let mut rows = Vec::new();
-    for w in WORKLOADS.iter().filter(|w| {
-        opts.only
-            .as_ref()
-            .is_none_or(|o| o.iter().any(|n| n == w.name))
-    }) {
-        let peers: Vec<Peer> = Peer::ALL
-            .into_iter()
-            .filter(|&p| workloads::applies(p, w.name))
-            .collect();
-        let runs = driver::run_workload(&env, w, &peers, &mut |run| {
+    let mut rows: Vec<Row> = Vec::new();
+    for w in WORKLOADS
+        .iter()
+        .filter(|w| opts.only.as_ref().is_none_or(|o| w.selected(o)))
+    {
+        let mut done = |run: &driver::PeerRun| {
             eprintln!(
                 "{:<16} {:<9} {}",
                 w.name,
                 run.peer.name(),
                 progress(run, w.unit)
             );
-        });
+        };
+        let runs = if w.mode == workloads::Mode::Derived {
+            // The registry lists a derived row after the workload whose runs it reads, and
+            // `selected` keeps that workload whenever the row is kept.
+            let of = w.of.expect("a derived row names its workload");
+            let Some(parent) = rows.iter().find(|r| r.workload.name == of) else {
+                continue;
+            };
+            let runs = driver::derive(w, &parent.runs);
+            runs.iter().for_each(&mut done);
+            runs
+        } else {
+            let peers: Vec<Peer> = Peer::ALL
+                .into_iter()
+                .filter(|&p| workloads::applies(p, w.name))
+                .collect();
+            driver::run_workload(&env, w, &peers, &mut done)
+        };
         rows.push(Row { workload: w, runs });
     }
 

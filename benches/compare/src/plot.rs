@@ -2,7 +2,7 @@
 //! peer (log scale), with a line at 1.0. Bars below the line mean fibra is ahead. For times, CPU
 //! and memory the bar is fibra/peer; for http and http_hooked (req/s, higher is better) it is
 //! peer/fibra, so "below 1 = fibra ahead" holds for every bar. `fibra-net` (fibra's own
-//! `fibra::net` server, in http_hooked only) gets a bar like the other peers.
+//! `fibra::net` server, in the http_hooked rows only) gets a bar like the other peers.
 
 use std::path::Path;
 

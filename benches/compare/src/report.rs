@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use crate::driver::{PeerRun, Status};
-use crate::workloads::{Peer, Workload};
+use crate::workloads::{Mode, Peer, Workload};
 
 /// One workload's results, one [`PeerRun`] per peer that applies to it, in [`Peer::ALL`] order.
 pub struct Row {
@@ -101,12 +101,15 @@ fn cells(row: &Row, rows: &[Row]) -> Vec<String> {
 }
 
 /// How to read the ratio columns.
-pub const LEGEND: &str = "Ratios are fibra's median divided by the peer's. For times, CPU and \
-memory lower is better, so below 1.00 means fibra is ahead; for http and http_hooked (req/s) \
-higher is better, so above 1.00 means fibra is ahead. In http_hooked, fibra is the std::net \
-server under the hook feature and fibra-net the fibra::net server: fibra/fibra-net is the share \
-of fibra::net's throughput kept through the hooks. \"-\": no ratio (a side is missing, or the \
-peer's figure is 0) or no cell (fibra-net runs http_hooked only).";
+pub const LEGEND: &str = "Ratios are fibra's median divided by the peer's. For times, latencies, \
+CPU and memory lower is better, so below 1.00 means fibra is ahead; for http and http_hooked \
+(req/s) higher is better, so above 1.00 means fibra is ahead. The _p50 and _p99 rows are wrk's \
+latency percentiles from the same wrk runs as the req/s row above them; million_wake comes from \
+the same runs as million_park; join_chain_1w is join_chain with 1 worker thread for every peer. \
+In http_hooked, fibra is the std::net server under the hook feature and fibra-net the fibra::net \
+server: fibra/fibra-net is the share of fibra::net's throughput kept through the hooks. \"-\": \
+no ratio (a side is missing, or the peer's figure is 0) or no cell (fibra-net runs in the \
+http_hooked rows only).";
 
 /// The table as aligned plain text.
 pub fn text_table(rows: &[Row]) -> String {
@@ -144,15 +147,42 @@ pub fn text_table(rows: &[Row]) -> String {
     out
 }
 
-/// Skip/failure reasons and notes, one line each.
+/// The rows in `rows` that take their figures from `row`'s runs.
+fn derived_rows<'a>(rows: &'a [Row], row: &'a Row) -> impl Iterator<Item = &'a Row> {
+    rows.iter().filter(move |r| {
+        r.workload.mode == Mode::Derived && r.workload.of == Some(row.workload.name)
+    })
+}
+
+/// Skip/failure reasons and notes, one line each. A derived row's cell that only repeats the
+/// skip or failure of its workload's cell is named on that cell's line instead of its own.
 pub fn remarks(rows: &[Row]) -> Vec<String> {
     let mut out = Vec::new();
     for row in rows {
         for run in &row.runs {
+            let failed = run.status != Status::Ok;
+            if failed && row.workload.mode == Mode::Derived {
+                let parent = rows
+                    .iter()
+                    .find(|r| Some(r.workload.name) == row.workload.of)
+                    .and_then(|r| r.run(run.peer));
+                if parent.is_some_and(|p| p.status == run.status) {
+                    continue;
+                }
+            }
             let who = format!("{} / {}", row.workload.name, run.peer.name());
+            let same: Vec<&str> = derived_rows(rows, row)
+                .filter(|r| failed && r.run(run.peer).is_some_and(|d| d.status == run.status))
+                .map(|r| r.workload.name)
+                .collect();
+            let cells = if same.is_empty() {
+                who.clone()
+            } else {
+                format!("{who} (and {})", same.join(", "))
+            };
             match &run.status {
-                Status::Skipped(why) => out.push(format!("{who}: skipped: {why}")),
-                Status::Failed(why) => out.push(format!("{who}: FAILED: {why}")),
+                Status::Skipped(why) => out.push(format!("{cells}: skipped: {why}")),
+                Status::Failed(why) => out.push(format!("{cells}: FAILED: {why}")),
                 Status::Ok => {}
             }
             out.extend(run.notes.iter().map(|n| format!("{who}: note: {n}")));

@@ -10,6 +10,8 @@ pub mod broadcast;
 pub mod chained_spawn;
 pub mod http;
 pub mod idle_cpu;
+pub mod join_chain;
+pub mod million_park;
 pub mod mpmc;
 pub mod park_memory;
 pub mod ping_pong;
@@ -77,6 +79,19 @@ pub enum Mode {
     Http,
     /// Like `Timed`, against a `redis-server` that the parent starts once for the workload.
     Redis,
+    /// No runs of its own: the figures come from the runs of the workload named in
+    /// [`Workload::of`], which report them alongside their own (wrk's latency percentiles
+    /// next to its requests/s, million_park's wake-up time next to its spawn time).
+    Derived,
+}
+
+/// How many worker threads a workload's runtimes get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Threads {
+    /// The run's `--threads` (GOMAXPROCS for Go).
+    Run,
+    /// One, whatever `--threads` says: the single-worker variant of a workload.
+    One,
 }
 
 /// One row of BENCH.md's workload table.
@@ -88,8 +103,32 @@ pub struct Workload {
     pub lower_is_better: bool,
     pub mode: Mode,
     /// Wall-clock limit for one child process; past it the child is killed and the peer is
-    /// reported as failed (a hang becomes a finding, not a stuck run).
+    /// reported as failed (a hang becomes a finding, not a stuck run). Unused for derived rows.
     pub limit: Duration,
+    /// Worker threads of every peer's runtime for this row (std's threads are per task).
+    pub threads: Threads,
+    /// The workload this row belongs to. A [`Mode::Derived`] row takes its figures from that
+    /// workload's runs; any other row with `of` set is a variant of it (same program, another
+    /// thread count): its children run that workload. `--only <of>` selects the row too.
+    pub of: Option<&'static str>,
+}
+
+impl Workload {
+    /// The workload a child process runs for this row (the Go program's `-w`, `__run`'s).
+    pub fn program(&self) -> &'static str {
+        self.of.unwrap_or(self.name)
+    }
+
+    /// The workloads the run needs for `--only <names>`: every named row, the rows that
+    /// belong to a named one (its variants and derived rows), and the row whose runs a named
+    /// derived row takes its figures from.
+    pub fn selected(&self, names: &[String]) -> bool {
+        names.iter().any(|n| {
+            n == self.name
+                || self.of == Some(n.as_str())
+                || find(n).is_some_and(|w| w.mode == Mode::Derived && w.of == Some(self.name))
+        })
+    }
 }
 
 pub const WORKLOADS: &[Workload] = &[
@@ -98,6 +137,12 @@ pub const WORKLOADS: &[Workload] = &[
     timed("yield_many", "ns/yield", 60),
     timed("ping_pong", "ns/round trip", 60),
     timed("chained_spawn", "ns/hop", 60),
+    timed("join_chain", "ns/hop", 60),
+    Workload {
+        threads: Threads::One,
+        of: Some("join_chain"),
+        ..timed("join_chain_1w", "ns/hop, 1 worker", 60)
+    },
     timed("skynet", "ms", 60),
     timed("sleep_storm", "ms over 50", 60),
     timed("timer_p50", "µs late", 60),
@@ -114,6 +159,8 @@ pub const WORKLOADS: &[Workload] = &[
         lower_is_better: true,
         mode: Mode::FreshPerRep,
         limit: Duration::from_secs(15),
+        threads: Threads::Run,
+        of: None,
     },
     Workload {
         name: "park_memory",
@@ -121,27 +168,49 @@ pub const WORKLOADS: &[Workload] = &[
         lower_is_better: true,
         mode: Mode::FreshPerRep,
         limit: Duration::from_secs(30),
+        threads: Threads::Run,
+        of: None,
     },
+    Workload {
+        name: "million_park",
+        unit: "µs/fiber",
+        lower_is_better: true,
+        mode: Mode::FreshPerRep,
+        limit: Duration::from_secs(180),
+        threads: Threads::Run,
+        of: None,
+    },
+    derived("million_wake", "µs/fiber", "million_park"),
     Workload {
         name: "http",
         unit: "req/s",
         lower_is_better: false,
         mode: Mode::Http,
         limit: Duration::from_secs(30),
+        threads: Threads::Run,
+        of: None,
     },
+    derived("http_p50", "ms", "http"),
+    derived("http_p99", "ms", "http"),
     Workload {
         name: "http_hooked",
         unit: "req/s",
         lower_is_better: false,
         mode: Mode::Http,
         limit: Duration::from_secs(30),
+        threads: Threads::Run,
+        of: None,
     },
+    derived("http_hooked_p50", "ms", "http_hooked"),
+    derived("http_hooked_p99", "ms", "http_hooked"),
     Workload {
         name: "redis_get",
         unit: "ns/GET",
         lower_is_better: true,
         mode: Mode::Redis,
         limit: Duration::from_secs(60),
+        threads: Threads::Run,
+        of: None,
     },
 ];
 
@@ -152,6 +221,21 @@ const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload
         lower_is_better: true,
         mode: Mode::Timed,
         limit: Duration::from_secs(limit_s),
+        threads: Threads::Run,
+        of: None,
+    }
+}
+
+/// A row whose figures (lower is better) the runs of workload `of` report.
+const fn derived(name: &'static str, unit: &'static str, of: &'static str) -> Workload {
+    Workload {
+        name,
+        unit,
+        lower_is_better: true,
+        mode: Mode::Derived,
+        limit: Duration::ZERO,
+        threads: Threads::Run,
+        of: Some(of),
     }
 }
 
@@ -163,7 +247,13 @@ pub fn find(name: &str) -> Option<&'static Workload> {
 /// second fibra server for `http_hooked`, not a runtime to compare on every workload, so it
 /// shows up nowhere else (not even as skipped).
 pub fn applies(peer: Peer, workload: &str) -> bool {
-    peer != Peer::FibraNet || workload == "http_hooked"
+    peer != Peer::FibraNet || family(workload) == "http_hooked"
+}
+
+/// The workload whose program runs for row `workload` (itself, or the row it belongs to):
+/// skip reasons and notes are keyed by it, so a variant or derived row shares them.
+pub fn family(workload: &str) -> &str {
+    find(workload).map_or(workload, |w| w.program())
 }
 
 /// A program of the fibra crate's `examples/` that the parent builds (`cargo build --release
@@ -192,7 +282,7 @@ pub fn fibra_example(peer: Peer, workload: &str) -> Option<Example> {
 /// Why `peer` does not run `workload`, when that is decided by design rather than by what is
 /// installed on the machine (Go and wrk availability is checked by the parent).
 pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
-    match (peer, workload) {
+    match (peer, family(workload)) {
         (Peer::Std, "yield_many") => {
             Some("thread::yield_now is only a hint to the OS scheduler: no like-for-like meaning")
         }
@@ -202,6 +292,10 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
         }
         (Peer::Std, "idle_cpu") => Some("plain threads have no runtime that could idle"),
         (Peer::Std, "park_memory") => Some("100 000 parked OS threads: not a thread workload"),
+        (Peer::Std, "million_park") => Some("1 000 000 parked OS threads: not a thread workload"),
+        (Peer::Std, "join_chain") => Some(
+            "2 000 OS threads alive at once, each blocked joining the next: not a thread workload",
+        ),
         (Peer::May | Peer::Std, "unblock" | "unblock_seq") => {
             Some("no blocking pool: tokio's spawn_blocking is the peer for fibra::unblock")
         }
@@ -227,11 +321,29 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
 
 /// How `peer`'s figure for `workload` is obtained, where that differs from the other peers.
 pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
-    match (peer, workload) {
+    match (peer, family(workload)) {
         (Peer::Go, "spawn_remote") => {
             Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
         }
         (Peer::Go, "ping_pong") => Some("go: channels of capacity 1 as oneshots"),
+        (Peer::Go, "join_chain") => Some(
+            "go: each goroutine waits for the next one's result on a channel of capacity 1 \
+             (goroutines have no join handle)",
+        ),
+        (Peer::Fibra, "million_park") => Some(
+            "fibra: default 256 KiB stacks; fibers block in recv on clones of one \
+             fibra::sync::mpmc receiver, woken by dropping the sender",
+        ),
+        (Peer::Tokio, "million_park") => Some(
+            "tokio: tasks await changed() on clones of one tokio::sync::watch receiver, woken by \
+             one send",
+        ),
+        (Peer::May, "million_park") => {
+            Some("may: coroutines wait on one may::sync::SyncFlag, woken by fire()")
+        }
+        (Peer::Go, "million_park") => Some(
+            "go: goroutines block receiving from one channel, woken by closing it; WaitGroup join",
+        ),
         (Peer::Fibra, "http") => Some(
             "fibra: examples/http_hello (httparse; connections dealt to workers in turn), \
              built by the harness",
@@ -289,16 +401,36 @@ pub struct Cfg {
     pub port: Option<u16>,
 }
 
-/// Runs `workload` for `peer` inside this process and returns one figure per repetition.
+/// One repetition's figures: the workload's own, and those of the rows derived from it
+/// ([`Mode::Derived`], by row name).
+#[derive(Clone, Debug)]
+pub struct Figures {
+    pub value: f64,
+    pub also: Vec<(&'static str, f64)>,
+}
+
+impl From<f64> for Figures {
+    fn from(value: f64) -> Figures {
+        Figures {
+            value,
+            also: Vec::new(),
+        }
+    }
+}
+
+/// Runs `workload` for `peer` inside this process and returns the figures of each repetition.
 /// Go is never run in-process (its programs are separate binaries), `http` and `http_hooked` are
 /// driven by the parent through [`http::serve`], and fibra's side of those and of `redis_get`
 /// is one of the crate's examples ([`fibra_example`]).
-pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
+pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<Figures>, String> {
     if let Some(reason) = skip_reason(peer, workload) {
         return Err(reason.to_string());
     }
     if peer == Peer::FibraNet {
         return Err(format!("fibra-net does not run {workload}"));
+    }
+    if workload == "million_park" {
+        return million_park::run(peer, cfg);
     }
     let f = match workload {
         "spawn_many" => spawn_many::run,
@@ -306,6 +438,7 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "yield_many" => yield_many::run,
         "ping_pong" => ping_pong::run,
         "chained_spawn" => chained_spawn::run,
+        "join_chain" => join_chain::run,
         "skynet" => skynet::run,
         "sleep_storm" => sleep_storm::run,
         "timer_p50" => |p, c| timer_lateness::run(p, c, timer_lateness::Pct::P50),
@@ -321,5 +454,67 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<f64>, String> {
         "redis_get" => redis_get::run,
         other => return Err(format!("workload {other} cannot run in-process")),
     };
-    f(peer, cfg)
+    f(peer, cfg).map(|v| v.into_iter().map(Figures::from).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_that_belong_to_a_workload_follow_it() {
+        for (i, w) in WORKLOADS.iter().enumerate() {
+            assert_eq!(find(w.name).map(|f| f.name), Some(w.name), "unique names");
+            let Some(of) = w.of else { continue };
+            let parent = WORKLOADS[..i].iter().find(|p| p.name == of);
+            let parent = parent.unwrap_or_else(|| panic!("{}: {of} must come first", w.name));
+            assert!(
+                parent.of.is_none(),
+                "{}: {of} belongs to no other row",
+                w.name
+            );
+            assert_ne!(parent.mode, Mode::Derived);
+        }
+    }
+
+    #[test]
+    fn only_selects_what_a_row_needs() {
+        let names = |list: &[&str]| -> Vec<&str> {
+            let only: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            WORKLOADS
+                .iter()
+                .filter(|w| w.selected(&only))
+                .map(|w| w.name)
+                .collect()
+        };
+        assert_eq!(
+            names(&["join_chain", "million_park"]),
+            [
+                "join_chain",
+                "join_chain_1w",
+                "million_park",
+                "million_wake"
+            ]
+        );
+        assert_eq!(names(&["join_chain_1w"]), ["join_chain_1w"]);
+        assert_eq!(names(&["million_wake"]), ["million_park", "million_wake"]);
+        assert_eq!(names(&["http"]), ["http", "http_p50", "http_p99"]);
+        assert_eq!(
+            names(&["http_hooked_p99"]),
+            ["http_hooked", "http_hooked_p99"]
+        );
+    }
+
+    #[test]
+    fn variants_share_skip_reasons_and_fibra_net_only_sees_http_hooked() {
+        assert_eq!(family("join_chain_1w"), "join_chain");
+        assert_eq!(family("million_wake"), "million_park");
+        assert_eq!(family("http_p99"), "http");
+        assert!(skip_reason(Peer::Std, "join_chain_1w").is_some());
+        assert!(skip_reason(Peer::Std, "million_wake").is_some());
+        assert!(applies(Peer::FibraNet, "http_hooked"));
+        assert!(applies(Peer::FibraNet, "http_hooked_p99"));
+        assert!(!applies(Peer::FibraNet, "join_chain_1w"));
+        assert!(!applies(Peer::FibraNet, "http_p99"));
+    }
 }
