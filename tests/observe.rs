@@ -850,3 +850,62 @@ fn the_watchdog_sleeps_while_the_scheduler_is_idle() {
         s.stop();
     });
 }
+
+#[test]
+fn dumps_during_a_shutdown_and_from_a_destructor_do_not_hang() {
+    with_deadline(|| {
+        let s = quiet_sched(2);
+        // A fiber whose destructor, run by the cancellation's unwind, dumps its scheduler.
+        struct DumpOnDrop(Arc<Scheduler>, mpsc::Sender<usize>);
+        impl Drop for DumpOnDrop {
+            fn drop(&mut self) {
+                let d = self.0.dump();
+                let _ = self.1.send(d.fibers().len());
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let s2 = s.clone();
+        let _victim = s
+            .task()
+            .name("victim")
+            .submit(
+                move || {
+                    let _d = DumpOnDrop(s2, tx);
+                    fibra::sleep(Duration::from_secs(600));
+                },
+                None,
+            )
+            .unwrap();
+        dump_until(&s, "victim", Status::Parked(WaitOn::Sleep));
+        // Dumps from another thread while the scheduler stops.
+        let s3 = s.clone();
+        let dumper = std::thread::spawn(move || {
+            let end = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < end {
+                let _ = s3.dump().to_string();
+                let _ = s3.metrics();
+            }
+        });
+        assert_eq!(s.stop_timeout(Duration::from_millis(50)), 1);
+        assert!(rx.recv_timeout(LIMIT).unwrap() >= 1);
+        dumper.join().unwrap();
+        assert!(s.dump().fibers().is_empty());
+    });
+}
+
+#[test]
+fn watchdog_extremes_build_and_run() {
+    with_deadline(|| {
+        for d in [Duration::from_nanos(1), Duration::MAX] {
+            let s = Scheduler::builder()
+                .threads(1)
+                .name("extreme")
+                .watchdog(d)
+                .build()
+                .unwrap();
+            s.start();
+            assert_eq!(s.block_on(|| 6 * 7), 42);
+            s.stop();
+        }
+    });
+}
