@@ -77,7 +77,7 @@ pub enum WaitOn {
     Park,
     /// A future polled by [`future::block_on`](crate::future::block_on).
     Future,
-    /// A call running on the blocking pool ([`unblock`](crate::unblock), files).
+    /// A call running on the blocking pool ([`unblock`](crate::unblock()), files).
     Blocking,
     /// Anything else: the call that waits, such as `"Condvar::wait"`.
     Other(&'static str),

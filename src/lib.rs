@@ -84,8 +84,8 @@ pub use join_set::JoinSet;
 pub use metrics::{Metrics, WorkerMetrics};
 pub use park::{park, park_timeout, ParkResult, Unparker};
 pub use sched::{
-    current_worker, spawn, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DROP_PATIENCE,
-    MAX_THREADS,
+    current_worker, spawn, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DEFAULT_WATCHDOG,
+    DROP_PATIENCE, MAX_THREADS,
 };
 pub use scope::{scope, Scope, ScopedJoinHandle};
 pub use stack::{

@@ -222,7 +222,7 @@ impl Metrics {
         self.workers.iter().map(|w| w.timers).sum()
     }
 
-    /// Process-wide: threads of the blocking pool ([`unblock`](crate::unblock)).
+    /// Process-wide: threads of the blocking pool ([`unblock`](crate::unblock())).
     pub fn blocking_threads(&self) -> usize {
         self.blocking_threads
     }
