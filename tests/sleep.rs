@@ -82,6 +82,49 @@ fn sleep_never_returns_early_in_fibers_or_threads() {
     assert!(Instant::now() >= deadline);
 }
 
+/// Deadlines are exact, not rounded to a 1 ms tick: 2 000 fibers on two workers each sleep
+/// five pseudo-random durations from 1 µs to 3 ms (sub-millisecond ones included, many sharing
+/// a millisecond), and park five times until a pseudo-random instant with nobody to unpark
+/// them — so only the worker's timer ends that park, and it must not fire before the
+/// deadline (`sleep` alone would hide an early timer: it parks again until the deadline).
+/// How late they wake is a benchmark's figure (`cargo bench --bench timers --
+/// sleep_precision`), not a test's.
+#[test]
+fn sleeps_of_any_length_never_return_early() {
+    let s = scheduler(2);
+    let hs: Vec<_> = (0..2_000u64)
+        .map(|k| {
+            s.submit(
+                move || {
+                    let mut x = k.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    let mut next = move || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        Duration::from_nanos(1_000 + x % 3_000_000)
+                    };
+                    for _ in 0..5 {
+                        let d = next();
+                        let t = Instant::now();
+                        fibra::sleep(d);
+                        let slept = t.elapsed();
+                        assert!(slept >= d, "slept {slept:?} < {d:?}");
+                        let deadline = Instant::now() + next();
+                        let r = fibra::park_timeout(deadline, drop);
+                        assert_eq!(r, fibra::ParkResult::TimedOut);
+                        assert!(Instant::now() >= deadline, "the timer fired early");
+                    }
+                },
+                None,
+            )
+            .unwrap()
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
 #[test]
 fn zero_and_past_deadlines_yield_once_and_return() {
     // Both tasks are queued before the worker starts, so neither can finish before the other

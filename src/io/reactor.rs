@@ -2,8 +2,8 @@
 //! of every registered file descriptor.
 //!
 //! There is no poller thread. A worker with nothing to run becomes *the* poller if nobody
-//! else is (Go's netpoller model): it blocks in `epoll_wait` with its next timer deadline as
-//! timeout, while other idle workers sleep on their futex. Anyone who needs that worker back
+//! else is (Go's netpoller model): it blocks in `epoll_pwait2` (`epoll_wait` on kernels before
+//! 5.11) with its next timer deadline as timeout, while other idle workers sleep on their futex. Anyone who needs that worker back
 //! (new work, a wake of one of its fibers) writes to the reactor's eventfd. Busy workers take
 //! a non-blocking look every few dozen tasks while fibers wait for I/O, so readiness is never
 //! stuck behind a long run of work.
@@ -458,23 +458,61 @@ impl Reactor {
         }
     }
 
-    /// Waits for events at most `timeout` (`None`: until one arrives or `wake`) and wakes the
-    /// fibers they concern. The caller holds the poller role.
-    pub(crate) fn poll(&self, timeout: Option<Duration>) {
+    /// Blocks until events arrive into `events`, a `wake`, or `timeout`; returns how many
+    /// arrived (`<= 0`: none). The timeout is kept to the nanosecond with `epoll_pwait2`
+    /// (Linux 5.11), so a worker sleeping here wakes at its exact timer deadline (plus the
+    /// kernel's timer slack, as on a futex); on an older kernel, `epoll_wait` rounds it up to
+    /// the next millisecond, never down: a timer is then up to 1 ms late, never early.
+    fn wait(&self, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> libc::c_int {
+        /// Cleared once the kernel said it has no `epoll_pwait2`.
+        static PWAIT2: AtomicBool = AtomicBool::new(true);
+        let max = events.len().min(libc::c_int::MAX as usize) as libc::c_int;
+        if PWAIT2.load(Ordering::Relaxed) {
+            let ts = timeout.map(|d| libc::timespec {
+                tv_sec: d.as_secs().min(i64::MAX as u64 / 2) as libc::time_t,
+                tv_nsec: d.subsec_nanos() as libc::c_long,
+            });
+            let ts_ptr = ts
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+            // SAFETY: `events` is a live, writable buffer of `max` entries for the whole call;
+            // the timespec pointer is null (no timeout) or points to a live local; a null
+            // signal mask leaves the mask alone (its size argument is then ignored).
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_epoll_pwait2,
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    max,
+                    ts_ptr,
+                    std::ptr::null::<libc::sigset_t>(),
+                    0usize,
+                )
+            };
+            let unknown = n < 0
+                && matches!(
+                    // ENOSYS: an older kernel; EPERM: a seccomp filter that does not know it.
+                    io::Error::last_os_error().raw_os_error(),
+                    Some(libc::ENOSYS | libc::EPERM)
+                );
+            if !unknown {
+                return n as libc::c_int;
+            }
+            PWAIT2.store(false, Ordering::Relaxed);
+        }
         let ms = match timeout {
             None => -1,
             Some(t) => t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
         };
+        // SAFETY: `events` is a live, writable buffer of `max` entries for the whole call.
+        unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) }
+    }
+
+    /// Waits for events at most `timeout` (`None`: until one arrives or `wake`) and wakes the
+    /// fibers they concern. The caller holds the poller role.
+    pub(crate) fn poll(&self, timeout: Option<Duration>) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS];
-        // SAFETY: the buffer holds EVENTS entries and outlives the call.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                EVENTS as libc::c_int,
-                ms,
-            )
-        };
+        let n = self.wait(&mut events, timeout);
         if n <= 0 {
             return;
         }

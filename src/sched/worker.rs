@@ -1250,6 +1250,8 @@ impl Worker {
         if !answered && sh.idle.try_spin(self.index) {
             let mut watch = None;
             let start = Instant::now();
+            // Timers fire exactly: a deadline within the spin ends it (then `has_work`).
+            let due = self.timers.borrow().next_deadline();
             loop {
                 let found = self
                     .pop_inbox()
@@ -1266,7 +1268,7 @@ impl Worker {
                     return;
                 }
                 let spun = start.elapsed();
-                if spun >= SPIN_FOR {
+                if spun >= SPIN_FOR || due.is_some_and(|d| start + spun >= d) {
                     break;
                 } else if spun < SPIN_FOR / 2 {
                     for _ in 0..SPIN_PAUSES {
