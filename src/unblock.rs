@@ -7,14 +7,19 @@
 //!
 //! # The call
 //! `unblock(f)` keeps `f`, the result slot and a small completion word in a `Call` on the
-//! calling fiber's own stack — no allocation — and parks. After the switch, on the worker's
-//! stack, the registration pushes an `Entry` (a pointer to that `Call` and the fiber's
-//! `Unparker`) to the pool's queue. A pool thread runs `f` (catching a panic), stores the
-//! result, marks the call done and unparks the fiber, which reads the result (or resumes the
-//! panic) on its own thread. Because the fiber cannot run before the unpark, `f` may borrow
-//! from the caller's stack, like `std::thread::scope`. The one way a parked fiber can leave
-//! early is cancellation by `Scheduler::stop_timeout`, which unwinds its stack: a guard then
-//! blocks the worker thread until the pool thread has finished with the `Call`.
+//! calling fiber's own stack — no allocation — pushes an `Entry` (a pointer to that `Call`)
+//! to the pool's queue, and parks. After the switch, on the worker's stack, the registration
+//! publishes the fiber's `Unparker` in the `Call` — or, if the pool has finished the call
+//! already, wakes the fiber itself, on its own worker. A pool thread runs `f` (catching a
+//! panic), stores the result, marks the call done and unparks the fiber if it has parked
+//! by then; the fiber reads the result (or resumes the panic) on its own thread. The call is
+//! thus published before the fiber suspends, but the fiber itself only after (the park
+//! protocol's rule), and a quick call finished by a thread that was awake costs no
+//! cross-thread wake of the worker. Because the fiber cannot continue before the call is
+//! done, `f` may borrow from the caller's stack, like `std::thread::scope`. The one way a
+//! parked fiber can leave early is cancellation by `Scheduler::stop_timeout`, which unwinds
+//! its stack: a guard then blocks the worker thread until the pool thread has finished with
+//! the `Call`.
 //!
 //! # The pool
 //! Threads are started on demand, up to [`max_threads`] (default [`DEFAULT_MAX_THREADS`]);
@@ -98,23 +103,27 @@ where
     let job: *const (dyn Run + '_) = job;
     // SAFETY: only the lifetime is erased. The `Call` lives on this fiber's stack until it
     // returns; the pool reads it only between the push below and `Completion::complete`, and
-    // the fiber cannot leave this frame before that: `park` returns only after the unpark that
-    // follows `complete`, and an unwinding cancellation waits in `AwaitCompletion::drop`.
+    // the fiber cannot leave this frame before that: it returns only after seeing DONE
+    // (`wait_done` below), and an unwinding cancellation waits in `AwaitCompletion::drop`.
     let job: *const (dyn Run + 'static) = unsafe { std::mem::transmute(job) };
-    let entry = |unparker| Entry {
+    call.completion.state.store(QUEUED, Ordering::Relaxed);
+    // The call goes to the pool now, before the fiber suspends; only the fiber's `Unparker`
+    // waits for the suspension (the registration below). A call the pool finishes before
+    // the worker gets to the registration then needs no cross-thread wake at all.
+    POOL.submit(Entry {
         job: NonNull::new(job.cast_mut()).expect("a reference is never null"),
         completion: NonNull::from(&call.completion),
-        unparker,
-    };
-    crate::park::park_until(None, crate::dump::WaitOn::Blocking, |u| {
-        call.completion.state.store(QUEUED, Ordering::Relaxed);
-        POOL.submit(entry(u));
     });
-    // `park` returned, so the call is complete: nothing for the guard to wait for or drop.
+    crate::park::park_until(None, crate::dump::WaitOn::Blocking, |u| {
+        call.completion.park(u);
+    });
+    // Done, normally (the park ended with the pool's unpark, or the registration's own when
+    // the call was done by then); should the park ever end otherwise, this blocks the thread
+    // until it is, like the guard would.
+    call.completion.wait_done();
     std::mem::forget(guard);
-    // SAFETY: the pool thread wrote the result before `complete` and the unpark (whose
-    // Release/Acquire chain through the park word orders it before this read); nobody else
-    // touches it any more.
+    // SAFETY: the pool thread wrote the result before its Release store of DONE, which
+    // `wait_done` observed (Acquire); nobody else touches it any more.
     let result = unsafe { (*call.result.get()).take() };
     match result.expect("unblock: the pool completes every call before waking its caller") {
         Ok(v) => v,
@@ -170,12 +179,17 @@ pub(crate) fn pool_stats() -> (usize, usize, usize) {
     (threads, threads.saturating_sub(sleeping), POOL.queue.len())
 }
 
-/// Completion word states.
+/// Completion word states: `IDLE → QUEUED → (PARKED →) DONE`, or, for a caller that must
+/// block its thread instead (a cancelled one), `QUEUED/PARKED → WAITING → DONE`.
 const IDLE: u32 = 0;
+/// Handed to the pool; the caller has not published its `Unparker` (yet).
 const QUEUED: u32 = 1;
-const DONE: u32 = 2;
-/// The caller is being cancelled and waits (blocking its thread) for `DONE`.
-const WAITING: u32 = 3;
+/// The caller's fiber is parked and its `Unparker` is in `Completion::unparker`.
+const PARKED: u32 = 2;
+/// The pool is done with the call (the last touch of the caller's stack).
+const DONE: u32 = 3;
+/// The caller blocks its thread until `DONE`; its handle is in `Completion::waiter`.
+const WAITING: u32 = 4;
 
 /// One `unblock` call, on the caller's stack.
 struct Call<F, T> {
@@ -201,9 +215,12 @@ impl<F: FnOnce() -> T, T> Run for Call<F, T> {
     }
 }
 
-/// Whether a call is done, and how a cancelled caller waits for that.
+/// Whether a call is done, and how its caller is told.
 struct Completion {
     state: AtomicU32,
+    /// The parked fiber to wake in state `PARKED`; written by the registration before it
+    /// moves to `PARKED`, taken by the pool thread only after it has seen `PARKED`.
+    unparker: UnsafeCell<Option<Unparker>>,
     /// The thread to wake in state `WAITING`; written by the caller before it moves to
     /// `WAITING`, read by the pool thread only after it has seen `WAITING`.
     waiter: UnsafeCell<Option<Thread>>,
@@ -213,50 +230,99 @@ impl Completion {
     fn new() -> Self {
         Completion {
             state: AtomicU32::new(IDLE),
+            unparker: UnsafeCell::new(None),
             waiter: UnsafeCell::new(None),
         }
     }
 
-    /// Marks the call done: the pool thread's last access to the caller's stack.
+    /// The park registration (on the worker's stack, the fiber suspended): publishes the
+    /// fiber's `Unparker` for the pool, or, if the call is done already, wakes the fiber at
+    /// once (on its own worker: no cross-thread wake).
+    fn park(&self, u: Unparker) {
+        // SAFETY: the pool reads `unparker` only after seeing PARKED, which we set below;
+        // until then nobody else touches it.
+        unsafe { *self.unparker.get() = Some(u.clone()) };
+        // Release: the pool that sees PARKED sees the unparker. Acquire on failure: the
+        // result is visible once the fiber resumes (it looks again in `wait_done`).
+        if self
+            .state
+            .compare_exchange(QUEUED, PARKED, Ordering::Release, Ordering::Acquire)
+            .is_err()
+        {
+            u.unpark();
+        }
+    }
+
+    /// Marks the call done: the pool thread's last access to the caller's stack. Returns
+    /// the parked caller's `Unparker`, for the pool thread to wake it.
     ///
     /// # Safety
     /// `this` points to the live `Completion` of a call that has run; after this returns,
     /// the caller may pop its frame at any time, so `this` must not be used again.
-    unsafe fn complete(this: NonNull<Completion>) {
+    unsafe fn complete(this: NonNull<Completion>) -> Option<Unparker> {
         // SAFETY: live until the state below is DONE (see the function's contract).
         let c = unsafe { this.as_ref() };
-        // Release: the result written before is visible to a caller that sees DONE.
-        match c
-            .state
-            .compare_exchange(QUEUED, DONE, Ordering::Release, Ordering::Acquire)
-        {
-            Ok(_) => {}
-            Err(WAITING) => {
-                // SAFETY: written before the caller's Release CAS to WAITING, which our
-                // Acquire observed; the caller does not touch it again until DONE.
-                let waiter = unsafe { (*c.waiter.get()).take() };
-                c.state.store(DONE, Ordering::Release);
-                if let Some(t) = waiter {
-                    t.unpark();
+        let mut state = c.state.load(Ordering::Acquire);
+        loop {
+            // Release on every way to DONE: the result written before is visible to a
+            // caller that sees DONE.
+            match state {
+                QUEUED => match c.state.compare_exchange(
+                    QUEUED,
+                    DONE,
+                    Ordering::Release,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return None,
+                    Err(now) => state = now,
+                },
+                PARKED => {
+                    // Taken before DONE: after DONE the frame may be gone (a cancellation
+                    // unwinding the parked fiber returns once it sees DONE).
+                    // SAFETY: written before the registration's Release CAS to PARKED, which
+                    // our Acquire observed; the caller does not touch it again until DONE.
+                    let unparker = unsafe { (*c.unparker.get()).take() };
+                    match c.state.compare_exchange(
+                        PARKED,
+                        DONE,
+                        Ordering::Release,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return unparker,
+                        // WAITING: the fiber is being cancelled; the unparker is not needed.
+                        Err(now) => state = now,
+                    }
                 }
+                WAITING => {
+                    // SAFETY: written before the caller's Release CAS to WAITING, which our
+                    // Acquire observed; the caller does not touch it again until DONE.
+                    let waiter = unsafe { (*c.waiter.get()).take() };
+                    c.state.store(DONE, Ordering::Release);
+                    if let Some(t) = waiter {
+                        t.unpark();
+                    }
+                    return None;
+                }
+                other => unreachable!("unblock: completion in state {other}"),
             }
-            Err(other) => unreachable!("unblock: completion in state {other}"),
         }
     }
 
-    /// Blocks the thread until the pool is done with the call, if it was ever queued.
-    fn wait_blocking(&self) {
-        if self.state.load(Ordering::Acquire) != QUEUED {
-            return;
+    /// Blocks the thread until the pool is done with the call, if it was ever queued and is
+    /// not done yet.
+    fn wait_done(&self) {
+        let state = self.state.load(Ordering::Acquire);
+        if state != QUEUED && state != PARKED {
+            return; // DONE, or never queued
         }
         // SAFETY: the pool reads `waiter` only after seeing WAITING, which we set below.
         unsafe { *self.waiter.get() = Some(std::thread::current()) };
         if self
             .state
-            .compare_exchange(QUEUED, WAITING, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(state, WAITING, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return; // DONE meanwhile
+            return; // DONE meanwhile (the only other move from QUEUED or PARKED)
         }
         while self.state.load(Ordering::Acquire) != DONE {
             std::thread::park();
@@ -273,7 +339,7 @@ struct AwaitCompletion<'a, F, T>(&'a Call<F, T>);
 
 impl<F, T> Drop for AwaitCompletion<'_, F, T> {
     fn drop(&mut self) {
-        self.0.completion.wait_blocking();
+        self.0.completion.wait_done();
         // SAFETY: the pool is done with the call (or never had it), so this thread is the
         // only one touching it.
         let (func, result) =
@@ -282,11 +348,10 @@ impl<F, T> Drop for AwaitCompletion<'_, F, T> {
     }
 }
 
-/// A queued call: what to run, what to mark done, whom to wake.
+/// A queued call: what to run, and what to mark done (which says whom to wake).
 struct Entry {
     job: NonNull<dyn Run>,
     completion: NonNull<Completion>,
-    unparker: Unparker,
 }
 
 // SAFETY: an entry hands a call to exactly one pool thread. The `Call` is `Send` in
@@ -295,15 +360,15 @@ struct Entry {
 unsafe impl Send for Entry {}
 
 impl Entry {
-    /// Runs the call and marks it done; the caller must then be woken with the returned
-    /// `Unparker` (left to the pool thread, which first gets ready for the next call).
+    /// Runs the call and marks it done; a parked caller must then be woken with the
+    /// returned `Unparker` (left to the pool thread, which first gets ready for the next
+    /// call).
     #[must_use]
-    fn run(self) -> Unparker {
+    fn run(self) -> Option<Unparker> {
         // SAFETY: the call is live until `complete` (see `unblock`).
         unsafe { self.job.as_ref().run() };
         // SAFETY: the call has run; `completion` is not used after this.
-        unsafe { Completion::complete(self.completion) };
-        self.unparker
+        unsafe { Completion::complete(self.completion) }
     }
 }
 
@@ -362,8 +427,8 @@ impl Pool {
         }
     }
 
-    /// Queues a call and makes sure a thread will look at it. Runs on a worker's stack
-    /// inside `park`'s registration, so it never blocks (apart from starting a thread).
+    /// Queues a call and makes sure a thread will look at it. Runs on the calling fiber's
+    /// stack; it never blocks (apart from starting a thread).
     fn submit(&'static self, entry: Entry) {
         self.queue.push(entry);
         // Pairs with the fence of a thread going to sleep (`sleep`): either it sees this
@@ -406,7 +471,9 @@ impl Pool {
                 // The OS refuses threads and the pool has none: run the queue here rather
                 // than leave callers parked for ever.
                 while let Some(e) = self.queue.pop() {
-                    e.run().unpark();
+                    if let Some(caller) = e.run() {
+                        caller.unpark();
+                    }
                 }
             }
         }
@@ -428,7 +495,9 @@ impl Pool {
                 // Search again *before* waking the caller: a call it makes right away then
                 // finds this thread and wakes nobody.
                 self.searching.fetch_add(1, Ordering::SeqCst);
-                caller.unpark();
+                if let Some(caller) = caller {
+                    caller.unpark();
+                }
                 continue;
             }
             match self.sleep(&me) {
