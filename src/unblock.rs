@@ -31,15 +31,38 @@
 //! more queued, wakes the next thread. A burst of calls therefore costs a chain of wake-ups
 //! rather than one per call, and quick calls run back to back on whichever thread is awake.
 //! Idle threads sleep on a futex each, the most recently idle woken first, so the oldest
-//! time out. Nothing spins (see `Pool::sleep` for the measurement).
+//! time out.
+//!
+//! # Back-to-back calls
+//! A fiber that makes one call after another (`read` in a loop, say) would pay two wake-ups
+//! per call: its submit wakes a pool thread, which has gone to sleep since the previous call,
+//! and that thread's unpark wakes the fiber's worker, which has gone idle meanwhile. So a
+//! call carries a hint, *back to back*: its caller got the result of its previous call, on
+//! the same thread and from the same frame, less than `BACK_TO_BACK_NS` ago. A pool thread
+//! that has served such a call and finds the queue empty *spins* — looks at the queue again
+//! every microsecond or so — for up to `SPIN_FOR_NS` before it sleeps (at most one thread
+//! spins at a time; it still counts as searching, so the caller's next submit wakes nobody),
+//! and the caller's worker, which spins itself for a while when idle, finds the unpark in its
+//! inbox without a futex wake. Callers that are not back to back (a burst of calls from
+//! different fibers, or one call now and then) get no spin. The spin gives way when it does
+//! not pay:
+//! - a spinner that has not looked for `AWAY_NS` (descheduled: the CPU is wanted elsewhere)
+//!   ends its spin, and the first submitter to notice no longer counts on it and wakes
+//!   another thread;
+//! - after `FRUITLESS_SPINS` spins in a row that found nothing — the callers are slow to come
+//!   back, typically because the spinner takes the CPU they need — nobody spins for
+//!   `QUIET_NS`.
+//!
+//! An idle pool therefore costs nothing: at most one spin of `SPIN_FOR_NS` after the last
+//! call, then every thread sleeps.
 
 use crate::park::Unparker;
 use crate::sys::futex;
 use crossbeam_queue::SegQueue;
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -50,6 +73,20 @@ pub const DEFAULT_MAX_THREADS: usize = 512;
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
 /// Pool thread names are `fibra-unblock-<n>`.
 const THREAD_NAME: &str = "fibra-unblock";
+/// A call is back to back when its caller got the result of its previous call (on the same
+/// thread, from the same frame) less than this long ago.
+const BACK_TO_BACK_NS: u64 = 5_000;
+/// How long a pool thread that has served a back-to-back call looks for the caller's next
+/// call before it sleeps. It covers the caller's way back: its worker finding the unpark
+/// (or being woken), resuming the fiber, and the fiber's next submit.
+const SPIN_FOR_NS: u64 = 20_000;
+/// Pause instructions between two looks of a spinning pool thread (about a microsecond).
+const SPIN_PAUSES: u32 = 32;
+/// A spinner that has not looked at the queue for this long has been descheduled.
+const AWAY_NS: u64 = 10_000;
+/// After this many spins in a row that found nothing, nobody spins for `QUIET_NS`.
+const FRUITLESS_SPINS: u32 = 3;
+const QUIET_NS: u64 = 2_000_000;
 
 /// Runs the blocking function `f` on the blocking pool and returns its value, parking only
 /// the calling fiber meanwhile.
@@ -62,7 +99,10 @@ const THREAD_NAME: &str = "fibra-unblock";
 /// `f` may borrow from the caller (it need not be `'static`): the caller cannot continue
 /// before `f` has returned. Use it for calls that block the thread — file I/O, DNS lookups,
 /// `std` locks, CPU-heavy work — never for fibra's own waits, which already suspend only the
-/// fiber. A call costs a few microseconds (two cross-thread hand-offs); batch small calls.
+/// fiber. Every call suspends the fiber, so other fibers get their turn even when the call is
+/// quick. A call costs a microsecond or two when made back to back with the fiber's previous
+/// one (a pool thread waits briefly for it; see the module docs), several when a pool thread
+/// or the worker must be woken; batch small calls.
 ///
 /// The pool is process-wide and grows on demand up to [`max_threads`]; calls beyond that
 /// queue in FIFO order. A blocking function that waits for another `unblock` call to finish
@@ -107,12 +147,18 @@ where
     // (`wait_done` below), and an unwinding cancellation waits in `AwaitCompletion::drop`.
     let job: *const (dyn Run + 'static) = unsafe { std::mem::transmute(job) };
     call.completion.state.store(QUEUED, Ordering::Relaxed);
+    let frame = &call.completion as *const Completion as usize;
+    let back_to_back = LAST_CALL.with(|last| {
+        let (last_frame, returned) = last.get();
+        last_frame == frame && crate::sys::mono_ns().saturating_sub(returned) < BACK_TO_BACK_NS
+    });
     // The call goes to the pool now, before the fiber suspends; only the fiber's `Unparker`
     // waits for the suspension (the registration below). A call the pool finishes before
     // the worker gets to the registration then needs no cross-thread wake at all.
     POOL.submit(Entry {
         job: NonNull::new(job.cast_mut()).expect("a reference is never null"),
         completion: NonNull::from(&call.completion),
+        back_to_back,
     });
     crate::park::park_until(None, crate::dump::WaitOn::Blocking, |u| {
         call.completion.park(u);
@@ -122,6 +168,7 @@ where
     // until it is, like the guard would.
     call.completion.wait_done();
     std::mem::forget(guard);
+    LAST_CALL.with(|last| last.set((frame, crate::sys::mono_ns())));
     // SAFETY: the pool thread wrote the result before its Release store of DONE, which
     // `wait_done` observed (Acquire); nobody else touches it any more.
     let result = unsafe { (*call.result.get()).take() };
@@ -129,6 +176,12 @@ where
         Ok(v) => v,
         Err(panic) => resume_unwind(panic),
     }
+}
+
+thread_local! {
+    /// The frame (the `Completion`'s address) of the last `unblock` call that returned on
+    /// this thread, and when (`mono_ns`): whether the next call is back to back.
+    static LAST_CALL: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Caps the number of blocking threads (default [`DEFAULT_MAX_THREADS`]). Lowering it does
@@ -348,10 +401,12 @@ impl<F, T> Drop for AwaitCompletion<'_, F, T> {
     }
 }
 
-/// A queued call: what to run, and what to mark done (which says whom to wake).
+/// A queued call: what to run, what to mark done (which says whom to wake), and whether its
+/// caller calls back to back (then the thread that serves it spins for the next call).
 struct Entry {
     job: NonNull<dyn Run>,
     completion: NonNull<Completion>,
+    back_to_back: bool,
 }
 
 // SAFETY: an entry hands a call to exactly one pool thread. The `Call` is `Send` in
@@ -386,6 +441,15 @@ struct Pool {
     max_threads: AtomicUsize,
     keep_alive_ns: AtomicU64,
     names: AtomicUsize,
+    /// Whether a thread spins (at most one does).
+    spinning: AtomicBool,
+    /// When the spinning thread last looked at the queue (`mono_ns`); 0 when none spins, or
+    /// when a submitter has found it away and stopped counting on it.
+    spinner_seen: AtomicU64,
+    /// Spins in a row that found nothing.
+    fruitless: AtomicU32,
+    /// No spin starts before this time (`mono_ns`).
+    quiet_until: AtomicU64,
 }
 
 struct Idle {
@@ -424,6 +488,10 @@ impl Pool {
             max_threads: AtomicUsize::new(DEFAULT_MAX_THREADS),
             keep_alive_ns: AtomicU64::new(DEFAULT_KEEP_ALIVE.as_secs() * 1_000_000_000),
             names: AtomicUsize::new(0),
+            spinning: AtomicBool::new(false),
+            spinner_seen: AtomicU64::new(0),
+            fruitless: AtomicU32::new(0),
+            quiet_until: AtomicU64::new(0),
         }
     }
 
@@ -434,9 +502,23 @@ impl Pool {
         // Pairs with the fence of a thread going to sleep (`sleep`): either it sees this
         // entry, or we see it no longer searching and wake someone.
         fence(Ordering::SeqCst);
-        if self.searching.load(Ordering::SeqCst) == 0 {
+        if self.searching.load(Ordering::SeqCst) == 0 || self.spinner_away() {
             self.wake_one();
         }
+    }
+
+    /// Whether a spinning thread, counted among the searchers, has not looked at the queue
+    /// for `AWAY_NS` — descheduled, it may not look again for a whole time slice. The first
+    /// submitter to notice stops counting on it (and wakes another thread); it ends its spin
+    /// when it runs again.
+    fn spinner_away(&self) -> bool {
+        let seen = self.spinner_seen.load(Ordering::Relaxed);
+        seen != 0
+            && crate::sys::mono_ns().saturating_sub(seen) > AWAY_NS
+            && self
+                .spinner_seen
+                .compare_exchange(seen, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Wakes the most recently idle thread, or starts one if none sleeps and the cap allows;
@@ -484,6 +566,8 @@ impl Pool {
         let me = Arc::new(Sleeper {
             word: AtomicU32::new(EMPTY),
         });
+        // Whether the call just served was back to back: then spin before sleeping.
+        let mut spin = false;
         loop {
             if let Some(entry) = self.queue.pop() {
                 // The last searcher going to work hands the search on if more work waits
@@ -491,6 +575,7 @@ impl Pool {
                 if self.searching.fetch_sub(1, Ordering::SeqCst) == 1 && !self.queue.is_empty() {
                     self.wake_one();
                 }
+                spin = entry.back_to_back;
                 let caller = entry.run();
                 // Search again *before* waking the caller: a call it makes right away then
                 // finds this thread and wakes nobody.
@@ -500,6 +585,9 @@ impl Pool {
                 }
                 continue;
             }
+            if std::mem::take(&mut spin) && self.spin() {
+                continue;
+            }
             match self.sleep(&me) {
                 Woke::Notified => continue,
                 Woke::Exit => return,
@@ -507,11 +595,51 @@ impl Pool {
         }
     }
 
-    /// Stops searching and sleeps until handed work, or until the keep-alive runs out.
+    /// Looks at the queue for up to `SPIN_FOR_NS`, still counted as searching, unless
+    /// another thread spins or spinning is quiet (see the module docs); true if a call came.
     ///
-    /// There is no spinning: on a loaded 2-core machine every microsecond a pool thread
-    /// spins is taken from the worker that would make the next call (measured: a sequential
-    /// call cost 8 µs without spinning, 19 µs with a 5 µs spin, 70-100 µs with 50 µs).
+    /// Pauses, not `sched_yield`, between looks: a yield hands the CPU to anyone runnable
+    /// for a whole slice (and, on Linux's EEVDF, pushes the yielder's next turn back by a
+    /// slice each time), which made back-to-back calls slower than no spin at all. The spin
+    /// is short instead, and gives up when it is descheduled or keeps finding nothing.
+    fn spin(&self) -> bool {
+        let start = crate::sys::mono_ns();
+        if start < self.quiet_until.load(Ordering::Relaxed)
+            || self.spinning.swap(true, Ordering::Acquire)
+        {
+            return false;
+        }
+        self.spinner_seen.store(start, Ordering::Relaxed);
+        let mut seen = start;
+        let found = loop {
+            if !self.queue.is_empty() {
+                break true;
+            }
+            for _ in 0..SPIN_PAUSES {
+                std::hint::spin_loop();
+            }
+            let now = crate::sys::mono_ns();
+            // Checked before `spinner_seen` is refreshed: a spinner that was away (and may
+            // have been given up on by a submitter) ends here at its next look.
+            if now.saturating_sub(seen) > AWAY_NS || now.saturating_sub(start) >= SPIN_FOR_NS {
+                break false;
+            }
+            seen = now;
+            self.spinner_seen.store(now, Ordering::Relaxed);
+        };
+        self.spinner_seen.store(0, Ordering::Relaxed);
+        self.spinning.store(false, Ordering::Release);
+        if found {
+            self.fruitless.store(0, Ordering::Relaxed);
+        } else if self.fruitless.fetch_add(1, Ordering::Relaxed) + 1 >= FRUITLESS_SPINS {
+            self.fruitless.store(0, Ordering::Relaxed);
+            self.quiet_until
+                .store(crate::sys::mono_ns() + QUIET_NS, Ordering::Relaxed);
+        }
+        found
+    }
+
+    /// Stops searching and sleeps until handed work, or until the keep-alive runs out.
     fn sleep(&self, me: &Arc<Sleeper>) -> Woke {
         {
             // Under the lock, so that a submitter that sees us no longer searching finds us
