@@ -294,15 +294,20 @@ impl Completion {
     fn park(&self, u: Unparker) {
         // SAFETY: the pool reads `unparker` only after seeing PARKED, which we set below;
         // until then nobody else touches it.
-        unsafe { *self.unparker.get() = Some(u.clone()) };
-        // Release: the pool that sees PARKED sees the unparker. Acquire on failure: the
-        // result is visible once the fiber resumes (it looks again in `wait_done`).
+        unsafe { *self.unparker.get() = Some(u) };
+        // Release: the pool that sees PARKED sees the unparker.
         if self
             .state
-            .compare_exchange(QUEUED, PARKED, Ordering::Release, Ordering::Acquire)
+            .compare_exchange(QUEUED, PARKED, Ordering::Release, Ordering::Relaxed)
             .is_err()
         {
-            u.unpark();
+            // DONE already (the only other move from QUEUED): the pool never reads the slot
+            // now, so take the unparker back and wake the fiber here. The fiber reads the
+            // result after its own Acquire look at DONE (`wait_done`).
+            // SAFETY: as above; the pool touches `unparker` only in state PARKED.
+            if let Some(u) = unsafe { (*self.unparker.get()).take() } {
+                u.unpark();
+            }
         }
     }
 
