@@ -37,8 +37,8 @@
 //! A fiber that makes one call after another (`read` in a loop, say) would pay two wake-ups
 //! per call: its submit wakes a pool thread, which has gone to sleep since the previous call,
 //! and that thread's unpark wakes the fiber's worker, which has gone idle meanwhile. So a
-//! call carries a hint, *back to back*: its caller got the result of its previous call, on
-//! the same thread and from the same frame, less than `BACK_TO_BACK_NS` ago. A pool thread
+//! call carries a hint, *back to back*: its fiber got the result of its previous call less
+//! than `BACK_TO_BACK_NS` ago. A pool thread
 //! that has served such a call and finds the queue empty *spins* — looks at the queue again
 //! every microsecond or so — for up to `SPIN_FOR_NS` before it sleeps (at most one thread
 //! spins at a time; it still counts as searching, so the caller's next submit wakes nobody),
@@ -73,8 +73,8 @@ pub const DEFAULT_MAX_THREADS: usize = 512;
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(10);
 /// Pool thread names are `fibra-unblock-<n>`.
 const THREAD_NAME: &str = "fibra-unblock";
-/// A call is back to back when its caller got the result of its previous call (on the same
-/// thread, from the same frame) less than this long ago.
+/// A call is back to back when its fiber got the result of its previous call less than this
+/// long ago.
 const BACK_TO_BACK_NS: u64 = 5_000;
 /// How long a pool thread that has served a back-to-back call looks for the caller's next
 /// call before it sleeps. It covers the caller's way back: its worker finding the unpark
@@ -129,10 +129,10 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    let scheduled = crate::fiber::in_scheduled_fiber();
-    if !scheduled {
-        return f();
-    }
+    let fiber = match crate::fiber::current_meta() {
+        Some(meta) if meta.worker.is_some() => meta.id.as_u64(),
+        _ => return f(), // not in a scheduled fiber
+    };
     let call = Call {
         func: UnsafeCell::new(Some(f)),
         result: UnsafeCell::new(None),
@@ -147,10 +147,9 @@ where
     // (`wait_done` below), and an unwinding cancellation waits in `AwaitCompletion::drop`.
     let job: *const (dyn Run + 'static) = unsafe { std::mem::transmute(job) };
     call.completion.state.store(QUEUED, Ordering::Relaxed);
-    let frame = &call.completion as *const Completion as usize;
     let back_to_back = LAST_CALL.with(|last| {
-        let (last_frame, returned) = last.get();
-        last_frame == frame && crate::sys::mono_ns().saturating_sub(returned) < BACK_TO_BACK_NS
+        let (last_fiber, returned) = last.get();
+        last_fiber == fiber && crate::sys::mono_ns().saturating_sub(returned) < BACK_TO_BACK_NS
     });
     // The call goes to the pool now, before the fiber suspends; only the fiber's `Unparker`
     // waits for the suspension (the registration below). A call the pool finishes before
@@ -168,7 +167,7 @@ where
     // until it is, like the guard would.
     call.completion.wait_done();
     std::mem::forget(guard);
-    LAST_CALL.with(|last| last.set((frame, crate::sys::mono_ns())));
+    LAST_CALL.with(|last| last.set((fiber, crate::sys::mono_ns())));
     // SAFETY: the pool thread wrote the result before its Release store of DONE, which
     // `wait_done` observed (Acquire); nobody else touches it any more.
     let result = unsafe { (*call.result.get()).take() };
@@ -179,9 +178,9 @@ where
 }
 
 thread_local! {
-    /// The frame (the `Completion`'s address) of the last `unblock` call that returned on
-    /// this thread, and when (`mono_ns`): whether the next call is back to back.
-    static LAST_CALL: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
+    /// The fiber (its id) whose `unblock` call returned last on this thread, and when
+    /// (`mono_ns`): whether its next call is back to back. Fiber ids start at 1.
+    static LAST_CALL: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Caps the number of blocking threads (default [`DEFAULT_MAX_THREADS`]). Lowering it does
