@@ -38,14 +38,15 @@
 //! per call: its submit wakes a pool thread, which has gone to sleep since the previous call,
 //! and that thread's unpark wakes the fiber's worker, which has gone idle meanwhile. So a
 //! call carries a hint, *back to back*: its fiber got the result of its previous call less
-//! than `BACK_TO_BACK_NS` ago. A pool thread
-//! that has served such a call and finds the queue empty *spins* — looks at the queue again
-//! every microsecond or so — for up to `SPIN_FOR_NS` before it sleeps (at most one thread
-//! spins at a time; it still counts as searching, so the caller's next submit wakes nobody),
-//! and the caller's worker, which spins itself for a while when idle, finds the unpark in its
-//! inbox without a futex wake. Callers that are not back to back (a burst of calls from
-//! different fibers, or one call now and then) get no spin. The spin gives way when it does
-//! not pay:
+//! than `BACK_TO_BACK_NS` ago. A pool thread that has served such a call and finds the queue
+//! empty *spins* — looks at the queue again every microsecond or so — for up to
+//! `SPIN_FOR_NS` before it sleeps (at most one thread spins at a time; it still counts as
+//! searching, so the caller's next submit wakes nobody). The next call is then taken at
+//! once, and often finished before the caller's worker has parked the fiber, which then
+//! resumes without any wake; otherwise the worker, which spins itself for a while when idle,
+//! finds the unpark in its inbox without a futex wake. Callers that are not back to back (a
+//! burst of calls from different fibers, or one call now and then) get no spin. The spin
+//! gives way when it does not pay:
 //! - a spinner that has not looked for `AWAY_NS` (descheduled: the CPU is wanted elsewhere)
 //!   ends its spin, and the first submitter to notice no longer counts on it and wakes
 //!   another thread;
