@@ -270,3 +270,90 @@ fn unwind_safety_of_the_caller_is_its_own_business() {
         s.stop();
     });
 }
+
+#[test]
+fn back_to_back_calls_keep_their_results_and_panics_apart() {
+    // Calls one after another are the case the pool spins for: a thread that has served
+    // one looks for the next before it sleeps, and a call it finishes before the worker has
+    // parked the fiber wakes it on its own worker. Every result, and every panic, must still
+    // reach its own caller, at home, from fibers on every worker at once.
+    with_deadline(|| {
+        let s = Arc::new(sched(2));
+        let handles: Vec<_> = (0..4u64)
+            .map(|f| {
+                s.submit(
+                    move || {
+                        let home = thread::current().id();
+                        let mut sum = 0;
+                        let mut panics = 0;
+                        for k in 0..2_000u64 {
+                            if k % 100 == 7 {
+                                let r = catch_unwind(|| {
+                                    fibra::unblock(move || -> u64 { panic!("call {f}/{k}") })
+                                });
+                                let msg = panic_message(&*r.unwrap_err());
+                                assert_eq!(msg, Some(format!("call {f}/{k}")));
+                                panics += 1;
+                            } else {
+                                sum += fibra::unblock(move || f * 1_000_000 + k);
+                            }
+                            assert_eq!(thread::current().id(), home);
+                        }
+                        (sum, panics)
+                    },
+                    Some(f as usize % 2),
+                )
+                .unwrap()
+            })
+            .collect();
+        // Meanwhile, on a plain thread, the calls run inline.
+        let me = thread::current().id();
+        for _ in 0..100 {
+            assert_eq!(fibra::unblock(|| thread::current().id()), me);
+        }
+        for (f, h) in handles.into_iter().enumerate() {
+            let f = f as u64;
+            let expected: u64 = (0..2_000u64)
+                .filter(|k| k % 100 != 7)
+                .map(|k| f * 1_000_000 + k)
+                .sum();
+            assert_eq!(finish(h), (expected, 20));
+        }
+        s.stop();
+    });
+}
+
+#[test]
+fn a_fiber_cancelled_after_back_to_back_calls_waits_for_the_borrowed_call() {
+    // Like the test above, with the pool warmed by back-to-back calls, so that the blocking
+    // call is taken by a thread that was spinning for it.
+    with_deadline(|| {
+        let s = sched(1);
+        let finished = Arc::new(AtomicBool::new(false));
+        let (started_tx, started) = mpsc::channel();
+        let f = finished.clone();
+        let h = s
+            .submit(
+                move || {
+                    let mut local = [0u8; 64];
+                    for k in 0..1_000u32 {
+                        assert_eq!(fibra::unblock(move || k + 1), k + 1);
+                    }
+                    fibra::unblock(|| {
+                        started_tx.send(()).unwrap();
+                        thread::sleep(Duration::from_millis(200));
+                        local.fill(7);
+                        f.store(true, Ordering::SeqCst);
+                    });
+                    local[0]
+                },
+                None,
+            )
+            .unwrap();
+        started.recv_timeout(LIMIT).unwrap();
+        let cancelled = s.stop_timeout(Duration::from_millis(10));
+        assert_eq!(cancelled, 1);
+        assert!(finished.load(Ordering::SeqCst));
+        assert!(h.join().unwrap_err().is_cancelled());
+    });
+}

@@ -37,6 +37,34 @@ fn burst(sched: &fibra::Scheduler, calls: usize, hold: Duration) -> usize {
     peak.load(Ordering::SeqCst)
 }
 
+/// Runs `fibers` fibers that each make `calls` quick unblock calls one after another;
+/// returns the most that ran at once.
+fn back_to_back(sched: &fibra::Scheduler, fibers: usize, calls: usize) -> usize {
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..fibers)
+        .map(|_| {
+            let (running, peak) = (running.clone(), peak.clone());
+            sched
+                .submit(
+                    move || {
+                        for _ in 0..calls {
+                            fibra::unblock(|| {
+                                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                                peak.fetch_max(now, Ordering::SeqCst);
+                                running.fetch_sub(1, Ordering::SeqCst);
+                            })
+                        }
+                    },
+                    None,
+                )
+                .unwrap()
+        })
+        .collect();
+    handles.into_iter().for_each(finish);
+    peak.load(Ordering::SeqCst)
+}
+
 #[test]
 fn grows_on_demand_to_its_cap_and_shrinks_when_idle() {
     with_deadline(|| {
@@ -76,6 +104,19 @@ fn grows_on_demand_to_its_cap_and_shrinks_when_idle() {
         let peak = burst(&sched, 6, Duration::from_millis(30));
         assert!(peak <= 2, "cap 2, but {peak} calls ran at once");
         assert!(fibra::unblock::threads() <= 2);
+
+        // Back-to-back calls, which a pool thread spins for between them, keep to the cap
+        // as well, and their threads still leave after the keep-alive.
+        wait_until("idle blocking threads to exit", || {
+            fibra::unblock::threads() == 0
+        });
+        fibra::unblock::set_max_threads(1);
+        let peak = back_to_back(&sched, 4, 300);
+        assert_eq!(peak, 1, "cap 1, but {peak} calls ran at once");
+        assert!(fibra::unblock::threads() <= 1);
+        wait_until("the blocking thread to exit", || {
+            fibra::unblock::threads() == 0
+        });
         sched.stop();
     });
 }
