@@ -797,15 +797,18 @@ fn the_watchdog_sleeps_while_the_scheduler_is_idle() {
         s.start();
         // Thread names are cut to 15 bytes.
         let find = || -> Option<u64> {
-            for task in std::fs::read_dir("/proc/self/task").unwrap() {
-                let dir = task.unwrap().path();
-                let comm = std::fs::read_to_string(dir.join("comm")).unwrap();
+            // Threads of other tests come and go while we look: skip those gone.
+            for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+                let dir = task.path();
+                let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                    continue;
+                };
                 if comm.trim() == "idlewatch-watch" {
                     let mut status = String::new();
                     std::fs::File::open(dir.join("status"))
-                        .unwrap()
+                        .ok()?
                         .read_to_string(&mut status)
-                        .unwrap();
+                        .ok()?;
                     return status
                         .lines()
                         .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
