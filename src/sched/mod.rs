@@ -208,6 +208,7 @@ impl Builder {
         }
         fiber::install_panic_hook();
         crate::stack::overflow::install_handler();
+        watchdog::init();
         let shared = Shared::new(Config {
             threads,
             name: self.name,

@@ -21,7 +21,9 @@ use super::worker::Shared;
 use crate::fiber::FiberId;
 use parking_lot::{Condvar, Mutex};
 use std::panic::Location;
-use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -37,6 +39,19 @@ pub(crate) struct Watch {
     /// Written by the monitor: since when (`CLOCK_MONOTONIC` ns) the worker has run its
     /// current fiber without a pass of its loop; 0 when it is not known to.
     pub(crate) stuck_since: AtomicU64,
+}
+
+/// Whether `retire` and `peek` use the asymmetric barrier (`membarrier`).
+static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+
+/// Decides how `retire` and `peek` order their accesses, once per process: called when a
+/// scheduler is built, before any of its threads exist (their spawn then makes the value
+/// visible to them). `membarrier_ready` answers the same every time, so every call stores
+/// the same value and both sides of the handshake always agree.
+pub(crate) fn init() {
+    if crate::sys::membarrier_ready() {
+        ASYMMETRIC.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The worker is about to switch to the fiber of `header`. `current` keeps pointing at it
@@ -58,14 +73,21 @@ impl Watch {
     /// The fiber `current` points at has ended (or the worker stops driving): clears
     /// `current` and waits until no reader that may have seen the old pointer is still
     /// reading its header, so that the worker may drop its references. Readers are rare (a
-    /// suspected hog, a dump that timed out) and brief; the cost is one fence.
+    /// suspected hog, a dump that timed out) and brief.
+    ///
+    /// The store of `current` and the load of `inspecting` must not be reordered (a store
+    /// followed by a load of another location: only a full barrier orders them). The reader
+    /// pays for that barrier, with `membarrier(2)`, which makes every running thread of the
+    /// process execute one (see `peek`); here a compiler fence suffices. Where the kernel
+    /// lacks `membarrier`, this side issues a SeqCst fence itself (one per ended task).
     #[inline]
     pub(crate) fn retire(&self, current: &AtomicPtr<Header>) {
         current.store(std::ptr::null_mut(), Ordering::Relaxed);
-        // SeqCst fence between that store and the `inspecting` load, against the reader's
-        // SeqCst increment and load of `current` (see `peek`): either the reader sees null
-        // (or a later fiber), or this load sees its increment.
-        fence(Ordering::SeqCst);
+        if ASYMMETRIC.load(Ordering::Relaxed) {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
         while self.inspecting.load(Ordering::Acquire) != 0 {
             std::thread::yield_now();
         }
@@ -78,16 +100,26 @@ impl Watch {
         current: &AtomicPtr<Header>,
     ) -> Option<(FiberId, Option<Arc<str>>, &'static Location<'static>)> {
         self.inspecting.fetch_add(1, Ordering::SeqCst);
-        let p = current.load(Ordering::SeqCst);
+        let ordered = !ASYMMETRIC.load(Ordering::Relaxed) || crate::sys::membarrier();
+        // Without the barrier we cannot know the header is alive: read nothing.
+        let p = if ordered {
+            current.load(Ordering::SeqCst)
+        } else {
+            std::ptr::null_mut()
+        };
         // SAFETY: a non-null `current` is the header of a fiber the worker started and has
         // not retired: it is alive while it is in the worker's registry, which it leaves
         // only when it ends, and its worker retires it (`retire`, in `finish`, and when a
-        // drive ends) before dropping its references. `retire` clears `current` and then
-        // issues a SeqCst fence; we incremented `inspecting` and then loaded `current`, both
-        // SeqCst. If our load saw the pointer, it precedes the fence in the SeqCst order
-        // (else it would see the null or a later store), and so does our increment, so
-        // `retire`'s load sees the increment and waits for the decrement below, which comes
-        // after our last touch of the header.
+        // drive ends) before dropping its references. `retire` clears `current`, then (after
+        // a barrier) loads `inspecting`; we incremented `inspecting`, then (after a barrier)
+        // load `current`. With the symmetric fences both sides' barriers are SeqCst fences
+        // or operations: if our load saw the pointer it precedes `retire`'s fence in the
+        // SeqCst order, and so does our increment, which `retire` then sees. With
+        // `membarrier`, the worker's CPU executes a full barrier while we are in the call:
+        // either that barrier comes after its store of null, which is then visible to our
+        // load after the call, or before its load of `inspecting`, which then sees our
+        // increment (made visible before the call). Either way, if we see the pointer,
+        // `retire` waits for the decrement below, which comes after our last touch of it.
         let seen = unsafe { p.as_ref() }.map(|h| (h.id, h.name.clone(), h.location));
         self.inspecting.fetch_sub(1, Ordering::Release);
         seen

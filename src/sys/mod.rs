@@ -41,3 +41,36 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
 }
+
+/// `membarrier(2)` commands (the libc crate does not define them).
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+/// Whether [`membarrier`] works in this process: registered once, on first use.
+pub(crate) fn membarrier_ready() -> bool {
+    use std::sync::OnceLock;
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        // SAFETY: registration has no memory effects; on kernels without the command it
+        // fails with EINVAL or ENOSYS, which we report as not ready.
+        unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+                0,
+                0,
+            ) == 0
+        }
+    })
+}
+
+/// Makes every running thread of this process execute a full memory barrier before this
+/// returns (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`); threads not running pass
+/// through one when they are switched back in. Only after [`membarrier_ready`] said yes.
+/// Returns whether it did (it cannot fail after a successful registration, but a caller
+/// must not rely on barriers that did not happen).
+pub(crate) fn membarrier() -> bool {
+    // SAFETY: the command only issues barriers on this process's CPUs; the registration it
+    // needs was made (see `membarrier_ready`).
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}
