@@ -468,10 +468,7 @@ impl Reactor {
         static PWAIT2: AtomicBool = AtomicBool::new(true);
         let max = events.len().min(libc::c_int::MAX as usize) as libc::c_int;
         if PWAIT2.load(Ordering::Relaxed) {
-            let ts = timeout.map(|d| libc::timespec {
-                tv_sec: d.as_secs().min(i64::MAX as u64 / 2) as libc::time_t,
-                tv_nsec: d.subsec_nanos() as libc::c_long,
-            });
+            let ts = timeout.map(crate::sys::timespec);
             let ts_ptr = ts
                 .as_ref()
                 .map_or(std::ptr::null(), |t| t as *const libc::timespec);

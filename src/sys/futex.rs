@@ -6,10 +6,7 @@ use std::time::Duration;
 /// Sleeps while `*word == expected`, at most `timeout`. Returns early on a wake, a signal, or
 /// when the word already differs; callers re-check their condition in a loop.
 pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs().min(i64::MAX as u64 / 2) as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    });
+    let ts = timeout.map(crate::sys::timespec);
     let ts_ptr = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);

@@ -18,6 +18,14 @@ pub(crate) fn page_size() -> usize {
     })
 }
 
+/// `d` as a `timespec` for a system call's timeout (seconds capped far beyond any real wait).
+pub(crate) fn timespec(d: std::time::Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64 / 2) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    }
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `Instant` reads.
 pub(crate) fn mono_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
