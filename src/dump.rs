@@ -155,9 +155,12 @@ impl Entry {
         self.status
     }
 
-    /// How long it has been in its status: parked since it parked; ready since it last ran;
-    /// running for at least this long (known only when the watchdog watches its worker).
-    /// Read from a coarse clock: accurate to a few milliseconds.
+    /// How long it has been in its status: parked since it parked; running for at least
+    /// this long (known only when the watchdog watches its worker); `None` for a ready
+    /// fiber. Read from a coarse clock that its worker refreshes every 64 fibers it runs:
+    /// accurate to a few milliseconds, unless the fiber parked right after a fiber that ran
+    /// long without suspending on a scheduler without a watchdog (with one, the worker
+    /// refreshes its clock after such a fiber).
     pub fn duration(&self) -> Option<Duration> {
         self.for_
     }
@@ -356,9 +359,8 @@ impl fmt::Display for Dump {
             }
             if let Some(d) = e.for_ {
                 match e.status {
-                    Status::Ready => write!(f, ", last ran {} ago", Human(d))?,
                     Status::Running => write!(f, ", for at least {}", Human(d))?,
-                    Status::Parked(_) => write!(f, ", for {}", Human(d))?,
+                    Status::Ready | Status::Parked(_) => write!(f, ", for {}", Human(d))?,
                 }
             }
             if e.cancelled {

@@ -239,14 +239,14 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
             };
             let s = &mut seen[i];
             if current != 0 && progress == s.progress && current == s.current {
-                w.watch.stuck_since.store(s.since, Ordering::Relaxed);
+                set_if_changed(&w.watch.stuck_since, s.since);
                 let ran = now.saturating_sub(s.since);
                 if ran >= threshold_ns && !s.reported {
                     s.reported = true;
                     report(&sh, i, Duration::from_nanos(ran));
                 }
             } else {
-                w.watch.stuck_since.store(0, Ordering::Relaxed);
+                set_if_changed(&w.watch.stuck_since, 0);
                 *s = Seen {
                     progress,
                     current,
@@ -267,6 +267,14 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
                 ctl.parked.store(false, Ordering::SeqCst);
             }
         }
+    }
+}
+
+/// Stores `v` unless it is there already: the worker reads this word after every fiber it
+/// runs, and a store would take the line from its cache at every look.
+fn set_if_changed(word: &AtomicU64, v: u64) {
+    if word.load(Ordering::Relaxed) != v {
+        word.store(v, Ordering::Relaxed);
     }
 }
 

@@ -1401,7 +1401,8 @@ impl Worker {
             } else {
                 Status::Ready
             };
-            let for_ = (status != Status::Running && home.since != 0)
+            // Only a park is stamped (a yield is not: it is too frequent to pay for).
+            let for_ = (parked && status != Status::Running && home.since != 0)
                 .then(|| Duration::from_nanos(start.saturating_sub(home.since)));
             d.entries.push(Entry {
                 id: h.id,
@@ -1553,6 +1554,11 @@ impl Worker {
         let prev = fiber::enter(meta);
         let result = coro.resume(input);
         fiber::leave(prev);
+        if self.me().watch.stuck_since.load(Ordering::Relaxed) != 0 {
+            // The watchdog saw this worker inside one fiber for a while: the coarse clock,
+            // refreshed only every `CLOCK_INTERVAL` passes, is that much behind.
+            self.clock.set(crate::sys::coarse_ns());
+        }
         #[cfg(feature = "tracing")]
         drop(span);
         match result {
