@@ -70,6 +70,10 @@ pub(crate) struct WorkerStats {
     pub(crate) run_since: Counter,
     /// When the current sleep began (ns), 0 while awake.
     pub(crate) asleep_since: Counter,
+    /// Written by the watchdog's monitor (only when it changes): since when
+    /// (`CLOCK_MONOTONIC` ns) the worker has run its current fiber without a pass of its
+    /// loop; 0 when it is not known to. The worker reads it at every park.
+    pub(crate) stuck_since: std::sync::atomic::AtomicU64,
     /// The header of the fiber the worker runs or ran last (see `sched::watchdog::Watch`):
     /// here, on the line only the worker writes, because it is stored at every switch.
     pub(crate) current: std::sync::atomic::AtomicPtr<crate::sched::task::Header>,

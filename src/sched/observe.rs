@@ -131,7 +131,8 @@ fn stuck_fiber(w: &WorkerShared, index: usize, progress: u32) -> Option<Entry> {
     }
     let (id, name, location) = w.peek()?;
     let since = w
-        .watch
+        .stats
+        .0
         .stuck_since
         .load(std::sync::atomic::Ordering::Relaxed);
     let for_ =

@@ -36,9 +36,6 @@ pub const DEFAULT_WATCHDOG: Duration = Duration::from_millis(100);
 pub(crate) struct Watch {
     /// Readers of `current`'s header right now (see `peek`).
     inspecting: AtomicUsize,
-    /// Written by the monitor: since when (`CLOCK_MONOTONIC` ns) the worker has run its
-    /// current fiber without a pass of its loop; 0 when it is not known to.
-    pub(crate) stuck_since: AtomicU64,
 }
 
 /// Whether `retire` and `peek` use the asymmetric barrier (`membarrier`).
@@ -66,7 +63,6 @@ impl Watch {
     pub(crate) fn new() -> Watch {
         Watch {
             inspecting: AtomicUsize::new(0),
-            stuck_since: AtomicU64::new(0),
         }
     }
 
@@ -239,14 +235,14 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
             };
             let s = &mut seen[i];
             if current != 0 && progress == s.progress && current == s.current {
-                set_if_changed(&w.watch.stuck_since, s.since);
+                set_if_changed(&w.stats.0.stuck_since, s.since);
                 let ran = now.saturating_sub(s.since);
                 if ran >= threshold_ns && !s.reported {
                     s.reported = true;
                     report(&sh, i, Duration::from_nanos(ran));
                 }
             } else {
-                set_if_changed(&w.watch.stuck_since, 0);
+                set_if_changed(&w.stats.0.stuck_since, 0);
                 *s = Seen {
                     progress,
                     current,

@@ -1554,11 +1554,6 @@ impl Worker {
         let prev = fiber::enter(meta);
         let result = coro.resume(input);
         fiber::leave(prev);
-        if self.me().watch.stuck_since.load(Ordering::Relaxed) != 0 {
-            // The watchdog saw this worker inside one fiber for a while: the coarse clock,
-            // refreshed only every `CLOCK_INTERVAL` passes, is that much behind.
-            self.clock.set(crate::sys::coarse_ns());
-        }
         #[cfg(feature = "tracing")]
         drop(span);
         match result {
@@ -1583,6 +1578,11 @@ impl Worker {
         deadline: Option<Instant>,
     ) {
         let gen = job.header().park.publish_parked();
+        if self.stats().stuck_since.load(Ordering::Relaxed) != 0 {
+            // The watchdog saw this worker inside one fiber for a while: the coarse clock,
+            // refreshed only every `CLOCK_INTERVAL` passes, is that much behind.
+            self.clock.set(crate::sys::coarse_ns());
+        }
         let home = self.home(&*job);
         home.since = self.clock.get();
         home.deadline = deadline;
