@@ -158,20 +158,16 @@ pub(crate) fn metrics(sh: &Shared) -> Metrics {
         .enumerate()
         .map(|(index, w)| {
             let st = &w.stats.0;
-            let run_since = st.run_since.get();
-            let run = st.run_ns.get()
-                + if run_since != 0 {
-                    now.saturating_sub(run_since)
-                } else {
+            // Closed intervals plus the one in progress (a start of 0: none).
+            let open = |since: u64| {
+                if since == 0 {
                     0
-                };
-            let asleep_since = st.asleep_since.get();
-            let slept = st.slept_ns.get()
-                + if asleep_since != 0 {
-                    now.saturating_sub(asleep_since)
                 } else {
-                    0
-                };
+                    now.saturating_sub(since)
+                }
+            };
+            let run = st.run_ns.get() + open(st.run_since.get());
+            let slept = st.slept_ns.get() + open(st.asleep_since.get());
             WorkerMetrics {
                 index,
                 resumes: st.returned.get() + st.yields.get() + st.parks.get(),

@@ -1593,10 +1593,8 @@ impl Worker {
         }
         if let Some(d) = deadline {
             let mut timers = self.timers.borrow_mut();
-            let id = timers.insert(d, (job.clone(), gen));
+            home.timer = Some(timers.insert(d, (job.clone(), gen)));
             self.stats().timers.set(timers.len() as u64);
-            drop(timers);
-            self.home(&*job).timer = Some(id);
         }
         let unparker = Unparker::for_fiber(job.clone(), gen);
         // SAFETY: the closure lives on the suspended fiber's stack (see `park_until`) and is

@@ -175,14 +175,8 @@ impl RedisServer {
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(scratch);
-        let child = std::fs::File::create(&log)
-            .and_then(|f| {
-                cmd.stdin(Stdio::null())
-                    .stdout(f.try_clone()?)
-                    .stderr(f)
-                    .spawn()
-            })
-            .map_err(|e| format!("cannot start redis-server: {e}"))?;
+        let child =
+            spawn_logged(&mut cmd, &log).map_err(|e| format!("cannot start redis-server: {e}"))?;
         let mut server = RedisServer { child, port };
         let start = Instant::now();
         let mut last = String::from("no connection");
@@ -672,14 +666,8 @@ impl HttpServer {
                 .args(["--threads", &threads(env, w).to_string()]);
             c
         };
-        let child = std::fs::File::create(&log)
-            .and_then(|f| {
-                cmd.stdin(Stdio::null())
-                    .stdout(f.try_clone()?)
-                    .stderr(f)
-                    .spawn()
-            })
-            .map_err(|e| format!("cannot start server: {e}"))?;
+        let child =
+            spawn_logged(&mut cmd, &log).map_err(|e| format!("cannot start server: {e}"))?;
         let mut server = HttpServer { child, port, log };
         wait_ready(&mut server.child, port, &server.log)?;
         Ok(server)
@@ -877,6 +865,15 @@ fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<WrkRun, String> {
         latency,
         warnings,
     })
+}
+
+/// Starts `cmd` with no stdin and its stdout and stderr going to the file `log`.
+fn spawn_logged(cmd: &mut Command, log: &Path) -> std::io::Result<Child> {
+    let f = std::fs::File::create(log)?;
+    cmd.stdin(Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f)
+        .spawn()
 }
 
 #[cfg(test)]
