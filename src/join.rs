@@ -1,12 +1,13 @@
 //! [`JoinHandle`] and [`JoinError`]: a task's result, its joiners and its continuations.
 
 use crate::fiber::{Cancelled, FiberId};
-use crate::sched::task::{Ended, Header, Job, Start};
+use crate::sched::cell::{Inner, TaskArc};
+use crate::sched::task::{as_job, Ended, Header, Job, JobRef, Start};
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::ptr::NonNull;
 use std::time::Duration;
 
 /// A continuation registered with [`JoinHandle::then`], `catching` or `finally`.
@@ -23,7 +24,7 @@ pub(crate) struct JoinCell<F, T> {
     callbacks: parking_lot::Mutex<Option<Vec<Callback<T>>>>,
 }
 
-// SAFETY: a JoinCell moves between threads in an `Arc`; it owns an `F` and a `T`, both Send.
+// SAFETY: a JoinCell moves between threads in a `TaskArc`; it owns an `F` and a `T`, both Send.
 unsafe impl<F: Send, T: Send> Send for JoinCell<F, T> {}
 // SAFETY: what threads reach through a shared JoinCell:
 // - `func` is taken exactly once, by the worker that starts the task (or the thread that
@@ -44,8 +45,8 @@ where
     T: Send + 'static,
 {
     #[inline(always)]
-    pub(crate) fn new(f: F, header: Header) -> Arc<Self> {
-        Arc::new(JoinCell {
+    pub(crate) fn new(f: F, header: Header) -> TaskArc<Self> {
+        TaskArc::new(JoinCell {
             header,
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
@@ -163,7 +164,7 @@ trait Output<T>: Send + Sync {
     /// Runs `cb` with the result when the task completes, or now if it has.
     fn on_complete(&self, cb: Callback<T>);
     /// The task, as the run queues carry it.
-    fn job(self: Arc<Self>) -> Arc<dyn Job>;
+    fn job(&self) -> JobRef;
     /// Whether the published result is a cancellation.
     fn ended_cancelled(&self) -> bool;
 }
@@ -187,8 +188,10 @@ where
         unsafe { (*self.result.get()).take() }
     }
 
-    fn job(self: Arc<Self>) -> Arc<dyn Job> {
-        self
+    fn job(&self) -> JobRef {
+        // SAFETY: every JoinCell lives in a TaskArc (`JoinCell::new`), and `self` is reached
+        // through one; the coercion is the identity.
+        as_job(unsafe { TaskArc::from_value(self) })
     }
 
     fn ended_cancelled(&self) -> bool {
@@ -233,15 +236,18 @@ where
 /// assert_eq!(fibra::future::block_on(async { fiber.await.unwrap() }), 42);
 /// ```
 pub struct JoinHandle<T> {
-    cell: Arc<dyn Output<T>>,
+    cell: TaskArc<dyn Output<T>>,
 }
 
 impl<T: Send + 'static> JoinHandle<T> {
-    pub(crate) fn new<F>(cell: Arc<JoinCell<F, T>>) -> Self
+    pub(crate) fn new<F>(cell: TaskArc<JoinCell<F, T>>) -> Self
     where
         F: FnOnce() -> T + Send + 'static,
     {
-        JoinHandle { cell }
+        JoinHandle {
+            // SAFETY: the identity unsizing coercion.
+            cell: unsafe { cell.unsize(|p| -> NonNull<Inner<dyn Output<T>>> { p }) },
+        }
     }
 }
 
@@ -351,7 +357,7 @@ impl<T> JoinHandle<T> {
     pub fn cancel(&self) {
         let h = self.cell.header();
         if !h.is_done() && h.request_cancel() {
-            crate::sched::cancel_started(self.cell.clone().job());
+            crate::sched::cancel_started(self.cell.job());
         }
     }
 

@@ -12,7 +12,7 @@
 
 use crate::dump::WaitOn;
 use crate::fiber::{current_meta, suspend, Suspend};
-use crate::sched::task::Job;
+use crate::sched::task::JobRef;
 use crate::sched::worker::Shared;
 use crate::sys::futex;
 use std::fmt;
@@ -39,7 +39,7 @@ pub struct Unparker {
 #[derive(Clone)]
 enum Target {
     Fiber {
-        job: Arc<dyn Job>,
+        job: JobRef,
         gen: u64,
     },
     Thread {
@@ -58,7 +58,7 @@ enum Target {
 }
 
 impl Unparker {
-    pub(crate) fn for_fiber(job: Arc<dyn Job>, gen: u64) -> Unparker {
+    pub(crate) fn for_fiber(job: JobRef, gen: u64) -> Unparker {
         Unparker {
             target: Target::Fiber { job, gen },
         }

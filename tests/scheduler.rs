@@ -745,6 +745,17 @@ fn scheduler_is_send_and_sync() {
     assert_send_sync::<Scheduler>();
 }
 
+fn assert_unpin<T: Unpin>() {}
+
+/// A handle moves between threads and may be polled by reference, whatever its value type
+/// (task cells are reference-counted by fibra itself, not by `Arc`).
+#[test]
+fn join_handles_are_send_sync_and_unpin() {
+    assert_send_sync::<fibra::JoinHandle<String>>();
+    assert_unpin::<fibra::JoinHandle<std::marker::PhantomPinned>>();
+    assert_send_sync::<fibra::Unparker>();
+}
+
 #[test]
 fn fiber_current_identifies_the_running_task() {
     assert!(Fiber::current().is_none(), "the test thread is no fiber");

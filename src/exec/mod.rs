@@ -50,6 +50,7 @@ pub use new_thread::NewThread;
 pub use thread_pool::ThreadPool;
 
 use crate::join::{JoinCell, JoinError, JoinHandle};
+use crate::sched::cell::TaskArc;
 use crate::sched::task::{Header, Job, Start};
 use crate::stack::DEFAULT_STACK_SIZE;
 use std::sync::Arc;
@@ -137,7 +138,7 @@ impl<E: Executor> Executor for Arc<E> {
 
 /// A task cell that no scheduler owns: run by hand ([`RunOnce`]) or failed at once.
 #[track_caller]
-fn detached_cell<F, T>(f: F) -> Arc<JoinCell<F, T>>
+fn detached_cell<F, T>(f: F) -> TaskArc<JoinCell<F, T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -167,7 +168,7 @@ where
 
 /// Runs a detached task once, outside any fiber; dropped unrun (its executor refused or
 /// discarded the job), it fails the task as cancelled so that nobody waits for ever.
-struct RunOnce<F, T>(Option<Arc<JoinCell<F, T>>>)
+struct RunOnce<F, T>(Option<TaskArc<JoinCell<F, T>>>)
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static;

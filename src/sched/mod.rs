@@ -2,6 +2,7 @@
 //! protocol, shutdown) is described at the top of `worker.rs`; this file is the public face:
 //! the builder, `start`, `submit`, `block_on`, `stop`.
 
+pub(crate) mod cell;
 mod idle;
 #[cfg(all(test, loom))]
 mod loom_model;
@@ -645,7 +646,7 @@ where
         f,
         Header::new(name, stack_size, thread, std::panic::Location::caller()),
     );
-    shared.schedule_new(cell.clone());
+    shared.schedule_new(task::as_job(cell.clone()));
     Ok(JoinHandle::new(cell))
 }
 

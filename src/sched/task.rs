@@ -3,17 +3,20 @@
 //! touches.
 //!
 //! One allocation per submitted task holds the header, the closure and the result slot
-//! (`join::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by `Arc`.
+//! (`join::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by
+//! [`TaskArc`](crate::sched::cell::TaskArc), whose memory comes from per-thread block caches.
 
 use crate::dump::WaitOn;
 use crate::fiber::{Coro, FiberId, FiberMeta};
 use crate::join::JoinError;
+use crate::sched::cell::{Inner, TaskArc};
 use crate::sched::timers::TimerId;
 use crate::sched::worker::Shared;
 use crate::sync::wait_queue::{wait, Lock, Wait, WaitList};
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::Location;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,15 +54,25 @@ pub(crate) trait Job: Send + Sync + 'static {
     fn fail(&self, err: JoinError);
 }
 
+/// A shared reference to a task, as the run queues, the registry and unparkers hold it.
+pub(crate) type JobRef = TaskArc<dyn Job>;
+
+/// The task in `cell`, as the run queues carry it.
+#[inline(always)]
+pub(crate) fn as_job<J: Job>(cell: TaskArc<J>) -> JobRef {
+    // SAFETY: the identity unsizing coercion.
+    unsafe { cell.unsize(|p| -> NonNull<Inner<dyn Job>> { p }) }
+}
+
 /// What the run queues carry: sylar's `ScheduleTask` (fiber or job). Unstarted tasks
 /// (`New`) may run on any worker unless pinned; a started `Fiber` only on its home worker.
 pub(crate) enum ScheduleTask {
     /// A task that has not run yet.
-    New(Arc<dyn Job>),
+    New(JobRef),
     /// A started fiber to resume.
-    Fiber(Arc<dyn Job>),
+    Fiber(JobRef),
     /// `JoinHandle::cancel` of a started fiber, for its home worker to deliver.
-    Cancel(Arc<dyn Job>),
+    Cancel(JobRef),
     /// `Scheduler::dump`: list this worker's fibers.
     Dump(Arc<crate::dump::DumpRequest>),
 }

@@ -64,8 +64,11 @@ use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, 
 use crate::join::JoinError;
 use crate::metrics::WorkerStats;
 use crate::park::Unparker;
+use crate::sched::cell::TaskArc;
 use crate::sched::idle::{Idlers, WorkerSleep};
-use crate::sched::task::{Cancel, Ended, Home, Job, ParkState, Placement, ScheduleTask, Start};
+use crate::sched::task::{
+    Cancel, Ended, Home, Job, JobRef, ParkState, Placement, ScheduleTask, Start,
+};
 use crate::sched::timers::TimerWheel;
 use crate::sched::watchdog::{self, MonitorCtl, Watch};
 use crate::stack::{FiberStack, StackPool};
@@ -79,7 +82,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 /// A fiber parked with a deadline, and the park generation its timer may end.
-type Timer = (Arc<dyn Job>, u64);
+type Timer = (JobRef, u64);
 
 /// The scheduler's lifecycle, in order; the state only moves forward (see the module docs).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -195,9 +198,9 @@ pub(crate) struct Config {
 /// What other threads may touch of a worker.
 pub(crate) struct WorkerShared {
     pub(crate) inbox: SegQueue<ScheduleTask>,
-    pub(crate) local: ArrayQueue<Arc<dyn Job>>,
+    pub(crate) local: ArrayQueue<JobRef>,
     /// The LIFO slot (capacity 1).
-    pub(crate) next: ArrayQueue<Arc<dyn Job>>,
+    pub(crate) next: ArrayQueue<JobRef>,
     pub(crate) sleep: WorkerSleep,
     /// The worker's tick, published at every pass of its loop: a spinning peer that sees it
     /// unchanged for `NEXT_STEAL_AFTER` knows the worker is stuck in one fiber, and may take
@@ -367,7 +370,7 @@ impl WakerCount {
 pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) workers: Box<[WorkerShared]>,
-    pub(crate) injector: SegQueue<Arc<dyn Job>>,
+    pub(crate) injector: SegQueue<JobRef>,
     pub(crate) phase: PhaseWord,
     live: AtomicUsize,
     idle: Idlers,
@@ -500,7 +503,7 @@ impl Shared {
     }
 
     /// Queues a task that has never run.
-    pub(crate) fn schedule_new(&self, job: Arc<dyn Job>) {
+    pub(crate) fn schedule_new(&self, job: JobRef) {
         let here = self.local_worker();
         match job.header().pinned {
             Some(i) => {
@@ -580,7 +583,7 @@ pub(crate) fn current_shared() -> Option<Arc<Shared>> {
 /// (`Home::keep_alive`), while we hold the task. After the push the fiber may run, finish,
 /// and the scheduler be dropped at once, so from just before the push to our last touch of
 /// the worker we are counted in its `wakers`, which `Shared`'s destructor waits out.
-pub(crate) fn unpark_fiber(job: &Arc<dyn Job>, gen: u64) {
+pub(crate) fn unpark_fiber(job: &JobRef, gen: u64) {
     let h = job.header();
     if !h.park.notify(gen) {
         return;
@@ -615,7 +618,7 @@ static CANCELLERS: AtomicUsize = AtomicUsize::new(0);
 /// (see `unpark_fiber`), and from our check on `CANCELLERS` keeps that state's destructor
 /// waiting: it comes after the task's completion, which comes after our check in the SeqCst
 /// order, so it sees our count.
-pub(crate) fn cancel_started(job: Arc<dyn Job>) {
+pub(crate) fn cancel_started(job: JobRef) {
     CANCELLERS.fetch_add(1, Ordering::SeqCst);
     let h = job.header();
     if !h.is_done_seqcst() {
@@ -671,9 +674,9 @@ fn poll_io_now() {
 pub(crate) struct Worker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) index: usize,
-    ready: RefCell<VecDeque<Arc<dyn Job>>>,
+    ready: RefCell<VecDeque<JobRef>>,
     /// Every live fiber homed here, so cancellation can find parked ones.
-    registry: RefCell<Vec<Arc<dyn Job>>>,
+    registry: RefCell<Vec<JobRef>>,
     stacks: RefCell<StackPool>,
     timers: RefCell<TimerWheel<Timer>>,
     tick: Cell<u32>,
@@ -960,7 +963,7 @@ impl Worker {
     /// Takes a task submitted from outside. If more wait, gets another idle worker looking
     /// (unless one spins already): a worker woken for the first of a batch must not end up
     /// starting them all, since a started fiber never moves (Go's spinning-M handoff).
-    fn take_injected(&self) -> Option<Arc<dyn Job>> {
+    fn take_injected(&self) -> Option<JobRef> {
         let job = pop(&self.shared.injector)?;
         self.stats().injected.add(1);
         if !self.shared.injector.is_empty() {
@@ -1151,7 +1154,7 @@ impl Worker {
     /// dealt out, one to each idle peer (spinning or asleep), and go to its inbox, where
     /// nobody else takes them (were they stealable, this worker would often take them back
     /// first). The rest go to the stealable queue.
-    pub(crate) fn push_next(&self, job: Arc<dyn Job>) {
+    pub(crate) fn push_next(&self, job: JobRef) {
         let tick = self.tick.get();
         let mut burst = self.burst.borrow_mut();
         if burst.tick != tick {
@@ -1193,7 +1196,7 @@ impl Worker {
     }
 
     /// Queues an unstarted task on this worker's stealable queue.
-    fn push_local(&self, job: Arc<dyn Job>) {
+    fn push_local(&self, job: JobRef) {
         if let Err(job) = self.me().local.push(job) {
             // Full: move half to the injector so peers can help, like Go's runqputslow.
             for _ in 0..LOCAL_CAPACITY / 2 {
@@ -1443,7 +1446,7 @@ impl Worker {
     }
 
     /// Gives an unstarted task a fiber homed on this worker and runs it.
-    fn start(&self, job: Arc<dyn Job>) {
+    fn start(&self, job: JobRef) {
         if self.phase.get() >= Phase::Discarding {
             self.start_failed(job, JoinError::cancelled());
             return;
@@ -1458,7 +1461,7 @@ impl Worker {
     /// A task that will not run: its failure is published inside a fiber of the default
     /// stack size, so its continuations may wait like any fiber code; if not even that
     /// stack can be had, from here.
-    fn start_failed(&self, job: Arc<dyn Job>, err: JoinError) {
+    fn start_failed(&self, job: JobRef, err: JoinError) {
         let stack = self.stacks.borrow_mut().take(self.shared.config.stack_size);
         match stack {
             Ok(stack) => self.launch(job, stack, Start::Fail(err)),
@@ -1474,7 +1477,7 @@ impl Worker {
     }
 
     /// Creates the task's fiber on `stack`, homed here, and runs it.
-    fn launch(&self, job: Arc<dyn Job>, stack: FiberStack, start: Start) {
+    fn launch(&self, job: JobRef, stack: FiberStack, start: Start) {
         // SAFETY: the task was just taken from a queue and has never run, so this worker is
         // its only owner; no Unparker for it exists yet, and it is published (to unparkers,
         // via the park word) only after this write.
@@ -1503,7 +1506,7 @@ impl Worker {
         // SAFETY: only place projections: `cell` points to the live home state in `job`.
         let (meta, ended): (*const FiberMeta, *mut Ended) =
             unsafe { (&raw const (*cell).meta, &raw mut (*cell).ended) };
-        let job_ptr: *const dyn Job = Arc::as_ptr(&job);
+        let job_ptr: *const dyn Job = TaskArc::as_ptr(&job);
         let coro = Coro::with_stack(stack, move |y: &Yielder, first: Resume| {
             fiber_root(meta, y, first, move || {
                 // SAFETY: the registry holds an Arc to the job until the fiber has ended; the
@@ -1524,7 +1527,7 @@ impl Worker {
 
     /// Switches to a fiber homed here and acts on what it asks when it comes back.
     #[inline(always)]
-    fn resume(&self, job: Arc<dyn Job>) {
+    fn resume(&self, job: JobRef) {
         let home = self.home(&*job);
         if let Some(id) = home.timer.take() {
             // Woken before its deadline: the timer can never fire for this park.
@@ -1573,7 +1576,7 @@ impl Worker {
     #[inline(never)]
     fn publish_park(
         &self,
-        job: Arc<dyn Job>,
+        job: JobRef,
         register: *mut (dyn FnMut(Unparker) + 'static),
         deadline: Option<Instant>,
     ) {
@@ -1609,7 +1612,7 @@ impl Worker {
     /// `JoinHandle::cancel` of a fiber homed here: it unwinds at its next resumption, and a
     /// parked one is woken for it — as `stop_timeout` cancels, once. Runs between fibers,
     /// so the fiber is parked, ready, or finished.
-    fn deliver_cancel(&self, job: &Arc<dyn Job>) {
+    fn deliver_cancel(&self, job: &JobRef) {
         let home = self.home(&**job);
         if home.fiber.is_none() || home.cancel != Cancel::No {
             return;
@@ -1621,7 +1624,7 @@ impl Worker {
     }
 
     /// Wakes a fiber of this worker from this worker (cancellation, failed registration).
-    fn wake_own(&self, job: &Arc<dyn Job>, gen: u64) {
+    fn wake_own(&self, job: &JobRef, gen: u64) {
         if job.header().park.notify(gen) {
             self.ready.borrow_mut().push_back(job.clone());
             self.stats().local_wakes.add(1);
@@ -1629,7 +1632,7 @@ impl Worker {
     }
 
     /// Takes a fiber out of the registry.
-    fn unregister(&self, job: &Arc<dyn Job>) -> Arc<dyn Job> {
+    fn unregister(&self, job: &JobRef) -> JobRef {
         let slot = self.home(&**job).slot;
         let mut registry = self.registry.borrow_mut();
         let removed = registry.swap_remove(slot);
@@ -1641,7 +1644,7 @@ impl Worker {
 
     /// A fiber ended: recycle its stack, forget it, count it out.
     #[inline(never)]
-    fn finish(&self, job: Arc<dyn Job>, outcome: Outcome) {
+    fn finish(&self, job: JobRef, outcome: Outcome) {
         let home = self.home(&*job);
         let (coro, ended) = (home.fiber.take(), home.ended);
         if let Some(coro) = coro {
@@ -1676,7 +1679,7 @@ impl Worker {
 
     /// Pops every queued unstarted task this worker can reach: its own queues and the
     /// injector. Wakes of started fibers found in the inbox go to `ready`.
-    fn pop_unstarted(&self) -> Option<Arc<dyn Job>> {
+    fn pop_unstarted(&self) -> Option<JobRef> {
         while let Some(task) = self.me().inbox.pop() {
             match task {
                 ScheduleTask::New(job) => return Some(job),
@@ -1706,7 +1709,7 @@ impl Worker {
     /// `stop_timeout`'s deadline passed: each live fiber homed here unwinds at its next
     /// resumption — once; a parked one is woken for it.
     fn cancel_all(&self) {
-        let fibers: Vec<Arc<dyn Job>> = self.registry.borrow().clone();
+        let fibers: Vec<JobRef> = self.registry.borrow().clone();
         for job in fibers {
             let home = self.home(&*job);
             if home.cancel != Cancel::No {
@@ -1771,7 +1774,7 @@ impl Worker {
         }
     }
 
-    fn report(&self, fibers: &[Arc<dyn Job>], what: &str) {
+    fn report(&self, fibers: &[JobRef], what: &str) {
         use std::fmt::Write;
         let mut msg = format!(
             "fibra: scheduler '{}', worker {}: {what}:\n",

@@ -1,0 +1,509 @@
+//! Task cells: the one allocation behind each submitted task, shared by the run queues, the
+//! `JoinHandle` and the `Unparker`s through [`TaskArc`], a reference-counted pointer like
+//! `Arc` whose memory comes from per-thread caches of blocks rather than straight from the
+//! global allocator.
+//!
+//! Why not `Arc` and `malloc`: a task is usually allocated on one thread (the spawner's) and
+//! freed on another (the worker that ran it last). glibc's per-thread arenas handle that flow
+//! badly: the spawner's arena grows a page at a time with `mprotect` (a TLB shootdown on
+//! every other core the process runs on), frees from the other thread take the spawner's
+//! arena lock, and the consolidated memory is trimmed back to the kernel between bursts, to
+//! be grown again by the next one. With 10 000 spawns in a row on two workers that was most
+//! of the cost of a spawn.
+//!
+//! The cache is a magazine allocator (Bonwick and Adams, 2001): each thread keeps, per size
+//! class, a stack of free blocks; a thread that frees more than it allocates hands
+//! magazines of `MAGAZINE` blocks to a global depot, and one that allocates more takes them
+//! from there — one lock per `MAGAZINE` blocks, so memory flows from the threads that end
+//! tasks back to the ones that spawn them without touching `malloc`. Blocks are only ever
+//! obtained from, and returned to, the global allocator with their class's layout, so any
+//! thread may free any block by either route. What the caches hold is bounded: `2 ×
+//! MAGAZINE` blocks per class per thread, and `DEPOT_BYTES` per class in the depot; beyond
+//! that blocks go back to the global allocator. A thread's blocks go to the depot when it
+//! exits.
+
+use std::alloc::{dealloc, handle_alloc_error, Layout};
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::mem::{offset_of, ManuallyDrop};
+use std::ops::Deref;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
+
+/// What a [`TaskArc`] points to: the reference count, then the value.
+#[repr(C)]
+pub(crate) struct Inner<U: ?Sized> {
+    refs: AtomicUsize,
+    value: U,
+}
+
+/// A shared reference to a task cell, like `Arc<U>`, allocated from the block caches.
+pub(crate) struct TaskArc<U: ?Sized> {
+    ptr: NonNull<Inner<U>>,
+    _owns: PhantomData<Inner<U>>,
+}
+
+// SAFETY: as for `Arc`: the value is shared between threads (Sync) and dropped on whichever
+// thread drops the last reference (Send); the count is atomic.
+unsafe impl<U: ?Sized + Send + Sync> Send for TaskArc<U> {}
+// SAFETY: as for Send.
+unsafe impl<U: ?Sized + Send + Sync> Sync for TaskArc<U> {}
+
+// A reference never pins its cell, as `Arc`: moving the pointer moves no value.
+impl<U: ?Sized> Unpin for TaskArc<U> {}
+
+impl<U> TaskArc<U> {
+    /// Moves `value` into a new cell.
+    #[inline]
+    pub(crate) fn new(value: U) -> TaskArc<U> {
+        let layout = Layout::new::<Inner<U>>();
+        let block = blocks::alloc(layout).cast::<Inner<U>>();
+        // SAFETY: `block` is a fresh allocation that fits `layout` (see `blocks::alloc`).
+        unsafe {
+            block.as_ptr().write(Inner {
+                refs: AtomicUsize::new(1),
+                value,
+            })
+        };
+        TaskArc {
+            ptr: block,
+            _owns: PhantomData,
+        }
+    }
+
+    /// A new reference to the cell that holds `value`.
+    ///
+    /// # Safety
+    /// `value` must be the value of a live `TaskArc<U>` cell (reached through one).
+    #[inline]
+    pub(crate) unsafe fn from_value(value: &U) -> TaskArc<U> {
+        let inner = (value as *const U)
+            .cast::<u8>()
+            .wrapping_sub(offset_of!(Inner<U>, value))
+            .cast::<Inner<U>>()
+            .cast_mut();
+        // Per the contract `inner` is the cell around `value`, alive while the caller's
+        // reference is; the new reference is `clone`'s increment, and the borrowed one is
+        // never dropped.
+        let this = ManuallyDrop::new(TaskArc {
+            // SAFETY: derived from a reference, so not null.
+            ptr: unsafe { NonNull::new_unchecked(inner) },
+            _owns: PhantomData,
+        });
+        TaskArc::clone(&this)
+    }
+
+    /// The same cell seen as a `V` (a trait object `U` implements).
+    ///
+    /// # Safety
+    /// `coerce` must be the unsizing coercion of its argument (`|p| p`): the result must
+    /// point to the same cell, with `V`'s metadata for a `U`.
+    #[inline]
+    pub(crate) unsafe fn unsize<V: ?Sized>(
+        self,
+        coerce: impl FnOnce(NonNull<Inner<U>>) -> NonNull<Inner<V>>,
+    ) -> TaskArc<V> {
+        let this = ManuallyDrop::new(self);
+        let ptr = coerce(this.ptr);
+        debug_assert_eq!(ptr.cast::<u8>(), this.ptr.cast::<u8>());
+        TaskArc {
+            ptr,
+            _owns: PhantomData,
+        }
+    }
+}
+
+impl<U: ?Sized> TaskArc<U> {
+    #[inline(always)]
+    fn inner(&self) -> &Inner<U> {
+        // SAFETY: the cell lives while any reference does, and `self` is one.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The address of the value, for as long as some reference lives.
+    #[inline]
+    pub(crate) fn as_ptr(this: &Self) -> *const U {
+        // SAFETY: a place projection inside the live cell.
+        unsafe { &raw const (*this.ptr.as_ptr()).value }
+    }
+
+    /// Whether the two point to the same cell.
+    #[cfg(test)]
+    pub(crate) fn ptr_eq(a: &Self, b: &Self) -> bool {
+        a.ptr.cast::<u8>() == b.ptr.cast::<u8>()
+    }
+
+    /// How many references there are (racy unless the caller holds all of them).
+    #[cfg(test)]
+    pub(crate) fn strong_count(this: &Self) -> usize {
+        this.inner().refs.load(Ordering::Acquire)
+    }
+}
+
+impl<U: ?Sized> Clone for TaskArc<U> {
+    #[inline]
+    fn clone(&self) -> Self {
+        // Relaxed, as `Arc`: a new reference is made from an existing one, which already
+        // orders everything the cloning thread can see of the value.
+        let old = self.inner().refs.fetch_add(1, Ordering::Relaxed);
+        if old > isize::MAX as usize {
+            // Leaked references by the billion: stop before the count can wrap.
+            std::process::abort();
+        }
+        TaskArc {
+            ptr: self.ptr,
+            _owns: PhantomData,
+        }
+    }
+}
+
+impl<U: ?Sized> Deref for TaskArc<U> {
+    type Target = U;
+
+    #[inline(always)]
+    fn deref(&self) -> &U {
+        &self.inner().value
+    }
+}
+
+impl<U: ?Sized> Drop for TaskArc<U> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release, then an Acquire fence by the last one, as `Arc`: every use of the value
+        // through any reference happens before it is dropped.
+        if self.inner().refs.fetch_sub(1, Ordering::Release) != 1 {
+            return;
+        }
+        fence(Ordering::Acquire);
+        // SAFETY: this was the last reference, so nothing else reaches the cell; it is freed
+        // with the layout it was allocated with (`Layout::for_value` of the same type, or of
+        // the trait object whose metadata describes that type).
+        unsafe { release(self.ptr) };
+    }
+}
+
+/// Drops the value in `ptr`'s cell and frees the block, even if the value's drop panics.
+///
+/// # Safety
+/// `ptr` is a cell made by `TaskArc::new` whose last reference is gone.
+#[inline(never)]
+unsafe fn release<U: ?Sized>(ptr: NonNull<Inner<U>>) {
+    struct Free(NonNull<u8>, Layout);
+    impl Drop for Free {
+        fn drop(&mut self) {
+            blocks::free(self.0, self.1);
+        }
+    }
+    // SAFETY: the cell is alive until `Free` runs, which is after the value's drop.
+    let layout = Layout::for_value(unsafe { ptr.as_ref() });
+    let _free = Free(ptr.cast(), layout);
+    // SAFETY: per the contract nobody else reaches the cell; it is dropped once.
+    unsafe { std::ptr::drop_in_place(ptr.as_ptr()) };
+}
+
+/// The per-thread block caches and the depot behind them.
+mod blocks {
+    use super::*;
+
+    /// Size classes are multiples of `GRAIN` bytes up to `CLASSES × GRAIN`; larger cells, and
+    /// cells aligned beyond `ALIGN`, go straight to the global allocator.
+    const GRAIN: usize = 64;
+    const CLASSES: usize = 16;
+    const ALIGN: usize = 16;
+    /// Blocks moved between a thread and the depot at a time.
+    pub(super) const MAGAZINE: usize = 32;
+    /// Most bytes of blocks the depot keeps per class.
+    pub(super) const DEPOT_BYTES: usize = 4 << 20;
+
+    /// A free block of some class: memory with no value in it, owned by whoever holds this.
+    struct Block(NonNull<u8>);
+    // SAFETY: a free block is plain memory owned by its holder; moving it to another thread
+    // moves that ownership.
+    unsafe impl Send for Block {}
+
+    fn class_of(layout: Layout) -> Option<usize> {
+        (layout.align() <= ALIGN && layout.size() <= CLASSES * GRAIN)
+            .then(|| layout.size().max(1).div_ceil(GRAIN) - 1)
+    }
+
+    fn class_layout(class: usize) -> Layout {
+        // Unwrap: (class + 1) × GRAIN ≤ 1 KiB with a power-of-two alignment is a valid layout.
+        Layout::from_size_align((class + 1) * GRAIN, ALIGN).expect("a valid class layout")
+    }
+
+    /// Full magazines, and empty ones kept so that moving blocks allocates nothing.
+    struct Depot {
+        full: Vec<Vec<Block>>,
+        empty: Vec<Vec<Block>>,
+    }
+
+    static DEPOT: [parking_lot::Mutex<Depot>; CLASSES] = [const {
+        parking_lot::Mutex::new(Depot {
+            full: Vec::new(),
+            empty: Vec::new(),
+        })
+    }; CLASSES];
+
+    /// This thread's free blocks, per class (at most `2 × MAGAZINE` each).
+    struct Local {
+        free: [Vec<Block>; CLASSES],
+    }
+
+    impl Drop for Local {
+        /// The thread exits: its blocks go to the depot (or back to the global allocator).
+        fn drop(&mut self) {
+            for (class, list) in self.free.iter_mut().enumerate() {
+                while !list.is_empty() {
+                    let n = list.len().min(MAGAZINE);
+                    let start = list.len() - n;
+                    let mut depot = DEPOT[class].lock();
+                    let mut mag = depot.empty.pop().unwrap_or_default();
+                    mag.extend(list.drain(start..));
+                    stash(&mut depot, class, mag);
+                }
+            }
+        }
+    }
+
+    thread_local! {
+        static LOCAL: RefCell<Local> = const {
+            RefCell::new(Local {
+                free: [const { Vec::new() }; CLASSES],
+            })
+        };
+    }
+
+    /// Puts a full magazine in the depot, or frees its blocks if the depot holds enough.
+    fn stash(depot: &mut Depot, class: usize, mut mag: Vec<Block>) {
+        let limit = (DEPOT_BYTES / (MAGAZINE * (class + 1) * GRAIN)).max(2);
+        if depot.full.len() < limit {
+            depot.full.push(mag);
+            return;
+        }
+        for block in mag.drain(..) {
+            // SAFETY: every cached block was allocated with its class's layout.
+            unsafe { dealloc(block.0.as_ptr(), class_layout(class)) };
+        }
+        depot.empty.push(mag);
+    }
+
+    /// A block for `layout`.
+    #[inline]
+    pub(super) fn alloc(layout: Layout) -> NonNull<u8> {
+        let Some(class) = class_of(layout) else {
+            return global(layout);
+        };
+        let cached = LOCAL
+            .try_with(|local| {
+                let mut local = local.try_borrow_mut().ok()?;
+                let list = &mut local.free[class];
+                if let Some(b) = list.pop() {
+                    return Some(b);
+                }
+                refill(list, class);
+                list.pop()
+            })
+            .ok()
+            .flatten();
+        match cached {
+            Some(block) => block.0,
+            None => global(class_layout(class)),
+        }
+    }
+
+    /// Takes a full magazine from the depot into `list` (empty), if there is one.
+    #[cold]
+    fn refill(list: &mut Vec<Block>, class: usize) {
+        let mut depot = DEPOT[class].lock();
+        if let Some(mut mag) = depot.full.pop() {
+            list.append(&mut mag);
+            depot.empty.push(mag);
+        }
+    }
+
+    fn global(layout: Layout) -> NonNull<u8> {
+        // SAFETY: task cells are never zero-sized (they hold a reference count).
+        let p = unsafe { std::alloc::alloc(layout) };
+        NonNull::new(p).unwrap_or_else(|| handle_alloc_error(layout))
+    }
+
+    /// Frees a block allocated by `alloc(layout)`.
+    #[inline]
+    pub(super) fn free(block: NonNull<u8>, layout: Layout) {
+        let Some(class) = class_of(layout) else {
+            // SAFETY: allocated by `global(layout)`.
+            unsafe { dealloc(block.as_ptr(), layout) };
+            return;
+        };
+        let kept = LOCAL
+            .try_with(|local| {
+                let Ok(mut local) = local.try_borrow_mut() else {
+                    return false;
+                };
+                let list = &mut local.free[class];
+                if list.len() >= 2 * MAGAZINE {
+                    spill(list, class);
+                }
+                list.push(Block(block));
+                true
+            })
+            .unwrap_or(false);
+        if !kept {
+            // SAFETY: blocks of a class are always allocated with its layout.
+            unsafe { dealloc(block.as_ptr(), class_layout(class)) };
+        }
+    }
+
+    /// Moves a magazine's worth of `list`'s blocks to the depot.
+    #[cold]
+    fn spill(list: &mut Vec<Block>, class: usize) {
+        let mut depot = DEPOT[class].lock();
+        let mut mag = depot.empty.pop().unwrap_or_default();
+        mag.extend(list.drain(list.len() - MAGAZINE..));
+        stash(&mut depot, class, mag);
+    }
+
+    /// Blocks of `class` this thread holds, and full magazines in the depot.
+    #[cfg(test)]
+    pub(super) fn counts(layout: Layout) -> (usize, usize) {
+        let class = class_of(layout).expect("a cached size");
+        let local = LOCAL.with(|l| l.borrow().free[class].len());
+        (local, DEPOT[class].lock().full.len())
+    }
+
+    #[cfg(test)]
+    pub(super) fn class_of_for_test(layout: Layout) -> Option<usize> {
+        class_of(layout)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    struct Counted(Arc<AtomicUsize>, [u8; 100]);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    trait Speak: Send + Sync {
+        fn speak(&self) -> u8;
+    }
+    impl Speak for Counted {
+        fn speak(&self) -> u8 {
+            self.1[7]
+        }
+    }
+
+    #[test]
+    fn clones_share_one_value_dropped_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let a = TaskArc::new(Counted(drops.clone(), [7; 100]));
+        let b = a.clone();
+        // SAFETY: the identity coercion.
+        let c: TaskArc<dyn Speak> =
+            unsafe { b.clone().unsize(|p| -> NonNull<Inner<dyn Speak>> { p }) };
+        assert!(TaskArc::ptr_eq(&a, &b));
+        assert_eq!(c.speak(), 7);
+        assert_eq!(TaskArc::strong_count(&a), 3);
+        // SAFETY: `a`'s value lives in a TaskArc cell.
+        let d = unsafe { TaskArc::from_value(&*a) };
+        assert_eq!(TaskArc::strong_count(&a), 4);
+        drop((a, b, d));
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        drop(c);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_panicking_drop_still_frees_and_propagates() {
+        struct Boom;
+        impl Drop for Boom {
+            fn drop(&mut self) {
+                panic!("boom in drop");
+            }
+        }
+        let a = TaskArc::new(Boom);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(a)));
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn sizes_map_to_classes_and_odd_ones_bypass() {
+        let class = blocks::class_of_for_test;
+        assert_eq!(class(Layout::from_size_align(1, 1).unwrap()), Some(0));
+        assert_eq!(class(Layout::from_size_align(64, 8).unwrap()), Some(0));
+        assert_eq!(class(Layout::from_size_align(65, 8).unwrap()), Some(1));
+        assert_eq!(class(Layout::from_size_align(1024, 16).unwrap()), Some(15));
+        assert_eq!(class(Layout::from_size_align(1025, 8).unwrap()), None);
+        assert_eq!(class(Layout::from_size_align(64, 32).unwrap()), None);
+        // Big and over-aligned cells work all the same, through the global allocator.
+        #[repr(align(128))]
+        struct Aligned(u8);
+        let a = TaskArc::new(Aligned(3));
+        assert_eq!(TaskArc::as_ptr(&a) as usize % 128, 0);
+        assert_eq!(a.0, 3);
+        let big = TaskArc::new([5u8; 4096]);
+        assert_eq!(big[4095], 5);
+    }
+
+    /// One thread allocates, another frees: the blocks come back to the allocating thread
+    /// through the depot, a magazine at a time, and what the caches keep stays bounded.
+    #[test]
+    fn blocks_flow_back_from_the_freeing_thread() {
+        // A size no other test in this process uses (class 12: 769..=832 bytes).
+        type Payload = [u8; 800];
+        const N: usize = 1000;
+        let layout = Layout::new::<Inner<Payload>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<TaskArc<Payload>>>();
+        let (ack, acked) = std::sync::mpsc::channel::<()>();
+        let freer = std::thread::spawn(move || {
+            for batch in rx {
+                drop(batch);
+                ack.send(()).unwrap();
+            }
+            blocks::counts(layout).0
+        });
+        let mut previous: Vec<usize> = Vec::new();
+        for round in 0..20 {
+            let batch: Vec<_> = (0..N).map(|i| TaskArc::new([i as u8; 800])).collect();
+            let addrs: Vec<usize> = batch.iter().map(|c| TaskArc::as_ptr(c) as usize).collect();
+            if round > 0 {
+                // All of the previous round's blocks but those the freer keeps (and this
+                // thread's few) came back through the depot.
+                let reused = addrs.iter().filter(|a| previous.contains(a)).count();
+                assert!(
+                    reused >= N - 3 * blocks::MAGAZINE,
+                    "round {round}: only {reused} of {N} blocks reused"
+                );
+            }
+            previous = addrs;
+            tx.send(batch).unwrap();
+            acked.recv().unwrap();
+        }
+        drop(tx);
+        let freer_kept = freer.join().unwrap();
+        // The freer has exited: its blocks went to the depot, whose size is capped.
+        let (local, depot) = blocks::counts(layout);
+        assert!(local <= 2 * blocks::MAGAZINE);
+        let limit = blocks::DEPOT_BYTES / (blocks::MAGAZINE * 832);
+        assert!(depot <= limit.max(2), "{depot} magazines in the depot");
+        assert!(
+            depot >= N / blocks::MAGAZINE - 3,
+            "{depot} magazines in the depot"
+        );
+        assert!(
+            freer_kept <= 2 * blocks::MAGAZINE,
+            "{freer_kept} blocks kept"
+        );
+        let (local, depot) = blocks::counts(layout);
+        assert!(local <= 2 * blocks::MAGAZINE);
+        let limit = blocks::DEPOT_BYTES / (blocks::MAGAZINE * 832);
+        assert!(depot <= limit.max(2), "{depot} magazines in the depot");
+        assert!(depot >= 1, "the freer's blocks never reached the depot");
+    }
+}
