@@ -697,18 +697,18 @@ pub(crate) struct Worker {
     /// Dumps being answered, a chunk per pass (see `dump_step`); `dumping` while any is.
     dumps: RefCell<Vec<PartialDump>>,
     dumping: Cell<bool>,
-    /// This worker's counters in `shared` (one load away instead of an indexed lookup:
-    /// they are touched at every switch).
-    stats: StatsRef,
+    /// This worker's part of `shared` (one load away instead of an indexed lookup: its
+    /// queues and counters are touched several times per switch).
+    me: MeRef,
 }
 
-/// A pointer to a worker's counters inside its own `Arc<Shared>`.
-struct StatsRef(std::ptr::NonNull<WorkerStats>);
+/// A pointer to a worker's own `WorkerShared` inside its `Arc<Shared>`.
+struct MeRef(std::ptr::NonNull<WorkerShared>);
 
 // SAFETY: it points into the `Shared` that the same `Worker` keeps alive through its `Arc`,
-// so it moves between threads together with that `Arc`; `WorkerStats` is `Sync` (atomics
-// only), and only shared references are made from it.
-unsafe impl Send for StatsRef {}
+// so it moves between threads together with that `Arc`; `WorkerShared` is shared by all
+// threads anyway (it is `Sync`), and only shared references are made from it.
+unsafe impl Send for MeRef {}
 
 /// A dump this worker is answering.
 struct PartialDump {
@@ -751,9 +751,9 @@ impl Worker {
     pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
         let stacks = StackPool::new(shared.config.stack_cache);
         let reported = shared.report.load(Ordering::Relaxed);
-        let stats = StatsRef(std::ptr::NonNull::from(&shared.workers[index].stats.0));
+        let me = MeRef(std::ptr::NonNull::from(&shared.workers[index]));
         Worker {
-            stats,
+            me,
             shared,
             index,
             ready: RefCell::new(VecDeque::new()),
@@ -773,15 +773,16 @@ impl Worker {
         }
     }
 
+    #[inline(always)]
     fn me(&self) -> &WorkerShared {
-        &self.shared.workers[self.index]
+        // SAFETY: points into `self.shared`, which this worker keeps alive (and an `Arc`'s
+        // contents never move); only shared references are made.
+        unsafe { self.me.0.as_ref() }
     }
 
     #[inline(always)]
     fn stats(&self) -> &WorkerStats {
-        // SAFETY: points into `self.shared`, which this worker keeps alive (and an `Arc`'s
-        // contents never move); only shared references are made.
-        unsafe { self.stats.0.as_ref() }
+        &self.me().stats.0
     }
 
     /// Publishes the sizes of the ready queue, the registry and the stack pool: every
