@@ -325,6 +325,52 @@ fn pipeline_consumers_spread_over_the_workers() {
     });
 }
 
+/// A burst of fibers submitted from a plain thread is spread evenly over the workers: a
+/// started fiber never moves, so where they start decides the balance for their whole life.
+/// Each fiber yields 1 000 times (all are alive while the others are placed), then reports
+/// its worker; the workers are asleep when a burst begins. A worker pulls an outside submission at a yield only
+/// while no peer has fewer fibers; before that rule, the worker that yielded more often took
+/// most of the burst (60–80 against 120–140 of 200). Whether the second worker runs at all
+/// during the burst is up to the OS on a loaded machine, so one of three runs must be even.
+#[test]
+fn outside_bursts_spread_evenly_over_the_workers() {
+    const FIBERS: usize = 200;
+    with_deadline(|| {
+        let sched = started(2);
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            // Both workers asleep when the burst begins: the first one woken gets a head
+            // start of a whole futex wake on the other.
+            std::thread::sleep(Duration::from_millis(20));
+            let handles: Vec<_> = (0..FIBERS)
+                .map(|_| {
+                    sched
+                        .submit(
+                            || {
+                                for _ in 0..1000 {
+                                    Fiber::yield_now();
+                                }
+                                fibra::current_worker().unwrap()
+                            },
+                            None,
+                        )
+                        .unwrap()
+                })
+                .collect();
+            let mut on = [0usize; 2];
+            for h in handles {
+                on[finish(h)] += 1;
+            }
+            runs.push(on);
+            if on.iter().all(|&n| (85..=115).contains(&n)) {
+                sched.stop();
+                return;
+            }
+        }
+        panic!("no burst of {FIBERS} was spread evenly (fibers per worker): {runs:?}");
+    });
+}
+
 /// One pipeline run on two workers: where the consumers started, and how many jobs each
 /// worker ran.
 fn pipeline(consumers: usize) -> (HashSet<usize>, [usize; 2]) {
