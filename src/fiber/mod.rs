@@ -499,11 +499,11 @@ impl Fiber {
     ///   from this worker or from another thread;
     /// - the task this fiber (or the one before it) spawned last, if it has not started;
     /// - one task submitted from outside the scheduler, if any waits in the shared queue
-    ///   and no other worker has fewer live fibers than this one less one (one busy worker
-    ///   must not start a whole batch of it, one task per yield, while its peers wake up — a
-    ///   started fiber never moves); with more than 8 fibers ready, only at every other
-    ///   yield. Otherwise the worker takes outside work about every 61st pass. Idle workers
-    ///   take from the shared queue too.
+    ///   and this worker runs at most 8 fibers or no other worker has fewer live fibers
+    ///   than this one less one (one busy worker must not start a whole batch of it, one
+    ///   task per yield, while its peers wake up — a started fiber never moves); with more
+    ///   than 8 fibers ready, only at every other yield. Otherwise the worker takes outside
+    ///   work about every 61st pass. Idle workers take from the shared queue too.
     ///
     /// Unstarted tasks spawned earlier on this worker take turns with the ready fibers, so
     /// some of them may run after the yielded fiber. If nothing else is runnable, the fiber

@@ -155,6 +155,9 @@ const DUMP_CHUNK: usize = 1024;
 /// yield while at most this many fibers are ready on it, at every other one beyond (see
 /// `next_task`).
 pub(crate) const YIELD_PULL_READY_MAX: usize = 8;
+/// Up to this many live fibers a worker takes outside submissions at a yield without looking
+/// at its peers' loads (see `least_loaded`).
+const FEW_FIBERS: u64 = 8;
 /// How many tasks in a row a worker takes from its `next` slot before looking elsewhere.
 const MAX_NEXT_STREAK: u32 = 3;
 /// An idle worker takes the task in a peer's `next` slot only once the peer has run the
@@ -959,13 +962,20 @@ impl Worker {
     /// burst (200 yielding fibers submitted from a plain thread ended up 60–80 on one worker
     /// and 120–140 on the other). The pull every `INJECTOR_INTERVAL` passes and an idle
     /// worker's take are unconditional, so outside work never starves.
+    ///
+    /// A worker with at most `FEW_FIBERS` counts as least loaded whatever its peers run: a
+    /// small group submitted together (producers and consumers of one channel, say) then
+    /// starts on one worker, where they hand over to each other without cross-thread wakes
+    /// (spread over two workers, `mpmc`'s 4 + 4 fibers took 2–3× as long per message).
     #[inline]
     fn least_loaded(&self) -> bool {
         let mine = self.registry.borrow().len() as u64;
-        self.shared
-            .workers
-            .iter()
-            .all(|w| w.stats.0.fibers.get() + 1 >= mine)
+        mine <= FEW_FIBERS
+            || self
+                .shared
+                .workers
+                .iter()
+                .all(|w| w.stats.0.fibers.get() + 1 >= mine)
     }
 
     /// The observability chores of every `TIMER_INTERVAL`-th pass: the next chunk of a dump
