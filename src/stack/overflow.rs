@@ -48,7 +48,8 @@ struct AltStack {
 impl Drop for AltStack {
     fn drop(&mut self) {
         let addr = self.mapping.get();
-        if addr != 0 {
+        // 0: none; usize::MAX: another owner's alternate stack (std's), left alone.
+        if addr != 0 && addr != usize::MAX {
             // SAFETY: disable the alternate stack before unmapping it, so no signal can land
             // on freed memory; both calls only concern this thread and our own mapping.
             unsafe {
