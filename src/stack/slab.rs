@@ -207,7 +207,12 @@ fn batch_guard_install(addrs: &[usize], len: usize) -> usize {
         // SAFETY: pidfd_open on our own pid; on success we own the descriptor.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd < 0 {
-            BATCH_OK.store(false, Ordering::Relaxed);
+            // Out of descriptors is passing (one madvise per stack this time); anything
+            // else (ENOSYS, EPERM from a seccomp filter) is for good.
+            let errno = io::Error::last_os_error().raw_os_error();
+            if !matches!(errno, Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)) {
+                BATCH_OK.store(false, Ordering::Relaxed);
+            }
             return 0;
         }
         // SAFETY: a fresh descriptor nothing else owns.
@@ -240,7 +245,10 @@ fn batch_guard_install(addrs: &[usize], len: usize) -> usize {
         };
         if r < 0 {
             // ENOSYS, EINVAL or EPERM: no batch on this kernel; one madvise each instead.
-            BATCH_OK.store(false, Ordering::Relaxed);
+            // (ENOMEM for page tables is passing; the per-stack calls report it.)
+            if io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM) {
+                BATCH_OK.store(false, Ordering::Relaxed);
+            }
             return done;
         }
         // Ranges are advised in order; a short count means the rest were not.
