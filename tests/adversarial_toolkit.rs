@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{finish, started, wait_until, with_deadline, LIMIT};
+use common::{finish, started, wait_until, with_deadline, Counted, LIMIT};
 use fibra::sync::{mpmc, mpsc, CancellationToken, Mutex, Select};
 use fibra::{JoinHandle, JoinSet, Scheduler};
 
@@ -27,13 +27,6 @@ fn is_cancelled<T>(h: JoinHandle<T>) -> bool {
 }
 
 // ---------------------------------------------------------------- cancel races
-
-struct Counted(Arc<AtomicUsize>);
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
 
 /// Many threads cancel a task at once while it completes on its own: exactly one outcome,
 /// its value dropped exactly once, no hang.

@@ -24,7 +24,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, with_deadline};
+use common::{finish, with_deadline, Counted};
 use fibra::exec::{Executor, Looper, ThreadPool};
 use fibra::{park, JoinHandle, Scheduler, Unparker};
 
@@ -389,20 +389,11 @@ fn fibers_threads_and_continuations_on_one_handle_all_fire() {
     });
 }
 
-/// Counts its drops: a task returning one tells when the task's allocation was freed.
-struct CountDrop(Arc<AtomicUsize>);
-
-impl Drop for CountDrop {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 // Defect 5, timed-out waiters: 10 000 thread waits and 10 000 fiber waits that time out on
 // an unfinished task must neither break a waiter registered before them nor the ones that
 // come after, nor stay registered (memory that grows with every timed-out wait). Stale
 // registrations are detected through the fiber waiters: each is a detached task returning a
-// `CountDrop`, which is dropped only once nothing refers to the finished task any more.
+// `Counted`, which is dropped only once nothing refers to the finished task any more.
 #[test]
 fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
     with_deadline(|| {
@@ -456,7 +447,7 @@ fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
                             .count();
                         drop(handle);
                         let _ = hammered_tx.send(finished);
-                        CountDrop(freed)
+                        Counted(freed)
                     },
                     None,
                 )
@@ -474,7 +465,7 @@ fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
         }
         assert!(!handle.is_finished());
         // Every hammering fiber has finished and its handle is gone: nothing should refer to
-        // its task any more, so its CountDrop result is freed — unless a stale registration
+        // its task any more, so its Counted result is freed — unless a stale registration
         // of one of its 100 timed-out waits is still held by the handle it waited on.
         let all_freed = eventually(WAKE_BOUND, || {
             freed.load(Ordering::SeqCst) >= HAMMER_FIBERS - 4

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, started, wait_until, with_deadline, LIMIT};
+use common::{finish, started, wait_until, with_deadline, Counted, LIMIT};
 use fibra::sync::mpmc::{
     self, RecvError, RecvTimeoutError, SendError, SendTimeoutError, TryRecvError, TrySendError,
 };
@@ -677,16 +677,6 @@ fn cancelled_blocked_senders_leave_the_channel_usable() {
         drop(rx);
         assert_eq!(drops.load(Ordering::SeqCst), 5);
     });
-}
-
-/// Counts its drops.
-#[derive(Debug)]
-struct Counted(Arc<AtomicUsize>);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
 }
 
 #[test]

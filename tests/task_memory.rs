@@ -9,16 +9,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{finish, started, with_deadline};
-
-/// Counts its drops.
-struct Tally(Arc<AtomicUsize>);
-
-impl Drop for Tally {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
+use common::{finish, started, wait_until, with_deadline, Counted};
 
 /// Plain threads submit tasks and exit; each task's closure and result is dropped once,
 /// whether its handle is joined, dropped before the task ends, or dropped after.
@@ -36,8 +27,8 @@ fn values_drop_once_across_threads_that_come_and_go() {
                     std::thread::spawn(move || {
                         let mut kept = Vec::new();
                         for i in 0..TASKS {
-                            let captured = Tally(drops.clone());
-                            let result = Tally(drops.clone());
+                            let captured = Counted(drops.clone());
+                            let result = Counted(drops.clone());
                             let h = sched
                                 .submit(
                                     move || {
@@ -67,10 +58,9 @@ fn values_drop_once_across_threads_that_come_and_go() {
             }
             // Detached tasks may still be running: wait until every value is dropped.
             let want = 2 * THREADS * TASKS * (round + 1);
-            let begun = std::time::Instant::now();
-            while drops.load(Ordering::SeqCst) < want && begun.elapsed() < common::LIMIT {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+            wait_until("every value dropped", || {
+                drops.load(Ordering::SeqCst) >= want
+            });
             assert_eq!(drops.load(Ordering::SeqCst), want, "round {round}");
         }
         Arc::try_unwrap(sched).ok().unwrap().stop();
@@ -81,7 +71,7 @@ thread_local! {
     static LATE: LateDrop = const { LateDrop(std::cell::RefCell::new(Vec::new())) };
 }
 
-struct LateDrop(std::cell::RefCell<Vec<fibra::JoinHandle<Tally>>>);
+struct LateDrop(std::cell::RefCell<Vec<fibra::JoinHandle<Counted>>>);
 
 impl Drop for LateDrop {
     fn drop(&mut self) {
@@ -112,7 +102,7 @@ fn handles_dropped_by_a_thread_local_destructor() {
                     let handles: Vec<_> = (0..100)
                         .map(|_| {
                             let d = drops.clone();
-                            sched.submit(move || Tally(d), None).unwrap()
+                            sched.submit(move || Counted(d), None).unwrap()
                         })
                         .collect();
                     for h in &handles {
@@ -141,7 +131,7 @@ fn big_and_over_aligned_tasks() {
         let drops = Arc::new(AtomicUsize::new(0));
         let handles: Vec<_> = (0..200)
             .map(|i| {
-                let tally = Tally(drops.clone());
+                let tally = Counted(drops.clone());
                 let big = [i as u8; 4096];
                 let aligned = Aligned([i as u8; 200]);
                 sched

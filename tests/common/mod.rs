@@ -6,8 +6,9 @@ use std::any::Any;
 use std::io::Read;
 use std::panic;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,17 @@ pub fn with_deadline(body: impl FnOnce() + Send + 'static) {
             }
         }
         Err(RecvTimeoutError::Timeout) => panic!("test body did not finish within {:?}", 2 * LIMIT),
+    }
+}
+
+/// Counts its drops into the shared counter: a value the tests hand to fibra (a closure's
+/// capture, a result, a message) is dropped exactly once, and when.
+#[derive(Debug)]
+pub struct Counted(pub Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
 
