@@ -99,8 +99,14 @@ impl FiberStack {
         (self.limit, self.limit + self.guard)
     }
 
+    /// The usable memory above the guard: (address, length).
+    fn usable(&self) -> (usize, usize) {
+        let start = self.limit + self.guard;
+        (start, self.base - start)
+    }
+
     /// Gives the touched pages back to the kernel; the stack stays reserved and usable (pages
-    /// come back zeroed on the next touch).
+    /// come back zeroed on the next touch). See also `slab::release_memory` for many.
     fn release_memory(&self) {
         let start = self.limit + self.guard;
         // SAFETY: the range is this stack's own usable memory and holds no live data: the
@@ -189,7 +195,8 @@ impl StackPool {
 
     /// Releases the memory of up to `max` of the least recently used idle stacks beyond the
     /// cap and hands them to the global free list. Returns whether more remain beyond the
-    /// cap. Each stack costs one `madvise`, so callers trim in small batches while idle.
+    /// cap. Each stack costs a TLB flush (one `madvise`, or a share of a `process_madvise`), so
+    /// callers trim in small batches while idle.
     pub(crate) fn trim(&mut self, max: usize) -> bool {
         let cap = self.cap;
         let mut budget = max;
@@ -199,9 +206,7 @@ impl StackPool {
             let n = excess.min(budget);
             if n > 0 {
                 let oldest: Vec<FiberStack> = list.drain(..n).collect();
-                for stack in &oldest {
-                    stack.release_memory();
-                }
+                slab::release_memory(&oldest);
                 slab::free(oldest);
                 budget -= n;
             }

@@ -191,13 +191,41 @@ fn install_guards(addrs: &[usize], len: usize) -> Result<(), (usize, io::Error)>
 /// `process_madvise(MADV_GUARD_INSTALL)` over `addrs`; returns how many, from the front,
 /// got their guard (0 where the kernel cannot).
 fn batch_guard_install(addrs: &[usize], len: usize) -> usize {
+    /// Cleared once the kernel refused the batch.
+    static BATCH_OK: AtomicBool = AtomicBool::new(true);
+    let ranges: Vec<(usize, usize)> = addrs.iter().map(|&a| (a, len)).collect();
+    self_madvise(&ranges, MADV_GUARD_INSTALL, &BATCH_OK)
+}
+
+/// Gives the memory of `stacks` back to the kernel (`MADV_DONTNEED` on each one's usable
+/// range): with one `process_madvise` per 1 024 stacks where the kernel allows it — each
+/// `madvise` flushes the TLB of every core running the process, and dropping a scheduler
+/// after a million-fiber burst spent seconds on one per stack — else one `madvise` each.
+pub(super) fn release_memory(stacks: &[FiberStack]) {
+    static BATCH_OK: AtomicBool = AtomicBool::new(true);
+    let ranges: Vec<(usize, usize)> = stacks.iter().map(FiberStack::usable).collect();
+    let done = if ranges.len() > 1 {
+        self_madvise(&ranges, libc::MADV_DONTNEED, &BATCH_OK)
+    } else {
+        0
+    };
+    for stack in &stacks[done..] {
+        stack.release_memory();
+    }
+}
+
+/// `process_madvise(advice)` on this process over `ranges` (address, length), in chunks of
+/// IOV_MAX (1 024); returns how many ranges, from the front, were advised. Where the kernel
+/// (or a seccomp filter) refuses, clears `ok` for good and returns what was done; a passing
+/// shortage (descriptors, memory) returns without clearing it.
+fn self_madvise(ranges: &[(usize, usize)], advice: libc::c_int, ok: &AtomicBool) -> usize {
     /// This process's pidfd, with the pid it was opened for: after a `fork` the child must
     /// not advise its parent's address space through an inherited one.
     static SELF_PIDFD: parking_lot::Mutex<Option<(libc::pid_t, OwnedFd)>> =
         parking_lot::Mutex::new(None);
-    /// Cleared once the kernel refused the batch.
-    static BATCH_OK: AtomicBool = AtomicBool::new(true);
-    if !BATCH_OK.load(Ordering::Relaxed) {
+    let passing =
+        |errno: Option<i32>| matches!(errno, Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM));
+    if !ok.load(Ordering::Relaxed) {
         return 0;
     }
     // SAFETY: getpid has no preconditions.
@@ -207,11 +235,8 @@ fn batch_guard_install(addrs: &[usize], len: usize) -> usize {
         // SAFETY: pidfd_open on our own pid; on success we own the descriptor.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd < 0 {
-            // Out of descriptors is passing (one madvise per stack this time); anything
-            // else (ENOSYS, EPERM from a seccomp filter) is for good.
-            let errno = io::Error::last_os_error().raw_os_error();
-            if !matches!(errno, Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)) {
-                BATCH_OK.store(false, Ordering::Relaxed);
+            if !passing(io::Error::last_os_error().raw_os_error()) {
+                ok.store(false, Ordering::Relaxed);
             }
             return 0;
         }
@@ -222,40 +247,41 @@ fn batch_guard_install(addrs: &[usize], len: usize) -> usize {
         return 0;
     };
     let mut done = 0;
-    // At most IOV_MAX (1 024) ranges per call; batches are far smaller anyway.
-    for chunk in addrs.chunks(1024) {
+    for chunk in ranges.chunks(1024) {
         let iov: Vec<libc::iovec> = chunk
             .iter()
-            .map(|&a| libc::iovec {
-                iov_base: a as *mut libc::c_void,
+            .map(|&(addr, len)| libc::iovec {
+                iov_base: addr as *mut libc::c_void,
                 iov_len: len,
             })
             .collect();
-        // SAFETY: the ranges are the lowest pages of stacks we are carving from our own
-        // slabs; `iov` lives across the call; the pidfd is this process's (checked above).
+        // SAFETY: every range belongs to a stack of our own slabs that no fiber runs on (a
+        // guard page being carved, or the usable memory of an idle stack); `iov` lives
+        // across the call; the pidfd is this process's (checked above).
         let r = unsafe {
             libc::syscall(
                 libc::SYS_process_madvise,
                 pidfd.as_raw_fd(),
                 iov.as_ptr(),
                 iov.len(),
-                MADV_GUARD_INSTALL,
+                advice,
                 0u32,
             )
         };
         if r < 0 {
-            // ENOSYS, EINVAL or EPERM: no batch on this kernel; one madvise each instead.
-            // (ENOMEM for page tables is passing; the per-stack calls report it.)
-            if io::Error::last_os_error().raw_os_error() != Some(libc::ENOMEM) {
-                BATCH_OK.store(false, Ordering::Relaxed);
+            if !passing(io::Error::last_os_error().raw_os_error()) {
+                ok.store(false, Ordering::Relaxed);
             }
             return done;
         }
         // Ranges are advised in order; a short count means the rest were not.
-        let whole = r as usize / len;
-        done += whole;
-        if whole < chunk.len() {
-            return done;
+        let mut bytes = r as usize;
+        for &(_, len) in chunk {
+            if bytes < len {
+                return done;
+            }
+            bytes -= len;
+            done += 1;
         }
     }
     done
