@@ -214,34 +214,42 @@ fn thousands_of_calls_from_many_fibers() {
 
 #[test]
 fn a_fiber_cancelled_in_unblock_waits_for_the_borrowed_call() {
-    with_deadline(|| {
-        let s = sched(1);
-        let finished = Arc::new(AtomicBool::new(false));
-        let (started_tx, started) = mpsc::channel();
-        let f = finished.clone();
-        let h = s
-            .submit(
-                move || {
-                    let mut local = [0u8; 64];
-                    fibra::unblock(|| {
-                        started_tx.send(()).unwrap();
-                        thread::sleep(Duration::from_millis(200));
-                        // Still borrowed: the cancelled fiber's frame must not be gone yet.
-                        local.fill(7);
-                        f.store(true, Ordering::SeqCst);
-                    });
-                    local[0]
-                },
-                None,
-            )
-            .unwrap();
-        started.recv_timeout(LIMIT).unwrap();
-        let cancelled = s.stop_timeout(Duration::from_millis(10));
-        assert_eq!(cancelled, 1);
-        // The unwinding fiber waited for the blocking call before its frame went away.
-        assert!(finished.load(Ordering::SeqCst));
-        assert!(h.join().unwrap_err().is_cancelled());
-    });
+    with_deadline(|| cancelled_in_unblock_waits_for_the_borrowed_call(0));
+}
+
+/// A fiber makes `warm_up` quick unblock calls, then one that borrows its frame and blocks
+/// for 200 ms, during which `stop_timeout` cancels it: the unwinding fiber must wait for the
+/// blocking call before its frame goes away.
+fn cancelled_in_unblock_waits_for_the_borrowed_call(warm_up: u32) {
+    let s = sched(1);
+    let finished = Arc::new(AtomicBool::new(false));
+    let (started_tx, started) = mpsc::channel();
+    let f = finished.clone();
+    let h = s
+        .submit(
+            move || {
+                let mut local = [0u8; 64];
+                for k in 0..warm_up {
+                    assert_eq!(fibra::unblock(move || k + 1), k + 1);
+                }
+                fibra::unblock(|| {
+                    started_tx.send(()).unwrap();
+                    thread::sleep(Duration::from_millis(200));
+                    // Still borrowed: the cancelled fiber's frame must not be gone yet.
+                    local.fill(7);
+                    f.store(true, Ordering::SeqCst);
+                });
+                local[0]
+            },
+            None,
+        )
+        .unwrap();
+    started.recv_timeout(LIMIT).unwrap();
+    let cancelled = s.stop_timeout(Duration::from_millis(10));
+    assert_eq!(cancelled, 1);
+    // The unwinding fiber waited for the blocking call before its frame went away.
+    assert!(finished.load(Ordering::SeqCst));
+    assert!(h.join().unwrap_err().is_cancelled());
 }
 
 #[test]
@@ -327,33 +335,5 @@ fn back_to_back_calls_keep_their_results_and_panics_apart() {
 fn a_fiber_cancelled_after_back_to_back_calls_waits_for_the_borrowed_call() {
     // Like the test above, with the pool warmed by back-to-back calls, so that the blocking
     // call is taken by a thread that was spinning for it.
-    with_deadline(|| {
-        let s = sched(1);
-        let finished = Arc::new(AtomicBool::new(false));
-        let (started_tx, started) = mpsc::channel();
-        let f = finished.clone();
-        let h = s
-            .submit(
-                move || {
-                    let mut local = [0u8; 64];
-                    for k in 0..1_000u32 {
-                        assert_eq!(fibra::unblock(move || k + 1), k + 1);
-                    }
-                    fibra::unblock(|| {
-                        started_tx.send(()).unwrap();
-                        thread::sleep(Duration::from_millis(200));
-                        local.fill(7);
-                        f.store(true, Ordering::SeqCst);
-                    });
-                    local[0]
-                },
-                None,
-            )
-            .unwrap();
-        started.recv_timeout(LIMIT).unwrap();
-        let cancelled = s.stop_timeout(Duration::from_millis(10));
-        assert_eq!(cancelled, 1);
-        assert!(finished.load(Ordering::SeqCst));
-        assert!(h.join().unwrap_err().is_cancelled());
-    });
+    with_deadline(|| cancelled_in_unblock_waits_for_the_borrowed_call(1_000));
 }

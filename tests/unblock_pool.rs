@@ -13,33 +13,18 @@ use std::time::Duration;
 /// Runs `calls` concurrent unblock calls that each block for `hold`; returns the most that
 /// ran at once.
 fn burst(sched: &fibra::Scheduler, calls: usize, hold: Duration) -> usize {
-    let running = Arc::new(AtomicUsize::new(0));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let handles: Vec<_> = (0..calls)
-        .map(|_| {
-            let (running, peak) = (running.clone(), peak.clone());
-            sched
-                .submit(
-                    move || {
-                        fibra::unblock(|| {
-                            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                            peak.fetch_max(now, Ordering::SeqCst);
-                            thread::sleep(hold);
-                            running.fetch_sub(1, Ordering::SeqCst);
-                        })
-                    },
-                    None,
-                )
-                .unwrap()
-        })
-        .collect();
-    handles.into_iter().for_each(finish);
-    peak.load(Ordering::SeqCst)
+    peak_of(sched, calls, 1, hold)
 }
 
 /// Runs `fibers` fibers that each make `calls` quick unblock calls one after another;
 /// returns the most that ran at once.
 fn back_to_back(sched: &fibra::Scheduler, fibers: usize, calls: usize) -> usize {
+    peak_of(sched, fibers, calls, Duration::ZERO)
+}
+
+/// Runs `fibers` fibers that each make `calls` unblock calls one after another, each
+/// blocking for `hold` (not at all if zero); returns the most that ran at once.
+fn peak_of(sched: &fibra::Scheduler, fibers: usize, calls: usize, hold: Duration) -> usize {
     let running = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let handles: Vec<_> = (0..fibers)
@@ -52,6 +37,9 @@ fn back_to_back(sched: &fibra::Scheduler, fibers: usize, calls: usize) -> usize 
                             fibra::unblock(|| {
                                 let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                                 peak.fetch_max(now, Ordering::SeqCst);
+                                if !hold.is_zero() {
+                                    thread::sleep(hold);
+                                }
                                 running.fetch_sub(1, Ordering::SeqCst);
                             })
                         }

@@ -789,13 +789,13 @@ impl Worker {
         &self.me().stats.0
     }
 
-    /// Publishes the sizes of the ready queue, the registry and the stack pool: every
-    /// `CLOCK_INTERVAL` passes and before a sleep, not at every change.
+    /// Publishes the sizes of the ready queue and the stack pool: every `CLOCK_INTERVAL`
+    /// passes and before a sleep, not at every change. (The registry's size, which placement
+    /// reads, is published at every change: see `launch`, `unregister`, `abandon_all`.)
     fn publish_gauges(&self) {
         let st = self.stats();
         st.ready.set(self.ready.borrow().len() as u64);
         st.stacks_cached.set(self.stacks.borrow().cached() as u64);
-        st.fibers.set(self.registry.borrow().len() as u64);
     }
 
     /// The home-only state of `job`, a task this worker has started (see `Home`).
@@ -1768,6 +1768,7 @@ impl Worker {
         }
         self.ready.borrow_mut().clear();
         let fibers = std::mem::take(&mut *self.registry.borrow_mut());
+        self.stats().fibers.set(0);
         if fibers.is_empty() {
             return;
         }
