@@ -235,12 +235,15 @@ fn redis_ping(port: u16) -> Result<(), String> {
 /// Runs workload `w` for each of `peers` and returns their cells in that order; `done` gets
 /// each cell as soon as it is final.
 ///
-/// Timed and fresh-per-repetition workloads run one peer after the other. The server
-/// workloads (http, http_hooked, redis_get) interleave their peers instead: every server is
-/// started first (or the one redis-server), then repetition k of every peer runs before
-/// repetition k + 1 of any. A shared machine's speed drifts over minutes; run back to back,
-/// one peer could get a slow stretch and another a fast one, and their ratio would measure the
-/// drift. Interleaved, every peer samples the same stretches.
+/// Every workload interleaves its peers. A shared machine's speed drifts over seconds to
+/// minutes (the same single-worker yield loop ran at 26 and at 41 ns per yield a minute
+/// apart); run back to back, one peer could get a slow stretch and another a fast one, and
+/// their ratio would measure the drift. Interleaved, every peer samples the same stretches:
+/// - timed workloads run in up to `TIMED_ROUNDS` rounds, each a child per peer with its own
+///   warm-up and a share of the repetitions;
+/// - fresh-per-repetition workloads run a round per repetition, a child per peer in each;
+/// - the server workloads (http, http_hooked, redis_get) start every server first (or the
+///   one redis-server), then run repetition k of every peer before repetition k + 1 of any.
 pub fn run_workload(
     env: &Env,
     w: &Workload,
@@ -249,24 +252,15 @@ pub fn run_workload(
 ) -> Vec<PeerRun> {
     match w.mode {
         Mode::Derived => unreachable!("a derived row has no runs of its own (see derive)"),
-        Mode::Timed | Mode::FreshPerRep => peers
-            .iter()
-            .map(|&peer| {
-                let mut run = unavailable(env, w, peer).unwrap_or_else(|| sequential(env, w, peer));
-                add_note(&mut run, w);
-                done(&run);
-                run
-            })
-            .collect(),
-        Mode::Http | Mode::Redis => {
+        Mode::Timed | Mode::FreshPerRep | Mode::Http | Mode::Redis => {
             let mut runs: Vec<PeerRun> = peers
                 .iter()
                 .map(|&peer| unavailable(env, w, peer).unwrap_or_else(|| PeerRun::ok(peer)))
                 .collect();
-            if w.mode == Mode::Http {
-                http_rounds(env, w, &mut runs);
-            } else {
-                redis_rounds(env, w, &mut runs);
+            match w.mode {
+                Mode::Http => http_rounds(env, w, &mut runs),
+                Mode::Redis => redis_rounds(env, w, &mut runs),
+                _ => child_rounds(env, w, &mut runs),
             }
             for run in &mut runs {
                 add_note(run, w);
@@ -302,17 +296,32 @@ fn add_note(run: &mut PeerRun, w: &Workload) {
     }
 }
 
-/// A timed or fresh-per-repetition workload for one peer.
-fn sequential(env: &Env, w: &Workload, peer: Peer) -> PeerRun {
-    match w.mode {
-        Mode::FreshPerRep => collect(
-            peer,
-            (0..env.reps).map(|_| child_run(env, w, peer, 1, false, None)),
-        ),
-        _ => collect(
-            peer,
-            std::iter::once(child_run(env, w, peer, env.reps, true, None)),
-        ),
+/// Rounds of a timed workload: at most this many, so that each child still runs several
+/// repetitions on one warmed-up runtime (a child's start and warm-up cost as much as a
+/// repetition or more).
+const TIMED_ROUNDS: usize = 3;
+
+/// A timed or fresh-per-repetition workload, in rounds: in each, every peer still running
+/// runs one child, in the order of `runs`. A timed workload's repetitions are dealt over
+/// `min(reps, TIMED_ROUNDS)` rounds (5 as 2 + 2 + 1), each child with its own warm-up; a
+/// fresh-per-repetition workload runs one repetition per round, without warm-up. A peer's
+/// first failure ends its cell (with the figures it had), as it would run back to back.
+fn child_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
+    let (rounds, warmup) = match w.mode {
+        Mode::FreshPerRep => (env.reps, false),
+        _ => (env.reps.min(TIMED_ROUNDS), true),
+    };
+    for round in 0..rounds {
+        let reps = match w.mode {
+            Mode::FreshPerRep => 1,
+            _ => env.reps / rounds + usize::from(round < env.reps % rounds),
+        };
+        for run in runs.iter_mut().filter(|run| run.is_ok()) {
+            match child_run(env, w, run.peer, reps, warmup, None) {
+                Ok(figures) => figures.add_to(run),
+                Err(status) => run.status = status,
+            }
+        }
     }
 }
 
@@ -462,21 +471,6 @@ fn hint(stderr: &str) -> String {
     } else {
         String::new()
     }
-}
-
-/// Folds the results of one or more children into a cell (the first failure wins).
-fn collect(peer: Peer, results: impl Iterator<Item = ChildResult>) -> PeerRun {
-    let mut run = PeerRun::ok(peer);
-    for r in results {
-        match r {
-            Ok(reps) => reps.add_to(&mut run),
-            Err(status) => {
-                run.status = status;
-                break;
-            }
-        }
-    }
-    run
 }
 
 /// Captured output of a finished child.

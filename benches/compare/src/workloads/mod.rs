@@ -70,7 +70,8 @@ impl Peer {
 /// How a workload is run by the parent process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// One child process per peer: one warm-up, then all repetitions on one runtime.
+    /// A child process per peer and round (see `driver::run_workload`): one warm-up, then
+    /// that round's repetitions on one runtime.
     Timed,
     /// One fresh child process per repetition, no warm-up (memory and CPU figures must not see
     /// what an earlier repetition left behind).
