@@ -103,6 +103,7 @@ pub struct Metrics {
     pub(crate) injector: usize,
     pub(crate) stack_size: usize,
     pub(crate) stacks_free: usize,
+    pub(crate) stacks_spare: usize,
     pub(crate) stacks_carved: usize,
     pub(crate) stack_slabs: usize,
     pub(crate) stack_reserved_bytes: usize,
@@ -192,6 +193,14 @@ impl Metrics {
     /// Process-wide: idle stacks whose memory was given back, in the shared free list.
     pub fn stacks_free(&self) -> usize {
         self.stacks_free
+    }
+
+    /// Process-wide: idle stacks that workers handed over beyond their
+    /// [`stack_cache`](crate::Builder::stack_cache), memory and all, for any worker to reuse
+    /// before it faults in new ones. Idle workers give their memory back once none has been
+    /// handed over or taken for 50 ms; a stopping scheduler's workers give it back at once.
+    pub fn stacks_spare(&self) -> usize {
+        self.stacks_spare
     }
 
     /// Process-wide: stacks carved from slabs so far.
@@ -411,11 +420,12 @@ impl fmt::Display for Metrics {
         )?;
         writeln!(
             f,
-            "stacks: {} in use, {} cached ({} each); process: {} free, {} carved, {} reserved \
-             in {} slabs, {} mappings",
+            "stacks: {} in use, {} cached ({} each); process: {} spare, {} free, {} carved, \
+             {} reserved in {} slabs, {} mappings",
             g(self.stacks_in_use()),
             g(self.stacks_cached()),
             bytes(self.stack_size),
+            g(self.stacks_spare),
             g(self.stacks_free),
             g(self.stacks_carved),
             bytes(self.stack_reserved_bytes),

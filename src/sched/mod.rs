@@ -169,8 +169,11 @@ impl Builder {
     }
 
     /// How many idle stacks (per stack size) each worker keeps with their memory, for reuse
-    /// while still in cache. Beyond this, when the worker is idle, the oldest give their
-    /// memory back to the kernel and go to a free list shared by all threads. Default
+    /// while still in cache. Beyond this, the oldest go, memory and all, to a spare list
+    /// shared by all workers, which reuse them before they fault in new stacks
+    /// ([`Metrics::stacks_spare`](crate::Metrics::stacks_spare)); once none has been taken or
+    /// handed over for 50 ms, idle workers give their memory back to the kernel and the stacks
+    /// go to a free list shared by all threads. Default
     /// [`DEFAULT_STACK_CACHE`](crate::DEFAULT_STACK_CACHE) (256).
     pub fn stack_cache(mut self, stacks: usize) -> Self {
         self.stack_cache = stacks;

@@ -209,6 +209,7 @@ pub(crate) fn metrics(sh: &Shared) -> Metrics {
         injector: sh.injector.len(),
         stack_size: sh.config.stack_size,
         stacks_free: stacks.stacks_free,
+        stacks_spare: crate::stack::spare_count(),
         stacks_carved: stacks.stacks_carved,
         stack_slabs: stacks.slabs,
         stack_reserved_bytes: stacks.reserved_bytes,

@@ -753,7 +753,7 @@ impl Drop for ExitWorker<'_> {
 
 impl Worker {
     pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
-        let stacks = StackPool::new(shared.config.stack_cache);
+        let stacks = StackPool::spilling(shared.config.stack_cache);
         let reported = shared.report.load(Ordering::Relaxed);
         let me = MeRef(std::ptr::NonNull::from(&shared.workers[index]));
         Worker {
@@ -1335,12 +1335,19 @@ impl Worker {
             deadline = Some(deadline.map_or(answer_at, |d| d.min(answer_at)));
         }
         // Give burst memory back only when truly idle (no timer due soon), a batch at a time,
-        // coming back for the next batch after a pause: trimming never delays due work.
-        if deadline.is_none_or(|d| d > now + TRIM_QUIET)
-            && self.stacks.borrow_mut().trim(TRIM_BATCH)
-        {
-            let again = now + TRIM_PAUSE;
-            deadline = Some(deadline.map_or(again, |d| d.min(again)));
+        // coming back for the next batch after a pause: trimming never delays due work. This
+        // worker's own excess first, then spare stacks (any worker's) once none has gone in
+        // or out of the spare list for as long: a peer may be in the middle of a burst.
+        if deadline.is_none_or(|d| d > now + TRIM_QUIET) {
+            let again = if self.stacks.borrow_mut().trim(TRIM_BATCH) {
+                Some(TRIM_PAUSE)
+            } else {
+                crate::stack::trim_spare(TRIM_BATCH, TRIM_QUIET).map(|w| w.max(TRIM_PAUSE))
+            };
+            if let Some(wait) = again {
+                let again = now + wait;
+                deadline = Some(deadline.map_or(again, |d| d.min(again)));
+            }
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(now));
         if timeout.is_none_or(|t| !t.is_zero()) {

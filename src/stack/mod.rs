@@ -26,6 +26,7 @@ pub use slab::{guard_kind, stack_stats, StackStats};
 
 use crate::sys::page_size;
 use std::io;
+use std::time::Duration;
 
 /// The smallest stack a fiber may ask for, in bytes: 64 KiB. Smaller sizes given to
 /// [`TaskBuilder::stack_size`](crate::TaskBuilder::stack_size) and
@@ -144,6 +145,10 @@ pub(crate) fn round_size(size: usize) -> usize {
 pub(crate) struct StackPool {
     classes: Vec<(usize, Vec<FiberStack>)>,
     cap: usize,
+    /// Whether stacks beyond the cap go to the spare list (see `give`). Only a worker's pool
+    /// does that: idle workers trim the spare list, and a thread running standalone fibers
+    /// has no idle moment to do it in, so its pool trims its own excess as it goes.
+    spill: bool,
 }
 
 impl Default for StackPool {
@@ -153,10 +158,21 @@ impl Default for StackPool {
 }
 
 impl StackPool {
+    /// A pool that keeps up to `cap` idle stacks per size, and the rest until `trim`.
     pub(crate) fn new(cap: usize) -> Self {
         StackPool {
             classes: Vec::new(),
             cap,
+            spill: true,
+        }
+    }
+
+    /// A worker's pool: up to `cap` idle stacks per size, the rest to the spare list.
+    pub(crate) fn spilling(cap: usize) -> Self {
+        StackPool {
+            classes: Vec::new(),
+            cap,
+            spill: true,
         }
     }
 
@@ -188,9 +204,17 @@ impl StackPool {
         self.classes.iter().map(|c| c.1.len()).sum()
     }
 
-    /// Returns a stack whose fiber has finished.
+    /// Returns a stack whose fiber has finished. In a spilling pool, beyond the cap (and
+    /// some slack, so that a pool at its cap does not hand over a batch at every finish),
+    /// the oldest `REFILL` go to the slab allocator's spare list with their memory, where
+    /// any pool that runs dry takes them before it carves or faults in new ones.
     pub(crate) fn give(&mut self, stack: FiberStack) {
-        self.class(stack.size()).push(stack);
+        let (cap, spill) = (self.cap, self.spill);
+        let list = self.class(stack.size());
+        list.push(stack);
+        if spill && list.len() >= cap + 2 * REFILL {
+            slab::spare(list.drain(..REFILL).collect());
+        }
     }
 
     /// Releases the memory of up to `max` of the least recently used idle stacks beyond the
@@ -217,8 +241,24 @@ impl StackPool {
 }
 
 impl Drop for StackPool {
+    /// Gives back the memory of every idle stack, this pool's and the spare ones: a thread
+    /// that goes away (a stopped scheduler's worker) may have been the last that would have
+    /// trimmed them.
     fn drop(&mut self) {
         self.cap = 0;
         self.trim(usize::MAX);
+        slab::trim_spare(usize::MAX, Duration::ZERO);
     }
+}
+
+/// Gives back the memory of up to `max` spare stacks (see `slab::spare`) of the sizes none
+/// of which went in or out for `quiet`. Returns how long until there may be more to give
+/// back, or `None` if no spare stack is left.
+pub(crate) fn trim_spare(max: usize, quiet: Duration) -> Option<Duration> {
+    slab::trim_spare(max, quiet)
+}
+
+/// How many spare stacks the process holds, memory and all (see `slab::spare`).
+pub(crate) fn spare_count() -> usize {
+    slab::spare_count()
 }
