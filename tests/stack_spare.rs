@@ -130,4 +130,27 @@ fn a_burst_on_another_worker_reuses_spare_stacks_and_spares_are_given_back() {
     }
     s.stop();
     assert_eq!(s.metrics().stacks_spare(), 0, "{}", s.metrics());
+
+    // The cache's extremes: keeping every idle stack hands none over (and the cap plus the
+    // slack does not overflow); keeping none hands over all but the slack.
+    for (cache, spare) in [(usize::MAX, false), (0, true)] {
+        let s = fibra::Scheduler::builder()
+            .threads(2)
+            .stack_cache(cache)
+            .build()
+            .unwrap();
+        s.start();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sleeper = keep_busy(&s, 0, &stop);
+        burst(&s, 0);
+        let m = s.metrics();
+        assert_eq!(m.stacks_spare() > 0, spare, "stack_cache({cache})\n{m}");
+        if !spare {
+            assert!(m.stacks_cached() >= FIBERS, "stack_cache({cache})\n{m}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        sleeper.join().unwrap();
+        s.stop();
+        assert_eq!(s.metrics().stacks_spare(), 0, "{}", s.metrics());
+    }
 }

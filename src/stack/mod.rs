@@ -212,7 +212,7 @@ impl StackPool {
         let (cap, spill) = (self.cap, self.spill);
         let list = self.class(stack.size());
         list.push(stack);
-        if spill && list.len() >= cap + 2 * REFILL {
+        if spill && list.len() >= cap.saturating_add(2 * REFILL) {
             slab::spare(list.drain(..REFILL).collect());
         }
     }
