@@ -302,10 +302,13 @@ fn add_note(run: &mut PeerRun, w: &Workload) {
 const TIMED_ROUNDS: usize = 3;
 
 /// A timed or fresh-per-repetition workload, in rounds: in each, every peer still running
-/// runs one child, in the order of `runs`. A timed workload's repetitions are dealt over
-/// `min(reps, TIMED_ROUNDS)` rounds (5 as 2 + 2 + 1), each child with its own warm-up; a
-/// fresh-per-repetition workload runs one repetition per round, without warm-up. A peer's
-/// first failure ends its cell (with the figures it had), as it would run back to back.
+/// runs one child. A timed workload's repetitions are dealt over `min(reps, TIMED_ROUNDS)`
+/// rounds (5 as 2 + 2 + 1), each child with its own warm-up; a fresh-per-repetition workload
+/// runs one repetition per round, without warm-up. The order of the peers turns by one each
+/// round, so that no peer always runs first: the first million_park child after a pause took
+/// 1.3–3× as long as the next ones, whichever peer it was (most likely the kernel finding the
+/// gigabytes of pages a million parked tasks touch). A
+/// peer's first failure ends its cell (with the figures it had), as it would run back to back.
 fn child_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     let (rounds, warmup) = match w.mode {
         Mode::FreshPerRep => (env.reps, false),
@@ -316,7 +319,12 @@ fn child_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
             Mode::FreshPerRep => 1,
             _ => env.reps / rounds + usize::from(round < env.reps % rounds),
         };
-        for run in runs.iter_mut().filter(|run| run.is_ok()) {
+        let n = runs.len();
+        for k in 0..n {
+            let run = &mut runs[(round + k) % n];
+            if !run.is_ok() {
+                continue;
+            }
             match child_run(env, w, run.peer, reps, warmup, None) {
                 Ok(figures) => figures.add_to(run),
                 Err(status) => run.status = status,
