@@ -98,6 +98,17 @@ fn a_burst_on_another_worker_reuses_spare_stacks_and_spares_are_given_back() {
         s.metrics()
     );
 
+    // A plain thread that runs a standalone fiber and exits takes at most one batch of spare
+    // stacks and leaves the rest for the workers.
+    std::thread::spawn(|| {
+        let mut fiber = fibra::Fiber::new(fibra::Fiber::yield_now);
+        while fiber.resume() != fibra::FiberState::Done {}
+    })
+    .join()
+    .unwrap();
+    let left = s.metrics().stacks_spare();
+    assert!(left + 32 >= spare, "{left} of {spare} spare stacks left");
+
     // Worker 1's pool is empty: it takes the spare stacks, whose pages are still there.
     // Without them it faults in three pages per fiber (12 KiB each).
     let before = minor_faults();

@@ -163,7 +163,7 @@ impl StackPool {
         StackPool {
             classes: Vec::new(),
             cap,
-            spill: true,
+            spill: false,
         }
     }
 
@@ -241,13 +241,17 @@ impl StackPool {
 }
 
 impl Drop for StackPool {
-    /// Gives back the memory of every idle stack, this pool's and the spare ones: a thread
-    /// that goes away (a stopped scheduler's worker) may have been the last that would have
-    /// trimmed them.
+    /// Gives back the memory of every idle stack of this pool and, for a worker's pool, of
+    /// every spare one: a stopping scheduler's worker may have been the last that would have
+    /// trimmed them. A thread that ran standalone fibers leaves the spare list alone (a
+    /// program whose short-lived threads run fibers would otherwise empty it at every exit,
+    /// under a busy scheduler's feet).
     fn drop(&mut self) {
         self.cap = 0;
         self.trim(usize::MAX);
-        slab::trim_spare(usize::MAX, Duration::ZERO);
+        if self.spill {
+            slab::trim_spare(usize::MAX, Duration::ZERO);
+        }
     }
 }
 
