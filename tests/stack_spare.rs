@@ -6,8 +6,10 @@
 //! process-wide.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
 
 const FIBERS: usize = 1_000;
 
@@ -23,44 +25,7 @@ fn minor_faults() -> i64 {
 
 /// `FIBERS` fibers pinned to `worker`, alive at once, each touching 12 KiB of its stack.
 fn burst(s: &fibra::Scheduler, worker: usize) {
-    let unparkers = Arc::new(Mutex::new(Vec::with_capacity(FIBERS)));
-    let handles: Vec<_> = (0..FIBERS)
-        .map(|_| {
-            let unparkers = unparkers.clone();
-            s.submit(
-                move || {
-                    let mut buf = [0u8; 12 * 1024];
-                    std::hint::black_box(&mut buf).fill(1);
-                    fibra::park(|u| unparkers.lock().unwrap().push(u));
-                    std::hint::black_box(&buf)[11]
-                },
-                Some(worker),
-            )
-            .unwrap()
-        })
-        .collect();
-    wait_for("the burst to park", || {
-        unparkers.lock().unwrap().len() == FIBERS
-    });
-    for u in unparkers.lock().unwrap().drain(..) {
-        u.unpark();
-    }
-    for h in handles {
-        assert_eq!(h.join().unwrap(), 1);
-    }
-}
-
-/// Waits (at most 60 s) until `done` holds.
-fn wait_for(what: &str, done: impl Fn() -> bool) {
-    let mut waited = Duration::ZERO;
-    while !done() {
-        assert!(
-            waited < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-        waited += Duration::from_millis(5);
-    }
+    common::park_burst::<12>(s, FIBERS, Some(worker), || {});
 }
 
 /// Keeps a timer due within 50 ms on `worker` until `stop`: a worker trims idle stacks only
@@ -125,7 +90,7 @@ fn a_burst_on_another_worker_reuses_spare_stacks_and_spares_are_given_back() {
     for h in sleepers {
         h.join().unwrap();
     }
-    wait_for("idle workers to trim the spare stacks", || {
+    common::wait_until("idle workers to trim the spare stacks", || {
         s.metrics().stacks_spare() == 0
     });
     assert!(fibra::stack_stats().stacks_free >= FIBERS - 100);

@@ -6,6 +6,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
 fn maps_count() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .expect("Linux /proc")
@@ -58,26 +60,7 @@ fn a_hundred_thousand_parked_fibers_all_complete() {
 #[test]
 fn idle_workers_give_burst_memory_back() {
     let s = one_worker_keeping_16_stacks();
-    let unparkers = Arc::new(Mutex::new(Vec::new()));
-    let handles: Vec<_> = (0..2_000)
-        .map(|_| {
-            let unparkers = unparkers.clone();
-            s.submit(
-                move || fibra::park(|u| unparkers.lock().unwrap().push(u)),
-                None,
-            )
-            .unwrap()
-        })
-        .collect();
-    while unparkers.lock().unwrap().len() < 2_000 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    for u in unparkers.lock().unwrap().drain(..) {
-        u.unpark();
-    }
-    for h in handles {
-        h.join().unwrap();
-    }
+    common::park_burst::<0>(&s, 2_000, None, || {});
     // The worker goes idle, keeps 16 stacks and hands the rest, memory released, to the
     // shared free list (other tests running in parallel can only add to it).
     assert!(stacks_freed(2_000 - 16), "{:?}", fibra::stack_stats());
@@ -208,32 +191,8 @@ fn child_touches_and_trims_stacks() {
     }
     let s = one_worker_keeping_16_stacks();
     let before = rss_kib();
-    let unparkers = Arc::new(Mutex::new(Vec::new()));
-    let handles: Vec<_> = (0..2_000)
-        .map(|_| {
-            let unparkers = unparkers.clone();
-            s.submit(
-                move || {
-                    let mut buf = [0u8; 32 * 1024];
-                    std::hint::black_box(&mut buf).fill(1);
-                    fibra::park(|u| unparkers.lock().unwrap().push(u));
-                    std::hint::black_box(&buf)[7]
-                },
-                None,
-            )
-            .unwrap()
-        })
-        .collect();
-    while unparkers.lock().unwrap().len() < 2_000 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let peak = rss_kib();
-    for u in unparkers.lock().unwrap().drain(..) {
-        u.unpark();
-    }
-    for h in handles {
-        assert_eq!(h.join().unwrap(), 1);
-    }
+    let mut peak = 0;
+    common::park_burst::<32>(&s, 2_000, None, || peak = rss_kib());
     assert!(stacks_freed(2_000 - 16), "{:?}", fibra::stack_stats());
     println!("RSS {before} {peak} {}", rss_kib());
 }

@@ -169,11 +169,9 @@ impl StackPool {
 
     /// A worker's pool: up to `cap` idle stacks per size, the rest to the spare list.
     pub(crate) fn spilling(cap: usize) -> Self {
-        StackPool {
-            classes: Vec::new(),
-            cap,
-            spill: true,
-        }
+        let mut pool = StackPool::new(cap);
+        pool.spill = true;
+        pool
     }
 
     fn class(&mut self, size: usize) -> &mut Vec<FiberStack> {

@@ -41,6 +41,9 @@ static CLASSES: Mutex<Vec<Class>> = Mutex::new(Vec::new());
 static SLABS: AtomicUsize = AtomicUsize::new(0);
 static RESERVED: AtomicUsize = AtomicUsize::new(0);
 static CARVED: AtomicUsize = AtomicUsize::new(0);
+/// Spare stacks of all sizes, changed with the lists (under `CLASSES`): an idle worker looks
+/// here before it takes the lock to trim them, which it would otherwise do at every sleep.
+static SPARE: AtomicUsize = AtomicUsize::new(0);
 
 /// The class of `size`-byte stacks, created if new.
 fn class_of(classes: &mut Vec<Class>, size: usize, stride: usize) -> &mut Class {
@@ -76,6 +79,7 @@ pub(super) fn alloc(size: usize, n: usize, out: &mut Vec<FiberStack>) -> io::Res
     if spare > 0 {
         out.extend(class.spare.drain(class.spare.len() - spare..));
         class.spare_used = crate::sys::mono_ns();
+        SPARE.fetch_sub(spare, Ordering::Relaxed);
     }
     let recycled = (n - spare).min(class.free.len());
     out.extend(class.free.drain(class.free.len() - recycled..));
@@ -122,6 +126,7 @@ pub(super) fn spare(stacks: Vec<FiberStack>) {
     let (size, stride) = (first.size(), first.base - first.limit);
     let mut classes = CLASSES.lock();
     let class = class_of(&mut classes, size, stride);
+    SPARE.fetch_add(stacks.len(), Ordering::Relaxed);
     class.spare.extend(stacks);
     class.spare_used = crate::sys::mono_ns();
 }
@@ -130,6 +135,11 @@ pub(super) fn spare(stacks: Vec<FiberStack>) {
 /// list has seen no stack go in or out for `quiet`, and moves them to the free list. Returns
 /// how long until this should be called again: `None` if no spare stack is left.
 pub(super) fn trim_spare(max: usize, quiet: Duration) -> Option<Duration> {
+    // The lock-free look is for the idle path; a dropped pool (`quiet` zero) always looks
+    // under the lock, whatever this thread last saw of other threads' hand-overs.
+    if !quiet.is_zero() && SPARE.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
     let now = crate::sys::mono_ns();
     let quiet = u64::try_from(quiet.as_nanos()).unwrap_or(u64::MAX);
     let mut batch = Vec::new();
@@ -149,6 +159,7 @@ pub(super) fn trim_spare(max: usize, quiet: Duration) -> Option<Duration> {
                 again = Some(again.map_or(wait, |a| a.min(wait)));
             }
         }
+        SPARE.fetch_sub(batch.len(), Ordering::Relaxed);
     }
     release_memory(&batch);
     free(batch);
@@ -157,7 +168,7 @@ pub(super) fn trim_spare(max: usize, quiet: Duration) -> Option<Duration> {
 
 /// How many spare stacks there are, of all sizes.
 pub(super) fn spare_count() -> usize {
-    CLASSES.lock().iter().map(|c| c.spare.len()).sum()
+    SPARE.load(Ordering::Relaxed)
 }
 
 /// Takes back stacks whose memory has been released.

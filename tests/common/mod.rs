@@ -139,3 +139,40 @@ pub fn started(threads: usize) -> Scheduler {
     sched.start();
     sched
 }
+
+/// Submits `n` fibers (pinned to `worker`, or anywhere), each touching `KIB` KiB of its
+/// stack and then parking, so that `n` stacks are in use at once; once all have parked, calls
+/// `at_peak`, then wakes and joins them all.
+pub fn park_burst<const KIB: usize>(
+    s: &Scheduler,
+    n: usize,
+    worker: Option<usize>,
+    at_peak: impl FnOnce(),
+) {
+    let unparkers = Arc::new(Mutex::new(Vec::with_capacity(n)));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let unparkers = unparkers.clone();
+            s.submit(
+                move || {
+                    let mut buf = [[0u8; 1024]; KIB];
+                    for kib in std::hint::black_box(&mut buf).iter_mut() {
+                        kib.fill(1);
+                    }
+                    fibra::park(|u| unparkers.lock().unwrap().push(u));
+                    std::hint::black_box(&buf).first().map(|kib| kib[0])
+                },
+                worker,
+            )
+            .unwrap()
+        })
+        .collect();
+    wait_until("the burst to park", || unparkers.lock().unwrap().len() == n);
+    at_peak();
+    for u in unparkers.lock().unwrap().drain(..) {
+        u.unpark();
+    }
+    for h in handles {
+        assert_eq!(finish(h), (KIB > 0).then_some(1));
+    }
+}
