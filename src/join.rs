@@ -14,6 +14,9 @@ use std::time::Duration;
 type Callback<T> = Box<dyn FnOnce(&Result<T, JoinError>) + Send>;
 
 /// The allocation behind one submitted task: header, closure, result, continuations.
+///
+/// `repr(C)` with the header first, as [`Job`] requires.
+#[repr(C)]
 pub(crate) struct JoinCell<F, T> {
     header: Header,
     func: UnsafeCell<Option<F>>,
@@ -88,15 +91,12 @@ where
     }
 }
 
-impl<F, T> Job for JoinCell<F, T>
+// SAFETY: `JoinCell` is `repr(C)` with its `Header` first.
+unsafe impl<F, T> Job for JoinCell<F, T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    fn header(&self) -> &Header {
-        &self.header
-    }
-
     fn run(&self, start: Start) -> Ended {
         // SAFETY: the starting worker is the only one touching `func` (see the Sync impl).
         let f = unsafe { (*self.func.get()).take() };

@@ -617,7 +617,7 @@ impl Scheduler {
         let worker = self.caller_worker.lock().take();
         match worker {
             Some(worker) => {
-                worker.run(until, wake_at);
+                worker.run(&until, wake_at);
                 *self.caller_worker.lock() = Some(worker);
                 true
             }

@@ -43,15 +43,29 @@ pub(crate) enum Ended {
 }
 
 /// A unit of work in the run queues: a task, unstarted or a started fiber.
-pub(crate) trait Job: Send + Sync + 'static {
-    /// The shared header.
-    fn header(&self) -> &Header;
+///
+/// # Safety
+/// An implementor is `#[repr(C)]` with its [`Header`] as its first field: the worker reads
+/// the header of a `dyn Job` at every switch, and `<dyn Job>::header` does it
+/// without a virtual call by reading it at the value's address.
+pub(crate) unsafe trait Job: Send + Sync + 'static {
     /// Runs the user's closure (or fails as `start` says) and publishes the result, all
     /// inside the task's fiber; panics and cancellation are caught here. Called once.
     fn run(&self, start: Start) -> Ended;
     /// Publishes `err` as the result from outside any fiber (the task's fiber could not be
     /// created, or was abandoned), dropping the closure if it never ran.
     fn fail(&self, err: JoinError);
+}
+
+impl dyn Job {
+    /// The shared header.
+    #[inline(always)]
+    pub(crate) fn header(&self) -> &Header {
+        // SAFETY: every implementor of `Job` is `#[repr(C)]` with its `Header` first (the
+        // trait's contract), so the value's address is its header's, and the header lives as
+        // long as the value borrowed here.
+        unsafe { &*std::ptr::from_ref(self).cast::<Header>() }
+    }
 }
 
 /// A shared reference to a task, as the run queues, the registry and unparkers hold it.

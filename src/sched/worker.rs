@@ -688,6 +688,10 @@ pub(crate) struct Worker {
     /// The last fiber run yielded: before it runs again, the worker looks at the injector
     /// (a yield goes behind outside submissions too, when no idle peer takes them).
     yielded: Cell<bool>,
+    /// This worker may have queued a task in its `next` slot / stealable queue since it last
+    /// found them empty (only it pushes there; peers only take), so an empty look is skipped.
+    next_maybe: Cell<bool>,
+    local_maybe: Cell<bool>,
     /// The burst of spawns of the fiber running now (see `push_next`).
     burst: RefCell<Burst>,
     /// The shutdown phase this worker has acted on.
@@ -767,6 +771,8 @@ impl Worker {
             tick: Cell::new(0),
             next_streak: Cell::new(0),
             yielded: Cell::new(false),
+            next_maybe: Cell::new(false),
+            local_maybe: Cell::new(false),
             burst: RefCell::new(Burst::default()),
             phase: Cell::new(Phase::Running),
             reported: Cell::new(reported),
@@ -824,7 +830,7 @@ impl Worker {
 
     /// Runs the loop until `until()` holds or the scheduler has shut down. `wake_at` bounds
     /// every sleep, for a caller that must look at the clock (`stop_timeout` on worker 0).
-    pub(crate) fn run(&self, until: &dyn Fn() -> bool, wake_at: Option<Instant>) {
+    pub(crate) fn run(&self, until: &impl Fn() -> bool, wake_at: Option<Instant>) {
         let prev = CURRENT_WORKER.with(|c| c.replace(self));
         let _restore = ExitWorker(prev, self);
         crate::stack::overflow::ensure_alt_stack();
@@ -893,7 +899,7 @@ impl Worker {
         (phase >= Phase::Stopping && self.shared.live() == 0) || phase >= Phase::Abandoning
     }
 
-    #[inline]
+    #[inline(always)]
     fn next_task(&self) -> Option<ScheduleTask> {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
@@ -924,8 +930,8 @@ impl Worker {
                 return Some(ScheduleTask::New(job));
             }
         }
-        if self.next_streak.get() < MAX_NEXT_STREAK {
-            if let Some(job) = pop_local(&self.me().next) {
+        if self.next_streak.get() < MAX_NEXT_STREAK && self.next_maybe.get() {
+            if let Some(job) = self.pop_next() {
                 self.next_streak.set(self.next_streak.get() + 1);
                 return Some(ScheduleTask::New(job));
             }
@@ -935,7 +941,7 @@ impl Worker {
             return Some(task);
         }
         let from_ready = || self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
-        let from_local = || pop_local(&self.me().local).map(ScheduleTask::New);
+        let from_local = || self.pop_own_local().map(ScheduleTask::New);
         let local = if tick & 1 == 0 {
             from_ready().or_else(from_local)
         } else {
@@ -944,7 +950,7 @@ impl Worker {
         if local.is_some() {
             return local;
         }
-        if let Some(job) = pop_local(&self.me().next) {
+        if let Some(job) = self.pop_next() {
             return Some(ScheduleTask::New(job));
         }
         if self.fire_timers() {
@@ -953,6 +959,32 @@ impl Worker {
         self.take_injected()
             .map(ScheduleTask::New)
             .or_else(|| self.steal())
+    }
+
+    /// Pops this worker's `next` slot, unless it is known empty.
+    #[inline]
+    fn pop_next(&self) -> Option<JobRef> {
+        if !self.next_maybe.get() {
+            return None;
+        }
+        let job = pop_local(&self.me().next);
+        if job.is_none() {
+            self.next_maybe.set(false);
+        }
+        job
+    }
+
+    /// Pops this worker's stealable queue, unless it is known empty.
+    #[inline]
+    fn pop_own_local(&self) -> Option<JobRef> {
+        if !self.local_maybe.get() {
+            return None;
+        }
+        let job = pop_local(&self.me().local);
+        if job.is_none() {
+            self.local_maybe.set(false);
+        }
+        job
     }
 
     /// Whether no peer has fewer live fibers than this worker, less one (as each last
@@ -1055,6 +1087,7 @@ impl Worker {
             for _ in 0..available / 2 {
                 let Some(job) = victim.pop() else { break };
                 taken += 1;
+                self.local_maybe.set(true);
                 if let Err(job) = self.me().local.push(job) {
                     self.shared.injector.push(job);
                 }
@@ -1194,6 +1227,7 @@ impl Worker {
             burst.peers.clear();
             burst.dealt = 0;
         }
+        self.next_maybe.set(true);
         let Some(displaced) = self.me().next.force_push(job) else {
             burst.peers.extend(self.ask_help());
             return;
@@ -1228,6 +1262,7 @@ impl Worker {
 
     /// Queues an unstarted task on this worker's stealable queue.
     fn push_local(&self, job: JobRef) {
+        self.local_maybe.set(true);
         if let Err(job) = self.me().local.push(job) {
             // Full: move half to the injector so peers can help, like Go's runqputslow.
             for _ in 0..LOCAL_CAPACITY / 2 {
