@@ -166,6 +166,55 @@ fn yield_goes_behind_spawned_and_woken_fibers() {
     });
 }
 
+/// A worker skips looking at its `next` slot and stealable queue while it knows them empty;
+/// whatever its fibers spawn there later must still run. Rounds on one worker alternate a
+/// single spawn joined at once (the `next` slot alone), bursts larger than the stealable
+/// queue (it overflows to the shared queue), and spawns followed by yields instead of a join,
+/// each after the worker has found both empty.
+#[test]
+fn spawns_after_the_worker_found_its_queues_empty_all_run() {
+    with_deadline(|| {
+        let sched = started(1);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        let total = sched
+            .submit(
+                move || {
+                    let mut expected = 0;
+                    for round in 0..30 {
+                        let n = [1, 700, 3][round % 3];
+                        let handles: Vec<_> = (0..n)
+                            .map(|_| {
+                                let r = r.clone();
+                                fibra::spawn(move || {
+                                    r.fetch_add(1, Ordering::Relaxed);
+                                })
+                            })
+                            .collect();
+                        expected += n;
+                        if round % 3 == 2 {
+                            // Let them run without parking on a join first.
+                            while r.load(Ordering::Relaxed) < expected {
+                                Fiber::yield_now();
+                            }
+                        }
+                        for h in handles {
+                            h.join().expect("a spawned task ends");
+                        }
+                        // Nothing is left queued: the next round starts from empty queues.
+                        Fiber::yield_now();
+                    }
+                    expected
+                },
+                None,
+            )
+            .unwrap();
+        let total = finish(total);
+        assert_eq!(ran.load(Ordering::Relaxed), total);
+        sched.stop();
+    });
+}
+
 /// The budget makes a loop of operations that complete at once yield: a fiber ready on the
 /// same worker runs within about `BUDGET` of them.
 #[test]

@@ -662,6 +662,20 @@ fn pop_local<T>(q: &ArrayQueue<T>) -> Option<T> {
     }
 }
 
+/// Pops a queue of this worker's that only it pushes to, unless `maybe` says it has found it
+/// empty since its last push; clears `maybe` when it finds it empty.
+#[inline]
+fn pop_own<T>(maybe: &Cell<bool>, q: &ArrayQueue<T>) -> Option<T> {
+    if !maybe.get() {
+        return None;
+    }
+    let item = pop_local(q);
+    if item.is_none() {
+        maybe.set(false);
+    }
+    item
+}
+
 /// Handles I/O readiness that is already there, without blocking, if fibers wait for I/O
 /// and no worker is blocked in `epoll_wait` already.
 fn poll_io_now() {
@@ -964,27 +978,13 @@ impl Worker {
     /// Pops this worker's `next` slot, unless it is known empty.
     #[inline]
     fn pop_next(&self) -> Option<JobRef> {
-        if !self.next_maybe.get() {
-            return None;
-        }
-        let job = pop_local(&self.me().next);
-        if job.is_none() {
-            self.next_maybe.set(false);
-        }
-        job
+        pop_own(&self.next_maybe, &self.me().next)
     }
 
     /// Pops this worker's stealable queue, unless it is known empty.
     #[inline]
     fn pop_own_local(&self) -> Option<JobRef> {
-        if !self.local_maybe.get() {
-            return None;
-        }
-        let job = pop_local(&self.me().local);
-        if job.is_none() {
-            self.local_maybe.set(false);
-        }
-        job
+        pop_own(&self.local_maybe, &self.me().local)
     }
 
     /// Whether no peer has fewer live fibers than this worker, less one (as each last
