@@ -944,7 +944,7 @@ impl Worker {
                 return Some(ScheduleTask::New(job));
             }
         }
-        if self.next_streak.get() < MAX_NEXT_STREAK && self.next_maybe.get() {
+        if self.next_streak.get() < MAX_NEXT_STREAK {
             if let Some(job) = self.pop_next() {
                 self.next_streak.set(self.next_streak.get() + 1);
                 return Some(ScheduleTask::New(job));
@@ -1084,10 +1084,13 @@ impl Worker {
                 continue;
             };
             let mut taken = 1;
+            if available > 1 {
+                // Half of the rest comes here below.
+                self.local_maybe.set(true);
+            }
             for _ in 0..available / 2 {
                 let Some(job) = victim.pop() else { break };
                 taken += 1;
-                self.local_maybe.set(true);
                 if let Err(job) = self.me().local.push(job) {
                     self.shared.injector.push(job);
                 }
