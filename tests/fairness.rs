@@ -16,6 +16,17 @@ use common::{finish, started, with_deadline, LIMIT};
 use fibra::sync::mpsc;
 use fibra::Fiber;
 
+/// The tests of this file run one at a time: several check where fibers land on two workers,
+/// which is up to the OS while other tests keep both CPUs of a small machine busy (in a
+/// release build run alongside the rest of this file, every burst of
+/// `outside_bursts_spread_evenly_over_the_workers` could land on one worker).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    // A failed test poisons the lock; the others still run, one at a time.
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// More iterations than any of the busy loops below needs with the budget working: a loop
 /// that reaches it has starved its partner.
 const SPIN_CAP: u64 = 50_000_000;
@@ -24,6 +35,7 @@ const SPIN_CAP: u64 = 50_000_000;
 /// same worker. Without the budget the partner never runs and the loop never ends.
 #[test]
 fn try_iter_and_send_loop_lets_a_fiber_on_the_same_worker_run() {
+    let _serial = serial();
     with_deadline(|| {
         const ROUNDS: u64 = 1_000;
         let sched = started(2);
@@ -68,6 +80,7 @@ fn try_iter_and_send_loop_lets_a_fiber_on_the_same_worker_run() {
 /// worker only the budget lets the receiver run; on two, the idle peer helps as well.
 #[test]
 fn send_loop_after_spawning_the_receiver_ends() {
+    let _serial = serial();
     with_deadline(|| {
         for threads in [1, 2] {
             let sched = started(threads);
@@ -103,6 +116,7 @@ fn send_loop_after_spawning_the_receiver_ends() {
 /// Case 3: `yield_now` goes behind work submitted from outside the scheduler.
 #[test]
 fn yield_goes_behind_outside_submissions() {
+    let _serial = serial();
     with_deadline(|| {
         let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -133,6 +147,7 @@ fn yield_goes_behind_outside_submissions() {
 /// worker before it yielded.
 #[test]
 fn yield_goes_behind_spawned_and_woken_fibers() {
+    let _serial = serial();
     with_deadline(|| {
         let sched = started(1);
         let order = sched
@@ -173,6 +188,7 @@ fn yield_goes_behind_spawned_and_woken_fibers() {
 /// each after the worker has found both empty.
 #[test]
 fn spawns_after_the_worker_found_its_queues_empty_all_run() {
+    let _serial = serial();
     with_deadline(|| {
         let sched = started(1);
         let ran = Arc::new(AtomicUsize::new(0));
@@ -219,6 +235,7 @@ fn spawns_after_the_worker_found_its_queues_empty_all_run() {
 /// same worker runs within about `BUDGET` of them.
 #[test]
 fn budget_yields_after_about_budget_operations() {
+    let _serial = serial();
     with_deadline(|| {
         let sched = started(1);
         let ops = sched
@@ -251,6 +268,7 @@ fn budget_yields_after_about_budget_operations() {
 /// `unconstrained` turns the budget off; `consume_budget` spends it from a plain loop.
 #[test]
 fn unconstrained_never_yields_and_consume_budget_does() {
+    let _serial = serial();
     with_deadline(|| {
         let sched = started(1);
         let handle = sched
@@ -293,6 +311,7 @@ fn unconstrained_never_yields_and_consume_budget_does() {
 /// not suspend it behind its resumer's back.
 #[test]
 fn budget_never_suspends_a_standalone_fiber() {
+    let _serial = serial();
     let mut fiber = Fiber::new(|| {
         let (tx, rx) = mpsc::channel::<u32>();
         for i in 0..10_000 {
@@ -313,6 +332,7 @@ fn budget_never_suspends_a_standalone_fiber() {
 /// suspending; an idle peer starts them (the one in the `next` slot included) while it runs.
 #[test]
 fn tasks_spawned_by_a_running_fiber_get_help_from_the_idle_peer() {
+    let _serial = serial();
     with_deadline(|| {
         for burst in [1, 8] {
             let sched = started(2);
@@ -363,6 +383,7 @@ fn tasks_spawned_by_a_running_fiber_get_help_from_the_idle_peer() {
 /// of 9 started every consumer on the producer's worker.
 #[test]
 fn pipeline_consumers_spread_over_the_workers() {
+    let _serial = serial();
     with_deadline(|| {
         for consumers in [2, 8] {
             let runs: Vec<_> = (0..5).map(|_| pipeline(consumers)).collect();
@@ -383,6 +404,7 @@ fn pipeline_consumers_spread_over_the_workers() {
 /// during the burst is up to the OS on a loaded machine, so one of three runs must be even.
 #[test]
 fn outside_bursts_spread_evenly_over_the_workers() {
+    let _serial = serial();
     const FIBERS: usize = 200;
     with_deadline(|| {
         let sched = started(2);
@@ -473,6 +495,7 @@ const CONNECTIONS: usize = 30;
 /// by the budget) and the one that backs off (the pattern `TcpListener::accept` shows).
 #[test]
 fn accept_loop_under_emfile_serves_every_connection() {
+    let _serial = serial();
     for mode in ["retry", "backoff"] {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -653,6 +676,7 @@ fn emfile_server_child() {
 /// `unconstrained` restores the budget when its closure unwinds, and nests.
 #[test]
 fn unconstrained_restores_after_a_panic_and_nests() {
+    let _serial = serial();
     with_deadline(|| {
         let sched = started(1);
         let h = sched
@@ -689,6 +713,7 @@ fn unconstrained_restores_after_a_panic_and_nests() {
 /// before the budget such a loop held its worker through every shutdown.
 #[test]
 fn stop_timeout_cancels_a_busy_loop_of_fibra_operations() {
+    let _serial = serial();
     with_deadline(|| {
         let sched = started(1);
         let (tx, rx) = mpsc::channel::<()>();
