@@ -56,6 +56,7 @@ pub(crate) struct WorkerStats {
     pub(crate) remote_wakes: Counter,
     pub(crate) steals: Counter,
     pub(crate) injected: Counter,
+    pub(crate) cedes: Counter,
     pub(crate) sleeps: Counter,
     pub(crate) slept_ns: Counter,
     pub(crate) finished: Counter,
@@ -130,6 +131,7 @@ pub struct WorkerMetrics {
     pub(crate) remote_wakes: u64,
     pub(crate) steals: u64,
     pub(crate) injected: u64,
+    pub(crate) cedes: u64,
     pub(crate) sleeps: u64,
     pub(crate) slept: Duration,
     pub(crate) busy: Duration,
@@ -265,6 +267,7 @@ impl Metrics {
             w.remote_wakes = w.remote_wakes.saturating_sub(e.remote_wakes);
             w.steals = w.steals.saturating_sub(e.steals);
             w.injected = w.injected.saturating_sub(e.injected);
+            w.cedes = w.cedes.saturating_sub(e.cedes);
             w.sleeps = w.sleeps.saturating_sub(e.sleeps);
             w.slept = w.slept.saturating_sub(e.slept);
             w.busy = w.busy.saturating_sub(e.busy);
@@ -314,6 +317,13 @@ impl WorkerMetrics {
     /// Unstarted tasks this worker took from the shared injector (outside submissions).
     pub fn injected(&self) -> u64 {
         self.injected
+    }
+
+    /// Times the worker thread yielded its CPU to a peer worker that the kernel had kept
+    /// waiting for that CPU (see "Sharing a CPU" in the design notes, `docs/design.md`): a
+    /// started fiber never moves, so a worker off its CPU holds up its fibers.
+    pub fn cedes(&self) -> u64 {
+        self.cedes
     }
 
     /// Times the worker thread went to sleep with nothing to do.

@@ -442,6 +442,128 @@ fn outside_bursts_spread_evenly_over_the_workers() {
     });
 }
 
+/// Two workers that the kernel runs on one CPU (each pins its own thread there), both with
+/// fibers ready all the time. The kernel alternates them in slices of milliseconds, during
+/// which the fibers of the one waiting wait too; instead, each cedes the CPU to the other
+/// once the other has waited about 250 µs (`WorkerMetrics::cedes`). A fiber on worker 1
+/// that worker 0 wakes every 200 µs sees the difference.
+#[test]
+fn workers_sharing_one_cpu_cede_it_to_each_other() {
+    let _serial = serial();
+    with_deadline(|| {
+        let sched = started(2);
+        let cpu = first_allowed_cpu();
+        for w in 0..2 {
+            finish(sched.submit(move || pin_thread_to(cpu), Some(w)).unwrap());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        // Two yielding fibers per worker: one of them is always ready.
+        let spinners: Vec<_> = (0..4)
+            .map(|i| {
+                let stop = stop.clone();
+                sched
+                    .submit(
+                        move || {
+                            while !stop.load(Ordering::Relaxed) {
+                                Fiber::yield_now();
+                            }
+                        },
+                        Some(i % 2),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        let (tx, rx) = mpsc::channel::<Instant>();
+        let receiver = sched
+            .submit(
+                move || {
+                    let mut late = Vec::new();
+                    while let Ok(sent) = rx.recv() {
+                        late.push(sent.elapsed());
+                    }
+                    late
+                },
+                Some(1),
+            )
+            .unwrap();
+        let sender = sched
+            .submit(
+                move || {
+                    let end = Instant::now() + Duration::from_millis(300);
+                    let mut next = Instant::now();
+                    while Instant::now() < end {
+                        if Instant::now() >= next {
+                            tx.send(Instant::now()).expect("the receiver waits");
+                            next += Duration::from_micros(200);
+                        }
+                        Fiber::yield_now();
+                    }
+                },
+                Some(0),
+            )
+            .unwrap();
+        finish(sender);
+        let mut late = finish(receiver);
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            finish(s);
+        }
+        let cedes: Vec<u64> = sched
+            .metrics()
+            .workers()
+            .iter()
+            .map(|w| w.cedes())
+            .collect();
+        late.sort();
+        let pct = |p: usize| late[(late.len() - 1) * p / 100];
+        eprintln!(
+            "{} wakes on one CPU: p50 {:?}, p99 {:?}, max {:?}; cedes {cedes:?}",
+            late.len(),
+            pct(50),
+            pct(99),
+            pct(100)
+        );
+        assert!(!late.is_empty());
+        assert!(
+            cedes.iter().all(|&c| c > 0),
+            "both workers cede the CPU they share: {cedes:?}"
+        );
+        sched.stop();
+    });
+}
+
+/// The first CPU this thread may run on.
+fn first_allowed_cpu() -> usize {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the call writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+            0,
+            "sched_getaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| libc::CPU_ISSET(c, &set))
+            .expect("some CPU is allowed")
+    }
+}
+
+/// Restricts the calling thread to `cpu`.
+fn pin_thread_to(cpu: usize) {
+    // SAFETY: as above; the set lives across the call, which only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// One pipeline run on two workers: where the consumers started, and how many jobs each
 /// worker ran.
 fn pipeline(consumers: usize) -> (HashSet<usize>, [usize; 2]) {

@@ -177,6 +177,7 @@ pub(crate) fn metrics(sh: &Shared) -> Metrics {
                 remote_wakes: st.remote_wakes.get(),
                 steals: st.steals.get(),
                 injected: st.injected.get(),
+                cedes: st.cedes.get(),
                 sleeps: st.sleeps.get(),
                 slept: Duration::from_nanos(slept),
                 busy: Duration::from_nanos(run.saturating_sub(slept)),

@@ -172,6 +172,9 @@ const NEXT_STEAL_AFTER: Duration = Duration::from_micros(50);
 /// Every this many ticks a busy worker takes a non-blocking look at I/O readiness, while
 /// fibers wait for I/O and no idle worker is polling.
 const IO_POLL_INTERVAL: u32 = 61;
+/// How long a peer worker on this worker's CPU may wait for it, awake and with tasks queued,
+/// before this worker yields the CPU (see `Worker::cede_cpu`).
+const CEDE_AFTER_NS: u64 = 250_000;
 /// An idle worker releases burst stacks only if no timer is due within this long.
 const TRIM_QUIET: Duration = Duration::from_millis(50);
 /// How many idle stacks a worker releases per sleep, and how long it sleeps between batches.
@@ -210,6 +213,9 @@ pub(crate) struct WorkerShared {
     /// unchanged for `NEXT_STEAL_AFTER` knows the worker is stuck in one fiber, and may take
     /// the task waiting in its `next` slot.
     progress: Padded<AtomicU32>,
+    /// The CPU this worker's thread last ran on (`u32::MAX`: not known yet), rewritten only
+    /// when it changes, so peers read it from their cache (see `Worker::cede_cpu`).
+    cpu: Padded<AtomicU32>,
     /// An open request for help with the task in this worker's `next` slot.
     help: HelpSlot,
     /// Wakers from other threads between their push into `inbox` and their last touch of
@@ -403,6 +409,7 @@ impl Shared {
                     next: ArrayQueue::new(1),
                     sleep: WorkerSleep::new(),
                     progress: Padded(AtomicU32::new(0)),
+                    cpu: Padded(AtomicU32::new(u32::MAX)),
                     help: HelpSlot::default(),
                     wakers: WakerCount::new(),
                     stats: Padded(WorkerStats::default()),
@@ -706,6 +713,9 @@ pub(crate) struct Worker {
     /// found them empty (only it pushes there; peers only take), so an empty look is skipped.
     next_maybe: Cell<bool>,
     local_maybe: Cell<bool>,
+    /// Per peer: its `progress` when this worker last saw it change, and when (see
+    /// `cede_cpu`).
+    peers_seen: RefCell<Box<[(u32, u64)]>>,
     /// The burst of spawns of the fiber running now (see `push_next`).
     burst: RefCell<Burst>,
     /// The shutdown phase this worker has acted on.
@@ -774,6 +784,8 @@ impl Worker {
         let stacks = StackPool::spilling(shared.config.stack_cache);
         let reported = shared.report.load(Ordering::Relaxed);
         let me = MeRef(std::ptr::NonNull::from(&shared.workers[index]));
+        // A progress no peer has yet: the first look at a peer only starts its clock.
+        let peers_seen = RefCell::new(vec![(u32::MAX, 0); shared.workers.len()].into_boxed_slice());
         Worker {
             me,
             shared,
@@ -787,6 +799,7 @@ impl Worker {
             yielded: Cell::new(false),
             next_maybe: Cell::new(false),
             local_maybe: Cell::new(false),
+            peers_seen,
             burst: RefCell::new(Burst::default()),
             phase: Cell::new(Phase::Running),
             reported: Cell::new(reported),
@@ -1010,8 +1023,9 @@ impl Worker {
                 .all(|w| w.stats.0.fibers.get() + 1 >= mine)
     }
 
-    /// The observability chores of every `TIMER_INTERVAL`-th pass: the next chunk of a dump
-    /// in progress, and every `CLOCK_INTERVAL` ticks the coarse clock and the ready gauge.
+    /// The chores of every `TIMER_INTERVAL`-th pass: the next chunk of a dump in progress,
+    /// every `CLOCK_INTERVAL` ticks the coarse clock and the ready gauge, and the look for a
+    /// peer waiting for this worker's CPU (`cede_cpu`).
     #[inline]
     fn every_few_passes(&self, tick: u32) {
         if self.dumping.get() {
@@ -1021,6 +1035,70 @@ impl Worker {
             self.clock.set(crate::sys::coarse_ns());
             self.publish_gauges();
         }
+        if self.shared.workers.len() > 1 {
+            self.cede_cpu();
+        }
+    }
+
+    /// Yields this thread's CPU to a peer worker that waits for it.
+    ///
+    /// A started fiber never moves, so while the kernel keeps a worker thread off its CPU,
+    /// that worker's fibers wait, however idle the others are. When two workers share one
+    /// CPU (more runnable threads than CPUs: a load generator on the same machine, other
+    /// processes), the kernel alternates them in slices of a few milliseconds, and the
+    /// waiting one's fibers see that as latency. So a worker that finds a peer on its own
+    /// CPU, awake, with tasks waiting and no progress for `CEDE_AFTER_NS`, calls
+    /// `sched_yield`, and the peer runs; that peer does the same in turn. Workers on
+    /// separate CPUs never cede, and pay a `sched_getcpu` (a few ns through rseq) and a
+    /// cached load per peer: a peer's CPU is in a line it rewrites only when it moves. See
+    /// docs/design.md, "Sharing a CPU".
+    fn cede_cpu(&self) {
+        let Some(cpu) = self.publish_cpu() else {
+            return;
+        };
+        let me = self.index;
+        if (self.shared.workers.iter().enumerate())
+            .any(|(j, peer)| j != me && peer.cpu.0.load(Ordering::Relaxed) == cpu)
+        {
+            self.cede_to_peers_on(cpu);
+        }
+    }
+
+    /// `cede_cpu` once a peer is known to share this worker's CPU.
+    #[cold]
+    #[inline(never)]
+    fn cede_to_peers_on(&self, cpu: u32) {
+        let mut seen = self.peers_seen.borrow_mut();
+        let now = crate::sys::mono_ns();
+        for (j, peer) in self.shared.workers.iter().enumerate() {
+            if j == self.index || peer.cpu.0.load(Ordering::Relaxed) != cpu {
+                continue;
+            }
+            let progress = peer.progress();
+            let s = &mut seen[j];
+            if s.0 != progress || peer.is_quiet() || peer.waiting() == 0 {
+                *s = (progress, now);
+            } else if now.saturating_sub(s.1) >= CEDE_AFTER_NS {
+                // SAFETY: a system call without arguments.
+                unsafe { libc::sched_yield() };
+                self.stats().cedes.add(1);
+                // The peer's turn starts now: it gets as long again before the next cede.
+                s.1 = crate::sys::mono_ns();
+                return;
+            }
+        }
+    }
+
+    /// Publishes the CPU this thread runs on, if it changed, and returns it (`None` if the
+    /// kernel cannot tell).
+    fn publish_cpu(&self) -> Option<u32> {
+        // SAFETY: `sched_getcpu` takes no arguments and writes no memory of ours.
+        let cpu = u32::try_from(unsafe { libc::sched_getcpu() }).ok()?;
+        let slot = &self.me().cpu.0;
+        if slot.load(Ordering::Relaxed) != cpu {
+            slot.store(cpu, Ordering::Relaxed);
+        }
+        Some(cpu)
     }
 
     /// Takes a task submitted from outside. If more wait, gets another idle worker looking
@@ -1408,6 +1486,8 @@ impl Worker {
             st.slept_ns.add(after.saturating_sub(before));
             st.asleep_since.set(0);
             self.clock.set(after);
+            // A sleep is where the kernel most often moves a thread.
+            self.publish_cpu();
         }
         sh.idle.withdraw(self.index);
         // Woken, perhaps for shared work, but with work of its own to do first (a pinned
