@@ -320,8 +320,9 @@ impl WorkerMetrics {
     }
 
     /// Times the worker thread yielded its CPU to a peer worker that the kernel had kept
-    /// waiting for that CPU (see "Sharing a CPU" in the design notes, `docs/design.md`): a
-    /// started fiber never moves, so a worker off its CPU holds up its fibers.
+    /// waiting for that CPU, once per wait of the peer (see "Sharing a CPU" in the design
+    /// notes, `docs/design.md`): a started fiber never moves, so a worker off its CPU holds
+    /// up its fibers.
     pub fn cedes(&self) -> u64 {
         self.cedes
     }

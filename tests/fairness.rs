@@ -532,8 +532,77 @@ fn workers_sharing_one_cpu_cede_it_to_each_other() {
     });
 }
 
-/// The first CPU this thread may run on.
-fn first_allowed_cpu() -> usize {
+/// The other side of the previous test: a peer that waits for a CPU other than this
+/// worker's is not helped by this worker's `sched_yield`, so it does not cede. Worker 1
+/// shares its CPU with a plain thread that spins, so the kernel keeps it waiting for
+/// milliseconds at a time; worker 0, busy on another CPU, sees it stuck and never cedes.
+#[test]
+fn a_worker_never_cedes_to_a_peer_waiting_on_another_cpu() {
+    let _serial = serial();
+    let cpus = allowed_cpus();
+    if cpus.len() < 2 {
+        eprintln!("a_worker_never_cedes_to_a_peer_waiting_on_another_cpu needs two CPUs; this process may use one");
+        return;
+    }
+    with_deadline(move || {
+        let sched = started(2);
+        for (w, &cpu) in cpus.iter().enumerate().take(2) {
+            let pin = move || {
+                pin_thread_to(cpu);
+                // Passes of the worker on its new CPU, so that it publishes it.
+                for _ in 0..64 {
+                    Fiber::yield_now();
+                }
+            };
+            finish(sched.submit(pin, Some(w)).unwrap());
+        }
+        let run_for = Duration::from_millis(300);
+        let hog_cpu = cpus[1];
+        let hog = std::thread::spawn(move || {
+            pin_thread_to(hog_cpu);
+            let end = Instant::now() + run_for;
+            let mut spins = 0u64;
+            while Instant::now() < end {
+                spins = std::hint::black_box(spins + 1);
+            }
+        });
+        // Two yielding fibers per worker: one of them is always ready.
+        let busy: Vec<_> = (0..4)
+            .map(|i| {
+                sched
+                    .submit(
+                        move || {
+                            let end = Instant::now() + run_for;
+                            while Instant::now() < end {
+                                Fiber::yield_now();
+                            }
+                        },
+                        Some(i % 2),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        for b in busy {
+            finish(b);
+        }
+        hog.join().expect("the spinning thread ends");
+        let cedes: Vec<u64> = sched
+            .metrics()
+            .workers()
+            .iter()
+            .map(|w| w.cedes())
+            .collect();
+        assert_eq!(
+            cedes,
+            [0, 0],
+            "a worker ceded a CPU its peer does not wait for"
+        );
+        sched.stop();
+    });
+}
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
     // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the call writes at most its size.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -544,9 +613,14 @@ fn first_allowed_cpu() -> usize {
             std::io::Error::last_os_error()
         );
         (0..libc::CPU_SETSIZE as usize)
-            .find(|&c| libc::CPU_ISSET(c, &set))
-            .expect("some CPU is allowed")
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
     }
+}
+
+/// The first CPU this thread may run on.
+fn first_allowed_cpu() -> usize {
+    allowed_cpus()[0]
 }
 
 /// Restricts the calling thread to `cpu`.

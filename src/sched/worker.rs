@@ -175,6 +175,11 @@ const IO_POLL_INTERVAL: u32 = 61;
 /// How long a peer worker on this worker's CPU may wait for it, awake and with tasks queued,
 /// before this worker yields the CPU (see `Worker::cede_cpu`).
 const CEDE_AFTER_NS: u64 = 250_000;
+/// At most this many `sched_yield`s in a row per cede, each of which came straight back
+/// (see `cede_to`).
+const CEDE_TRIES: u32 = 16;
+/// A `sched_yield` that takes this long gave the CPU to some thread.
+const CEDE_QUICK_NS: u64 = 20_000;
 /// An idle worker releases burst stacks only if no timer is due within this long.
 const TRIM_QUIET: Duration = Duration::from_millis(50);
 /// How many idle stacks a worker releases per sleep, and how long it sleeps between batches.
@@ -683,6 +688,26 @@ fn pop_own<T>(maybe: &Cell<bool>, q: &ArrayQueue<T>) -> Option<T> {
     item
 }
 
+/// Yields this thread's CPU until `peer` has moved on from `progress`, that is, until it ran.
+/// A yield that comes straight back gave the CPU to nobody: the kernel picked this thread
+/// again, and each further yield moves it back in the kernel's order (EEVDF pushes a yielding
+/// task's virtual deadline back by a slice), so a few more reach the peer. A yield that took
+/// a while gave the CPU to some thread: if the peer has not moved, it was another one, the
+/// peer waits on another CPU (moved there before it could publish that), and more yields
+/// would only feed that thread.
+fn cede_to(peer: &WorkerShared, progress: u32) {
+    for _ in 0..CEDE_TRIES {
+        let before = crate::sys::mono_ns();
+        // SAFETY: a system call without arguments.
+        unsafe { libc::sched_yield() };
+        if peer.progress() != progress
+            || crate::sys::mono_ns().saturating_sub(before) >= CEDE_QUICK_NS
+        {
+            return;
+        }
+    }
+}
+
 /// Handles I/O readiness that is already there, without blocking, if fibers wait for I/O
 /// and no worker is blocked in `epoll_wait` already.
 fn poll_io_now() {
@@ -692,6 +717,16 @@ fn poll_io_now() {
             reactor.end_poll();
         }
     }
+}
+
+/// What a worker saw of a peer the last time it looked for one waiting for its CPU.
+#[derive(Clone, Copy)]
+struct PeerSeen {
+    /// The peer's `progress`, and when (`CLOCK_MONOTONIC` ns) this worker saw it change.
+    progress: u32,
+    since: u64,
+    /// This worker yielded its CPU to the peer since then.
+    ceded: bool,
 }
 
 /// One worker's private state. Lives on its thread (or, for `use_caller`'s worker 0, in the
@@ -713,9 +748,8 @@ pub(crate) struct Worker {
     /// found them empty (only it pushes there; peers only take), so an empty look is skipped.
     next_maybe: Cell<bool>,
     local_maybe: Cell<bool>,
-    /// Per peer: its `progress` when this worker last saw it change, and when (see
-    /// `cede_cpu`).
-    peers_seen: RefCell<Box<[(u32, u64)]>>,
+    /// What this worker saw of each peer (see `cede_cpu`).
+    peers_seen: RefCell<Box<[PeerSeen]>>,
     /// The burst of spawns of the fiber running now (see `push_next`).
     burst: RefCell<Burst>,
     /// The shutdown phase this worker has acted on.
@@ -785,7 +819,12 @@ impl Worker {
         let reported = shared.report.load(Ordering::Relaxed);
         let me = MeRef(std::ptr::NonNull::from(&shared.workers[index]));
         // A progress no peer has yet: the first look at a peer only starts its clock.
-        let peers_seen = RefCell::new(vec![(u32::MAX, 0); shared.workers.len()].into_boxed_slice());
+        let unseen = PeerSeen {
+            progress: u32::MAX,
+            since: 0,
+            ceded: false,
+        };
+        let peers_seen = RefCell::new(vec![unseen; shared.workers.len()].into_boxed_slice());
         Worker {
             me,
             shared,
@@ -1048,10 +1087,10 @@ impl Worker {
     /// processes), the kernel alternates them in slices of a few milliseconds, and the
     /// waiting one's fibers see that as latency. So a worker that finds a peer on its own
     /// CPU, awake, with tasks waiting and no progress for `CEDE_AFTER_NS`, calls
-    /// `sched_yield`, and the peer runs; that peer does the same in turn. Workers on
-    /// separate CPUs never cede, and pay a `sched_getcpu` (a few ns through rseq) and a
-    /// cached load per peer: a peer's CPU is in a line it rewrites only when it moves. See
-    /// docs/design.md, "Sharing a CPU".
+    /// `sched_yield` until the peer runs (`cede_to`), once per wait; that peer does the same
+    /// in turn. Workers on separate CPUs never cede, and pay a `sched_getcpu` (a few ns
+    /// through rseq) and a cached load per peer: a peer's CPU is in a line it rewrites only
+    /// when it moves. See docs/design.md, "Sharing a CPU".
     fn cede_cpu(&self) {
         let Some(cpu) = self.publish_cpu() else {
             return;
@@ -1076,14 +1115,17 @@ impl Worker {
             }
             let progress = peer.progress();
             let s = &mut seen[j];
-            if s.0 != progress || peer.is_quiet() || peer.waiting() == 0 {
-                *s = (progress, now);
-            } else if now.saturating_sub(s.1) >= CEDE_AFTER_NS {
-                // SAFETY: a system call without arguments.
-                unsafe { libc::sched_yield() };
+            if s.progress != progress || peer.is_quiet() || peer.waiting() == 0 {
+                *s = PeerSeen {
+                    progress,
+                    since: now,
+                    ceded: false,
+                };
+            } else if !s.ceded && now.saturating_sub(s.since) >= CEDE_AFTER_NS {
+                // Once per wait: a peer that has not moved after `cede_to` waits elsewhere.
+                s.ceded = true;
                 self.stats().cedes.add(1);
-                // The peer's turn starts now: it gets as long again before the next cede.
-                s.1 = crate::sys::mono_ns();
+                cede_to(peer, progress);
                 return;
             }
         }
