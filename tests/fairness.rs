@@ -508,12 +508,7 @@ fn workers_sharing_one_cpu_cede_it_to_each_other() {
         for s in spinners {
             finish(s);
         }
-        let cedes: Vec<u64> = sched
-            .metrics()
-            .workers()
-            .iter()
-            .map(|w| w.cedes())
-            .collect();
+        let cedes = cedes(&sched);
         late.sort();
         let pct = |p: usize| late[(late.len() - 1) * p / 100];
         eprintln!(
@@ -586,12 +581,7 @@ fn a_worker_never_cedes_to_a_peer_waiting_on_another_cpu() {
             finish(b);
         }
         hog.join().expect("the spinning thread ends");
-        let cedes: Vec<u64> = sched
-            .metrics()
-            .workers()
-            .iter()
-            .map(|w| w.cedes())
-            .collect();
+        let cedes = cedes(&sched);
         assert_eq!(
             cedes,
             [0, 0],
@@ -599,6 +589,16 @@ fn a_worker_never_cedes_to_a_peer_waiting_on_another_cpu() {
         );
         sched.stop();
     });
+}
+
+/// Each worker's `WorkerMetrics::cedes`.
+fn cedes(sched: &fibra::Scheduler) -> Vec<u64> {
+    sched
+        .metrics()
+        .workers()
+        .iter()
+        .map(|w| w.cedes())
+        .collect()
 }
 
 /// The CPUs this thread may run on.
