@@ -452,27 +452,10 @@ fn workers_sharing_one_cpu_cede_it_to_each_other() {
     let _serial = serial();
     with_deadline(|| {
         let sched = started(2);
-        let cpu = first_allowed_cpu();
-        for w in 0..2 {
-            finish(sched.submit(move || pin_thread_to(cpu), Some(w)).unwrap());
-        }
+        let cpu = allowed_cpus()[0];
+        pin_workers(&sched, [cpu, cpu]);
         let stop = Arc::new(AtomicBool::new(false));
-        // Two yielding fibers per worker: one of them is always ready.
-        let spinners: Vec<_> = (0..4)
-            .map(|i| {
-                let stop = stop.clone();
-                sched
-                    .submit(
-                        move || {
-                            while !stop.load(Ordering::Relaxed) {
-                                Fiber::yield_now();
-                            }
-                        },
-                        Some(i % 2),
-                    )
-                    .unwrap()
-            })
-            .collect();
+        let spinners = keep_workers_ready(&sched, &stop);
         let (tx, rx) = mpsc::channel::<Instant>();
         let receiver = sched
             .submit(
@@ -541,46 +524,23 @@ fn a_worker_never_cedes_to_a_peer_waiting_on_another_cpu() {
     }
     with_deadline(move || {
         let sched = started(2);
-        for (w, &cpu) in cpus.iter().enumerate().take(2) {
-            let pin = move || {
-                pin_thread_to(cpu);
-                // Passes of the worker on its new CPU, so that it publishes it.
-                for _ in 0..64 {
-                    Fiber::yield_now();
-                }
-            };
-            finish(sched.submit(pin, Some(w)).unwrap());
-        }
-        let run_for = Duration::from_millis(300);
+        pin_workers(&sched, [cpus[0], cpus[1]]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners = keep_workers_ready(&sched, &stop);
         let hog_cpu = cpus[1];
         let hog = std::thread::spawn(move || {
             pin_thread_to(hog_cpu);
-            let end = Instant::now() + run_for;
+            let end = Instant::now() + Duration::from_millis(300);
             let mut spins = 0u64;
             while Instant::now() < end {
                 spins = std::hint::black_box(spins + 1);
             }
         });
-        // Two yielding fibers per worker: one of them is always ready.
-        let busy: Vec<_> = (0..4)
-            .map(|i| {
-                sched
-                    .submit(
-                        move || {
-                            let end = Instant::now() + run_for;
-                            while Instant::now() < end {
-                                Fiber::yield_now();
-                            }
-                        },
-                        Some(i % 2),
-                    )
-                    .unwrap()
-            })
-            .collect();
-        for b in busy {
-            finish(b);
-        }
         hog.join().expect("the spinning thread ends");
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            finish(s);
+        }
         let cedes = cedes(&sched);
         assert_eq!(
             cedes,
@@ -618,9 +578,36 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-/// The first CPU this thread may run on.
-fn first_allowed_cpu() -> usize {
-    allowed_cpus()[0]
+/// Pins worker `w`'s thread to `cpus[w]`, then lets it run a few passes of its loop there,
+/// so that it publishes its new CPU.
+fn pin_workers(sched: &fibra::Scheduler, cpus: [usize; 2]) {
+    for (w, cpu) in cpus.into_iter().enumerate() {
+        let pin = move || {
+            pin_thread_to(cpu);
+            for _ in 0..64 {
+                Fiber::yield_now();
+            }
+        };
+        finish(sched.submit(pin, Some(w)).unwrap());
+    }
+}
+
+/// Two fibers per worker that yield until `stop`: one of them is always ready.
+fn keep_workers_ready(
+    sched: &fibra::Scheduler,
+    stop: &Arc<AtomicBool>,
+) -> Vec<fibra::JoinHandle<()>> {
+    (0..4)
+        .map(|i| {
+            let stop = stop.clone();
+            let spin = move || {
+                while !stop.load(Ordering::Relaxed) {
+                    Fiber::yield_now();
+                }
+            };
+            sched.submit(spin, Some(i % 2)).unwrap()
+        })
+        .collect()
 }
 
 /// Restricts the calling thread to `cpu`.

@@ -1095,40 +1095,40 @@ impl Worker {
         let Some(cpu) = self.publish_cpu() else {
             return;
         };
-        let me = self.index;
-        if (self.shared.workers.iter().enumerate())
-            .any(|(j, peer)| j != me && peer.cpu.0.load(Ordering::Relaxed) == cpu)
-        {
-            self.cede_to_peers_on(cpu);
-        }
-    }
-
-    /// `cede_cpu` once a peer is known to share this worker's CPU.
-    #[cold]
-    #[inline(never)]
-    fn cede_to_peers_on(&self, cpu: u32) {
-        let mut seen = self.peers_seen.borrow_mut();
-        let now = crate::sys::mono_ns();
         for (j, peer) in self.shared.workers.iter().enumerate() {
-            if j == self.index || peer.cpu.0.load(Ordering::Relaxed) != cpu {
-                continue;
-            }
-            let progress = peer.progress();
-            let s = &mut seen[j];
-            if s.progress != progress || peer.is_quiet() || peer.waiting() == 0 {
-                *s = PeerSeen {
-                    progress,
-                    since: now,
-                    ceded: false,
-                };
-            } else if !s.ceded && now.saturating_sub(s.since) >= CEDE_AFTER_NS {
-                // Once per wait: a peer that has not moved after `cede_to` waits elsewhere.
-                s.ceded = true;
-                self.stats().cedes.add(1);
-                cede_to(peer, progress);
+            if j != self.index
+                && peer.cpu.0.load(Ordering::Relaxed) == cpu
+                && self.cede_if_waiting(j, peer)
+            {
                 return;
             }
         }
+    }
+
+    /// `cede_cpu` for peer `j`, which shares this worker's CPU: cedes it if the peer waits
+    /// for it (see there); whether it did.
+    #[cold]
+    #[inline(never)]
+    fn cede_if_waiting(&self, j: usize, peer: &WorkerShared) -> bool {
+        let now = crate::sys::mono_ns();
+        let progress = peer.progress();
+        let s = &mut self.peers_seen.borrow_mut()[j];
+        if s.progress != progress || peer.is_quiet() || peer.waiting() == 0 {
+            *s = PeerSeen {
+                progress,
+                since: now,
+                ceded: false,
+            };
+            return false;
+        }
+        if s.ceded || now.saturating_sub(s.since) < CEDE_AFTER_NS {
+            return false;
+        }
+        // Once per wait: a peer that has not moved after `cede_to` waits elsewhere.
+        s.ceded = true;
+        self.stats().cedes.add(1);
+        cede_to(peer, progress);
+        true
     }
 
     /// Publishes the CPU this thread runs on, if it changed, and returns it (`None` if the
