@@ -6,7 +6,10 @@
 //! 5.11) with its next timer deadline as timeout, while other idle workers sleep on their futex. Anyone who needs that worker back
 //! (new work, a wake of one of its fibers) writes to the reactor's eventfd. Busy workers take
 //! a non-blocking look every few dozen tasks while fibers wait for I/O, so readiness is never
-//! stuck behind a long run of work.
+//! stuck behind a long run of work. The reactor is shared by every scheduler of the process:
+//! an idle worker that finds the role taken sleeps on the standby list, and a worker thread
+//! that leaves its loop wakes one of those if I/O waiters remain and nobody polls
+//! ([`Reactor::hand_off`]).
 //!
 //! Readiness is edge-triggered and remembered per record: the poller sets bits and bumps a
 //! tick; an I/O call that gets `EAGAIN` clears its bit only if the tick is still the one it
@@ -17,13 +20,14 @@ use crate::dump::WaitOn;
 #[cfg(feature = "hook")]
 use crate::hook::real;
 use crate::park::{park_until, ParkResult, Unparker};
+use crate::sched::worker::Shared;
 #[cfg(not(feature = "hook"))]
 use libc as real;
 use parking_lot::{Mutex, RwLock};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Readiness bits.
@@ -265,6 +269,31 @@ pub(crate) struct Reactor {
     waiting: AtomicUsize,
     /// Registered fds (changed under the `records` write lock).
     registered: AtomicUsize,
+    /// Idle workers asleep on their own futex because another worker held the poller role,
+    /// as (scheduler, worker index): when a worker thread stops driving its loop (its
+    /// scheduler stopped, say) while I/O waiters remain and nobody polls, one of them is
+    /// woken to take the role (`hand_off`). Without it the waiters of another scheduler would
+    /// wait until one of its workers happened to wake.
+    standby: Mutex<Vec<(Weak<Shared>, usize)>>,
+}
+
+/// A worker's place on the reactor's standby list, left when dropped.
+pub(crate) struct Standby<'a> {
+    reactor: &'a Reactor,
+    shared: *const Shared,
+    index: usize,
+}
+
+impl Drop for Standby<'_> {
+    fn drop(&mut self) {
+        let mut list = self.reactor.standby.lock();
+        if let Some(i) = list
+            .iter()
+            .position(|(s, i)| s.as_ptr() == self.shared && *i == self.index)
+        {
+            list.swap_remove(i);
+        }
+    }
 }
 
 /// Registered fds and fibers waiting for I/O, process-wide (for `Scheduler::metrics`).
@@ -333,6 +362,7 @@ impl Reactor {
             polling: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
             registered: AtomicUsize::new(0),
+            standby: Mutex::new(Vec::new()),
         })
     }
 
@@ -436,12 +466,40 @@ impl Reactor {
         !self.polling.load(Ordering::Relaxed)
             && self
                 .polling
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok()
     }
 
     pub(crate) fn end_poll(&self) {
-        self.polling.store(false, Ordering::Release);
+        self.polling.store(false, Ordering::SeqCst);
+    }
+
+    /// Puts worker `index` of `shared` on the standby list, for as long as the guard lives;
+    /// `None` if the poller role is free by now (the caller should take it rather than
+    /// sleep). The check comes after joining the list, and `hand_off` looks at the list after
+    /// the role was released: one of the two sees the other.
+    pub(crate) fn stand_by(&self, shared: &Arc<Shared>, index: usize) -> Option<Standby<'_>> {
+        self.standby.lock().push((Arc::downgrade(shared), index));
+        let guard = Standby {
+            reactor: self,
+            shared: Arc::as_ptr(shared),
+            index,
+        };
+        self.polling.load(Ordering::SeqCst).then_some(guard)
+    }
+
+    /// A worker thread stops driving its loop: if fibers wait for I/O and nobody polls, wakes
+    /// a worker on the standby list to take the role.
+    pub(crate) fn hand_off(&self) {
+        if !self.has_waiters() || self.polling.load(Ordering::SeqCst) {
+            return;
+        }
+        let next = self.standby.lock().pop();
+        if let Some((shared, index)) = next {
+            if let Some(shared) = shared.upgrade() {
+                shared.workers[index].sleep.wake();
+            }
+        }
     }
 
     /// Interrupts a blocked `epoll_wait`.

@@ -803,6 +803,10 @@ struct ExitWorker<'a>(*const Worker, &'a Worker);
 impl Drop for ExitWorker<'_> {
     fn drop(&mut self) {
         CURRENT_WORKER.with(|c| c.set(self.0));
+        // This thread no longer polls for anyone: make sure somebody does.
+        if let Some(reactor) = crate::io::reactor::get() {
+            reactor.hand_off();
+        }
         let st = self.1.stats();
         // Until the next drive, the last fiber may end elsewhere (abandoned) or its worker
         // be dropped: nobody may read it through `current` any more.
@@ -1518,7 +1522,15 @@ impl Worker {
                     self.me().sleep.sleep_polling(reactor, timeout);
                     reactor.end_poll();
                 }
-                _ => self.me().sleep.sleep(timeout),
+                // Another worker polls, perhaps one of another scheduler: sleep on the
+                // standby list, to be woken if that worker's thread leaves its loop. If the
+                // role was freed meanwhile, do not sleep: the next pass takes it.
+                Some(reactor) => {
+                    if let Some(_standby) = reactor.stand_by(&self.shared, self.index) {
+                        self.me().sleep.sleep(timeout);
+                    }
+                }
+                None => self.me().sleep.sleep(timeout),
             }
             // Awake (the sleep's SeqCst exchange made it visible): the monitor watches again.
             sh.monitor.nudge();
