@@ -248,6 +248,7 @@ impl WorkerAnswer {
 pub struct Dump {
     pub(crate) name: String,
     pub(crate) live_tasks: usize,
+    pub(crate) continuations: usize,
     pub(crate) fibers: Vec<Entry>,
     pub(crate) workers: Vec<WorkerAnswer>,
     pub(crate) taken: Duration,
@@ -330,7 +331,14 @@ impl fmt::Display for Dump {
                 )?,
             }
         }
-        let unlisted = self.live_tasks.saturating_sub(listed);
+        let unlisted = self.live_tasks.saturating_sub(listed + self.continuations);
+        if self.continuations > 0 {
+            writeln!(
+                f,
+                "  {} readiness continuations: waiting for their sockets, with no fiber",
+                Grouped(self.continuations as u64)
+            )?;
+        }
         if unlisted > 0 {
             writeln!(
                 f,

@@ -108,3 +108,55 @@ impl<F> fmt::Display for SubmitError<F> {
 }
 
 impl<F> std::error::Error for SubmitError<F> {}
+
+/// Why `spawn_when_readable` (on [`TcpStream`](crate::net::TcpStream) or
+/// [`UnixStream`](crate::net::unix::UnixStream)) registered nothing. The socket and the closure
+/// come back, unrun, through [`into_inner`](WhenReadableError::into_inner).
+pub enum WhenReadableError<S, F> {
+    /// Not called from a fiber of a [`Scheduler`](crate::Scheduler): there is no scheduler to
+    /// run the task on.
+    NoScheduler(S, F),
+    /// The calling fiber's scheduler is stopping or stopped.
+    Stopped(S, F),
+    /// The socket could not be registered with the reactor (`epoll_ctl` failed).
+    Io(S, F, std::io::Error),
+}
+
+impl<S, F> WhenReadableError<S, F> {
+    /// Gives the socket and the closure back.
+    pub fn into_inner(self) -> (S, F) {
+        match self {
+            WhenReadableError::NoScheduler(s, f)
+            | WhenReadableError::Stopped(s, f)
+            | WhenReadableError::Io(s, f, _) => (s, f),
+        }
+    }
+}
+
+impl<S, F> fmt::Debug for WhenReadableError<S, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WhenReadableError::NoScheduler(..) => f.write_str("NoScheduler(..)"),
+            WhenReadableError::Stopped(..) => f.write_str("Stopped(..)"),
+            WhenReadableError::Io(_, _, e) => write!(f, "Io(.., {e:?})"),
+        }
+    }
+}
+
+impl<S, F> fmt::Display for WhenReadableError<S, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WhenReadableError::NoScheduler(..) => f.write_str(
+                "spawn_when_readable called outside a fiber of a fibra Scheduler; nothing registered",
+            ),
+            WhenReadableError::Stopped(..) => {
+                f.write_str("the scheduler is stopped; nothing registered")
+            }
+            WhenReadableError::Io(_, _, e) => {
+                write!(f, "cannot register the socket with the reactor: {e}")
+            }
+        }
+    }
+}
+
+impl<S, F> std::error::Error for WhenReadableError<S, F> {}

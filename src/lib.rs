@@ -77,7 +77,7 @@ pub mod __bench {
 }
 
 pub use dump::Dump;
-pub use error::{Error, SubmitError};
+pub use error::{Error, SubmitError, WhenReadableError};
 pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
 pub use join::{JoinError, JoinHandle};
 pub use join_set::JoinSet;

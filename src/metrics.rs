@@ -100,6 +100,7 @@ pub struct Metrics {
     pub(crate) name: String,
     pub(crate) uptime: Duration,
     pub(crate) live_tasks: usize,
+    pub(crate) continuations: usize,
     pub(crate) spawned: u64,
     pub(crate) injector: usize,
     pub(crate) stack_size: usize,
@@ -157,9 +158,17 @@ impl Metrics {
         self.uptime
     }
 
-    /// Tasks submitted and not finished yet: queued, running, ready or parked.
+    /// Tasks submitted and not finished yet: queued, running, ready or parked, and readiness
+    /// continuations not yet submitted.
     pub fn live_tasks(&self) -> usize {
         self.live_tasks
+    }
+
+    /// Readiness continuations registered (`spawn_when_readable` on
+    /// [`TcpStream`](crate::net::TcpStream) or `UnixStream`) and not yet submitted: waits for
+    /// I/O that hold no fiber. Counted in [`live_tasks`](Metrics::live_tasks) too.
+    pub fn continuations(&self) -> usize {
+        self.continuations
     }
 
     /// Tasks submitted so far (finished ones and [`live_tasks`](Metrics::live_tasks)).
@@ -422,10 +431,12 @@ impl fmt::Display for Metrics {
         let g = |n: usize| Grouped(n as u64);
         writeln!(
             f,
-            "scheduler '{}': {} workers, {} live tasks, {} spawned, over {:.3} s",
+            "scheduler '{}': {} workers, {} live tasks ({} readiness continuations), {} spawned, \
+             over {:.3} s",
             self.name,
             self.workers.len(),
             g(self.live_tasks),
+            g(self.continuations),
             Grouped(self.spawned),
             self.uptime.as_secs_f64()
         )?;

@@ -1,6 +1,7 @@
 //! The reactor's poller role across schedulers: it is one per process, so the worker that
 //! polls may belong to another scheduler. When that worker's thread leaves its loop (its
-//! scheduler stopped), the I/O waiters of the others must still be woken by their data.
+//! scheduler stopped), the I/O waiters of the others (parked fibers, readiness
+//! continuations) must still be woken by their data.
 
 mod common;
 
@@ -9,26 +10,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use common::LIMIT;
-use fibra::net::TcpListener;
-use fibra::Scheduler;
-
-fn sched(threads: usize) -> Scheduler {
-    let s = Scheduler::builder()
-        .threads(threads)
-        .build()
-        .expect("build");
-    s.start();
-    s
-}
-
-/// A listener on 127.0.0.1 and a std client connected to it.
-fn pair_listener() -> (TcpListener, std::net::TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let client =
-        std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-    (listener, client)
-}
+use common::{listener_and_client, started, LIMIT};
 
 /// Scheduler `b`'s worker holds the poller role while `a`'s worker sleeps on its futex; then
 /// `b` stops. `a`'s I/O waiter, set up by `wait` (which gets the accepted socket and the
@@ -38,11 +20,11 @@ fn a_stopped_schedulers_poller_hands_over(
     wait: impl FnOnce(fibra::net::TcpStream, mpsc::Sender<Vec<u8>>) + Send + 'static,
 ) {
     // `b` first, with nothing to do: its idle worker takes the poller role and keeps it.
-    let b = sched(1);
+    let b = started(1);
     let (role_tx, role) = mpsc::channel();
     b.spawn(move || {
         // A wait that times out makes sure the reactor exists, so the idle worker polls.
-        let (l, _c) = pair_listener();
+        let (l, _c) = listener_and_client();
         let (s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
         assert!((&s).read(&mut [0u8; 1]).is_err());
@@ -50,8 +32,8 @@ fn a_stopped_schedulers_poller_hands_over(
     });
     role.recv_timeout(LIMIT).unwrap();
     thread::sleep(Duration::from_millis(20));
-    let a = sched(1);
-    let (listener, mut client) = pair_listener();
+    let a = started(1);
+    let (listener, mut client) = listener_and_client();
     let (tx, rx) = mpsc::channel();
     let (waiting_tx, waiting) = mpsc::channel();
     a.spawn(move || {
@@ -90,6 +72,20 @@ fn a_stopped_schedulers_poller_hands_over_to_a_parked_fiber() {
             let mut buf = [0u8; 8];
             let n = s.read(&mut buf).unwrap();
             tx.send(buf[..n].to_vec()).unwrap();
+        })
+    });
+}
+
+#[test]
+fn a_stopped_schedulers_poller_hands_over_to_a_continuation() {
+    common::with_deadline(|| {
+        a_stopped_schedulers_poller_hands_over(|s, tx| {
+            s.spawn_when_readable(move |s| {
+                let mut buf = [0u8; 8];
+                let n = s.try_read(&mut buf).unwrap();
+                tx.send(buf[..n].to_vec()).unwrap();
+            })
+            .expect("registered");
         })
     });
 }

@@ -1,13 +1,21 @@
-//! The HTTP side shared by `http_hello` (written with `fibra::net`) and `http_std` (written
-//! with `std::net` and the `hook` feature): the responses and the request framing. With it in
-//! one place the two servers answer byte for byte alike and differ only in their I/O, which is
+//! The HTTP side shared by `http_hello` (written with `fibra::net`), `http_std` (written
+//! with `std::net` and the `hook` feature) and `http_cont` (`fibra::net` with readiness
+//! continuations): the responses, the request framing and the `--selftest` clients. With it
+//! in one place the servers answer byte for byte alike and differ only in their I/O, which is
 //! what the benchmark harness compares.
 //!
 //! Requests are parsed with `httparse`. A malformed request is answered `400 Bad Request`
 //! and the connection closed; a request head over [`MAX_HEAD`] bytes or [`MAX_HEADERS`]
 //! headers is refused with `431 Request Header Fields Too Large` and closed. Bodies
 //! announced by `Content-Length` are read and discarded; chunked bodies are refused with
-//! `501`. Pipelined requests are answered in order, in one write.
+//! `501`. Pipelined requests are answered in order, in one write. Each server uses part of
+//! this module (`http_cont` has its own loop instead of [`serve`]; only two have a
+//! `--selftest`), hence the `allow`.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 /// A connection [`serve`] can drive: `std::net::TcpStream` (in `http_std`, under the hooks)
 /// and `fibra::net::TcpStream` (in `http_hello`).
@@ -28,6 +36,67 @@ impl Conn for fibra::net::TcpStream {
     fn finish_writing(&mut self) -> std::io::Result<()> {
         self.shutdown(std::net::Shutdown::Write)?;
         self.set_read_timeout(Some(LINGER))
+    }
+}
+
+/// A listener whose connections [`serve`] can drive: `std::net::TcpListener` (in `http_std`,
+/// under the hooks) and `fibra::net::TcpListener` (in `http_hello`).
+pub trait Listen {
+    type Conn: Conn + Send + 'static;
+    /// Accepts a connection, with `TCP_NODELAY` set.
+    fn accept_conn(&self) -> std::io::Result<Self::Conn>;
+}
+
+impl Listen for std::net::TcpListener {
+    type Conn = std::net::TcpStream;
+    fn accept_conn(&self) -> std::io::Result<Self::Conn> {
+        let (conn, _) = self.accept()?;
+        let _ = conn.set_nodelay(true);
+        Ok(conn)
+    }
+}
+
+impl Listen for fibra::net::TcpListener {
+    type Conn = fibra::net::TcpStream;
+    fn accept_conn(&self) -> std::io::Result<Self::Conn> {
+        let (conn, _) = self.accept()?;
+        let _ = conn.set_nodelay(true);
+        Ok(conn)
+    }
+}
+
+/// Accepts connections and starts one fiber per connection running [`serve`], until the
+/// calling fiber is cancelled. A started fiber never changes worker, so the connections are
+/// dealt to the workers in turn: that is what balances the load. Out of descriptors or
+/// memory, it backs off with `sleep` (5 ms doubling to 1 s, as Go's `http.Server` does) and
+/// lets the connections being served close theirs. `name` prefixes its messages.
+pub fn accept_loop(
+    name: &str,
+    listener: impl Listen,
+    sched: &fibra::Scheduler,
+    sleep: fn(Duration),
+) {
+    let workers = sched.threads();
+    let mut next = 0;
+    let mut delay = Duration::ZERO;
+    loop {
+        match listener.accept_conn() {
+            Ok(conn) => {
+                delay = Duration::ZERO;
+                let _ = sched.submit(move || serve(conn), Some(next));
+                next = (next + 1) % workers;
+            }
+            Err(e) if out_of_resources(&e) => {
+                delay = (delay * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                eprintln!("{name}: accept: {e}; retrying in {delay:?}");
+                sleep(delay);
+            }
+            // The fiber was cancelled (the scheduler is stopping): with the hooks, every
+            // later call that would wait fails the same way, so stop here.
+            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => return,
+            // The peer gave up before we got to it, and the like: next one.
+            Err(e) => eprintln!("{name}: accept: {e}"),
+        }
     }
 }
 
@@ -66,7 +135,7 @@ pub fn serve(mut conn: impl Conn) {
 /// Closes after an answer that ends the connection. Closing a socket with unread input
 /// makes the kernel send a reset, which can destroy the answer before the client reads it,
 /// so send a FIN first and drain what the client still sends, for a bounded time and amount.
-fn linger_close(conn: &mut impl Conn, buf: &mut [u8]) {
+pub fn linger_close(conn: &mut impl Conn, buf: &mut [u8]) {
     if conn.finish_writing().is_err() {
         return;
     }
@@ -226,6 +295,164 @@ fn request_framing(req: &httparse::Request<'_, '_>) -> Result<Framing, &'static 
         body: body.unwrap_or(0),
         keep_alive,
     })
+}
+
+/// The command line of the servers with a `--selftest`.
+pub struct Options {
+    pub threads: usize,
+    pub port: u16,
+    pub selftest: bool,
+    pub clients: usize,
+    pub rounds: usize,
+}
+
+/// Parses the command line of server `name`.
+pub fn options(name: &str) -> Result<Options, String> {
+    let mut opts = Options {
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        port: 0,
+        selftest: false,
+        clients: 50,
+        rounds: 20,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--threads" => {
+                opts.threads = value("--threads")?
+                    .parse()
+                    .map_err(|e| format!("--threads: {e}"))?
+            }
+            "--port" => {
+                opts.port = value("--port")?
+                    .parse()
+                    .map_err(|e| format!("--port: {e}"))?
+            }
+            "--selftest" => opts.selftest = true,
+            "--clients" => {
+                opts.clients = value("--clients")?
+                    .parse()
+                    .map_err(|e| format!("--clients: {e}"))?
+            }
+            "--rounds" => {
+                opts.rounds = value("--rounds")?
+                    .parse()
+                    .map_err(|e| format!("--rounds: {e}"))?
+            }
+            "-h" | "--help" => {
+                println!(
+                    "usage: {name} [--threads N] [--port P] [--selftest [--clients C] \
+                     [--rounds R]]   (port 0: any free port)"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    if opts.threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    Ok(opts)
+}
+
+/// A request as a load generator sends it.
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+const GET_CLOSE: &[u8] = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+/// How long a self-test client waits for a response before it reports a failure.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `--selftest` of the servers: runs `opts.clients` client fibers of `opts.rounds`
+/// rounds each against the server at `addr`, reports as `name`, cancels the server's
+/// `acceptor` fiber (it waits for connections forever; its `accept` then fails with
+/// `ECANCELED`) and exits: 0 if every response was right. `connect` opens a client
+/// connection whose reads time out after [`CLIENT_TIMEOUT`]; `sleep` pauses a client. Both
+/// must park only the fiber.
+pub fn selftest<C: Read + Write + 'static>(
+    name: &str,
+    sched: &fibra::Scheduler,
+    acceptor: fibra::JoinHandle<()>,
+    (addr, opts): (SocketAddr, &Options),
+    connect: fn(SocketAddr) -> std::io::Result<C>,
+    sleep: fn(Duration),
+) -> ! {
+    let (clients, rounds) = (opts.clients, opts.rounds);
+    let started = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|id| sched.spawn(move || client(addr, id, rounds, connect, sleep)))
+        .collect();
+    let (mut requests, mut failures) = (0, 0);
+    for h in handles {
+        match h.join() {
+            Ok(Ok(n)) => requests += n,
+            Ok(Err(e)) => {
+                eprintln!("{name}: selftest: {e}");
+                failures += 1;
+            }
+            Err(e) => {
+                eprintln!("{name}: selftest: client fiber failed: {e}");
+                failures += 1;
+            }
+        }
+    }
+    println!(
+        "selftest: {clients} clients, {requests} requests answered correctly in {:.2?}, \
+         {failures} clients failed",
+        started.elapsed()
+    );
+    sched.stop_timeout(Duration::from_millis(100));
+    drop(acceptor);
+    std::process::exit(if failures == 0 && clients > 0 { 0 } else { 1 });
+}
+
+/// One self-test client, blocking code in a fiber: `rounds` rounds of one to three pipelined
+/// requests (every third round split across two writes with a sleep in between, so the
+/// server sees a partial request), then a `Connection: close` request after which the
+/// server must close. Returns the number of requests answered.
+fn client<C: Read + Write>(
+    addr: SocketAddr,
+    id: usize,
+    rounds: usize,
+    connect: fn(SocketAddr) -> std::io::Result<C>,
+    sleep: fn(Duration),
+) -> Result<usize, String> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("client {id}: {what}: {e}");
+    let mut conn = connect(addr).map_err(|e| fail("connect", &e))?;
+    let mut answered = 0;
+    let mut got = Vec::new();
+    for round in 0..rounds {
+        let pipelined = 1 + (id + round) % 3;
+        let batch = GET.repeat(pipelined);
+        if round % 3 == 2 {
+            let (a, b) = batch.split_at(GET.len() / 2);
+            conn.write_all(a).map_err(|e| fail("write", &e))?;
+            sleep(Duration::from_millis(1));
+            conn.write_all(b).map_err(|e| fail("write", &e))?;
+        } else {
+            conn.write_all(&batch).map_err(|e| fail("write", &e))?;
+        }
+        got.resize(pipelined * OK_KEEP_ALIVE.len(), 0);
+        conn.read_exact(&mut got)
+            .map_err(|e| fail(&format!("round {round}: read"), &e))?;
+        if got != OK_KEEP_ALIVE.repeat(pipelined) {
+            return Err(format!(
+                "client {id}: round {round}: unexpected response {:?}",
+                String::from_utf8_lossy(&got)
+            ));
+        }
+        answered += pipelined;
+    }
+    conn.write_all(GET_CLOSE).map_err(|e| fail("write", &e))?;
+    got.clear();
+    conn.read_to_end(&mut got)
+        .map_err(|e| fail("last read", &e))?;
+    if got != OK_CLOSE {
+        return Err(format!(
+            "client {id}: expected the closing response and the end of the connection, got {:?}",
+            String::from_utf8_lossy(&got)
+        ));
+    }
+    Ok(answered + 1)
 }
 
 #[cfg(test)]

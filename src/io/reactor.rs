@@ -11,6 +11,9 @@
 //! that leaves its loop wakes one of those if I/O waiters remain and nobody polls
 //! ([`Reactor::hand_off`]).
 //!
+//! A waiter is a parked fiber (its `Unparker`) or a readiness continuation
+//! ([`Continuation`]): work that the poller submits as a new task when the readiness comes.
+//!
 //! Readiness is edge-triggered and remembered per record: the poller sets bits and bumps a
 //! tick; an I/O call that gets `EAGAIN` clears its bit only if the tick is still the one it
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
@@ -41,7 +44,8 @@ const WAKE_TOKEN: u64 = u64::MAX;
 /// How many events one `epoll_wait` takes.
 const EVENTS: usize = 256;
 
-/// A registered file descriptor: its readiness and the fibers waiting for it.
+/// A registered file descriptor: its readiness, and the fibers and continuations waiting for
+/// it.
 pub(crate) struct IoRecord {
     fd: RawFd,
     generation: u32,
@@ -54,7 +58,49 @@ pub(crate) struct IoRecord {
 struct Waiter {
     id: u64,
     interest: u32,
-    unparker: Unparker,
+    wake: Wake,
+}
+
+/// What a waiter's readiness sets going.
+enum Wake {
+    /// A parked fiber, unparked.
+    Fiber(Unparker),
+    /// A readiness continuation, submitted as a new task (see [`Continuation`]).
+    Task(Continuation),
+}
+
+/// Work to submit as a new task of `shared`'s scheduler once a descriptor is ready: what
+/// `spawn_when_readable` registers instead of parking a fiber, so that between two
+/// readinesses a connection holds no stack and, when it is ready, any worker may run it.
+///
+/// It holds one unit of the scheduler's `live` count from registration until it is
+/// submitted (the task inherits the unit) or cancelled, so `stop` waits for it as for a
+/// parked fiber and `stop_timeout` cancels it. While registered it also counts as an I/O
+/// waiter, which keeps some worker polling the reactor.
+pub(crate) struct Continuation {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) run: Box<dyn FnOnce() + Send>,
+    pub(crate) location: &'static std::panic::Location<'static>,
+}
+
+impl Continuation {
+    /// Queues the work as a task that inherits this continuation's `live` unit.
+    fn submit(self) {
+        self.shared.continuations.fetch_sub(1, Ordering::SeqCst);
+        crate::sched::submit_admitted(&self.shared, self.run, self.location);
+    }
+
+    /// Drops the work unrun (a shutdown cancelled it) and gives back its `live` unit. A
+    /// panic from dropping it (the closure's captures) is reported and contained: this runs
+    /// in whichever thread drives the shutdown.
+    fn cancel(self) {
+        let Continuation { shared, run, .. } = self;
+        shared.continuations.fetch_sub(1, Ordering::SeqCst);
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(run))).is_err() {
+            eprintln!("fibra: dropping a cancelled readiness continuation panicked; ignored");
+        }
+        shared.task_done();
+    }
 }
 
 impl IoRecord {
@@ -90,17 +136,82 @@ impl IoRecord {
         let mut woken = Vec::new();
         {
             let mut waiters = self.waiters.lock();
-            waiters.retain(|w| {
-                if w.interest & bits != 0 || bits & CLOSED != 0 {
-                    woken.push(w.unparker.clone());
-                    false
+            let mut i = 0;
+            while i < waiters.len() {
+                if waiters[i].interest & bits != 0 || bits & CLOSED != 0 {
+                    // Order among the waiters does not matter: each is woken independently.
+                    woken.push(waiters.swap_remove(i).wake);
                 } else {
-                    true
+                    i += 1;
                 }
-            });
+            }
         }
-        for u in woken {
-            u.unpark();
+        for w in woken {
+            match w {
+                Wake::Fiber(u) => u.unpark(),
+                Wake::Task(c) => {
+                    reactor().waiting.fetch_sub(1, Ordering::SeqCst);
+                    c.submit();
+                }
+            }
+        }
+    }
+
+    /// Registers `c` to be submitted once `interest` (or a hang-up) is ready; submits it at
+    /// once if it is ready now. The caller has counted it in its scheduler's `live`.
+    pub(crate) fn on_ready(&self, interest: u32, c: Continuation) {
+        let mut waiters = self.waiters.lock();
+        if self.ready(interest) {
+            drop(waiters);
+            c.submit();
+            return;
+        }
+        // Counted before it is visible, so that a submit or cancel never sees it uncounted.
+        reactor().waiting.fetch_add(1, Ordering::SeqCst);
+        let shared = c.shared.clone();
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        waiters.push(Waiter {
+            id,
+            interest,
+            wake: Wake::Task(c),
+        });
+        drop(waiters);
+        // The shutdown moves to `Cancelling` before it sweeps the records for continuations
+        // (`Reactor::cancel_continuations`), so a registration that raced past its sweep sees
+        // the phase here and cancels itself, if nothing submitted it meanwhile.
+        if shared.phase.get() >= crate::sched::worker::Phase::Cancelling {
+            if let Some(c) = self.take_continuation(id) {
+                c.cancel();
+            }
+        }
+    }
+
+    /// Removes waiter `id`, if it is still here and a continuation.
+    fn take_continuation(&self, id: u64) -> Option<Continuation> {
+        let mut waiters = self.waiters.lock();
+        let i = waiters
+            .iter()
+            .position(|w| w.id == id && matches!(w.wake, Wake::Task(_)))?;
+        reactor().waiting.fetch_sub(1, Ordering::SeqCst);
+        match waiters.swap_remove(i).wake {
+            Wake::Task(c) => Some(c),
+            Wake::Fiber(_) => unreachable!("matched a continuation"),
+        }
+    }
+
+    /// Removes the continuations of the scheduler behind `shared`.
+    fn take_continuations_of(&self, shared: &Shared, into: &mut Vec<Continuation>) {
+        let mut waiters = self.waiters.lock();
+        let mut i = 0;
+        while i < waiters.len() {
+            if matches!(&waiters[i].wake, Wake::Task(c) if std::ptr::eq(&*c.shared, shared)) {
+                if let Wake::Task(c) = waiters.swap_remove(i).wake {
+                    reactor().waiting.fetch_sub(1, Ordering::SeqCst);
+                    into.push(c);
+                }
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -133,7 +244,7 @@ impl IoRecord {
                     waiters.push(Waiter {
                         id,
                         interest,
-                        unparker: u,
+                        wake: Wake::Fiber(u),
                     });
                 }
             });
@@ -203,7 +314,7 @@ pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instan
             waiters.push(Waiter {
                 id,
                 interest: *interest,
-                unparker: u.clone(),
+                wake: Wake::Fiber(u.clone()),
             });
         }
     });
@@ -265,7 +376,8 @@ pub(crate) struct Reactor {
     generation: AtomicU64,
     /// A worker is blocked in `epoll_wait`.
     polling: AtomicBool,
-    /// Fibers parked on I/O: while non-zero, busy workers poll now and then.
+    /// Fibers parked on I/O and registered continuations: while non-zero, busy workers poll
+    /// now and then.
     waiting: AtomicUsize,
     /// Registered fds (changed under the `records` write lock).
     registered: AtomicUsize,
@@ -456,6 +568,23 @@ impl Reactor {
         }
     }
 
+    /// Cancels every readiness continuation of the scheduler behind `shared` (its shutdown
+    /// gave up waiting); returns how many. Each is dropped outside every lock: dropping one
+    /// closes the socket it holds, which deregisters that socket's record.
+    pub(crate) fn cancel_continuations(&self, shared: &Shared) -> usize {
+        let records: Vec<Arc<IoRecord>> = self.records.read().iter().flatten().cloned().collect();
+        let mut taken = Vec::new();
+        for r in &records {
+            r.take_continuations_of(shared, &mut taken);
+        }
+        drop(records);
+        let n = taken.len();
+        for c in taken {
+            c.cancel();
+        }
+        n
+    }
+
     /// Whether anybody waits for I/O.
     pub(crate) fn has_waiters(&self) -> bool {
         self.waiting.load(Ordering::SeqCst) != 0
@@ -488,8 +617,8 @@ impl Reactor {
         self.polling.load(Ordering::SeqCst).then_some(guard)
     }
 
-    /// A worker thread stops driving its loop: if fibers wait for I/O and nobody polls, wakes
-    /// a worker on the standby list to take the role.
+    /// A worker thread stops driving its loop: if fibers or continuations wait for I/O and
+    /// nobody polls, wakes a worker on the standby list to take the role.
     pub(crate) fn hand_off(&self) {
         if !self.has_waiters() || self.polling.load(Ordering::SeqCst) {
             return;

@@ -38,6 +38,46 @@
 //! assert_eq!(&client.join().unwrap(), b"ping");
 //! server.join().unwrap();
 //! ```
+//!
+//! A server can also wait for a request without a fiber: [`TcpStream::try_read`] until
+//! `WouldBlock`, then [`TcpStream::spawn_when_readable`] hands the socket to a new task once
+//! data comes, on whichever worker is free (see `examples/http_cont.rs`):
+//!
+//! ```
+//! use std::io::{ErrorKind, Read, Write};
+//! use fibra::net::{TcpListener, TcpStream};
+//!
+//! /// Echoes what `s` has, then waits for more with no fiber and no stack held.
+//! fn echo(s: TcpStream) {
+//!     let mut buf = [0u8; 64];
+//!     loop {
+//!         match s.try_read(&mut buf) {
+//!             Ok(0) => return, // the peer closed
+//!             Ok(n) => (&s).write_all(&buf[..n]).unwrap(),
+//!             Err(e) if e.kind() == ErrorKind::WouldBlock => {
+//!                 s.spawn_when_readable(echo).unwrap();
+//!                 return;
+//!             }
+//!             Err(e) => panic!("{e}"),
+//!         }
+//!     }
+//! }
+//!
+//! let sched = fibra::Scheduler::builder().threads(2).build().unwrap();
+//! sched.start();
+//! let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+//! let addr = listener.local_addr().unwrap();
+//! sched.spawn(move || echo(listener.accept().unwrap().0));
+//! let reply = sched.block_on(move || {
+//!     let mut s = TcpStream::connect(addr).unwrap();
+//!     s.write_all(b"ping").unwrap();
+//!     let mut buf = [0u8; 4];
+//!     s.read_exact(&mut buf).unwrap();
+//!     buf
+//! });
+//! assert_eq!(&reply, b"ping");
+//! sched.stop(); // the connection is closed at the end of `block_on`: the chain ends
+//! ```
 
 mod addr;
 #[macro_use]

@@ -1,7 +1,8 @@
 //! What every fibra socket shares: its lazy registration with the reactor, the retry loop
 //! around non-blocking system calls, and std-style timeouts.
 
-use crate::io::reactor::{reactor, IoRecord};
+use crate::error::WhenReadableError;
+use crate::io::reactor::{reactor, Continuation, IoRecord};
 use crate::time::deadline_after;
 use std::io;
 use std::os::fd::RawFd;
@@ -81,12 +82,70 @@ impl Registration {
         }
     }
 
+    /// One try of `op`, without waiting: on `WouldBlock` the socket's remembered `interest`
+    /// readiness is forgotten (unless an event came during the call), so that a wait or a
+    /// continuation registered next waits for the next edge.
+    pub(crate) fn try_io<R>(
+        &self,
+        interest: u32,
+        op: impl FnOnce() -> io::Result<R>,
+    ) -> io::Result<R> {
+        let seen = self.record.get().map(|r| r.snapshot());
+        let r = op();
+        if let (Some(seen), Err(e)) = (seen, &r) {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                self.record.get().expect("seen above").clear(seen, interest);
+            }
+        }
+        r
+    }
+
     /// Wakes this socket's waiters for `bits` (after a local shutdown).
     pub(crate) fn wake(&self, bits: u32) {
         if let Some(r) = self.record.get() {
             r.wake(bits);
         }
     }
+}
+
+/// `spawn_when_readable` for any socket type `S` whose registration `reg` finds: registers
+/// `f(socket)` to be submitted as a new task of the calling fiber's scheduler once the
+/// socket is readable (or hung up), or submits it at once if it is readable now.
+#[track_caller]
+pub(crate) fn spawn_when_readable<S, F>(
+    socket: S,
+    f: F,
+    reg: fn(&S) -> &Registration,
+) -> Result<(), WhenReadableError<S, F>>
+where
+    S: Send + 'static,
+    F: FnOnce(S) + Send + 'static,
+{
+    let location = std::panic::Location::caller();
+    let shared = match crate::sched::worker::current_shared() {
+        Some(shared) if crate::fiber::in_scheduled_fiber() => shared,
+        _ => return Err(WhenReadableError::NoScheduler(socket, f)),
+    };
+    let record = match reg(&socket).record() {
+        Ok(r) => r.clone(),
+        Err(e) => return Err(WhenReadableError::Io(socket, f, e)),
+    };
+    // The continuation holds a unit of `live` from here until its task ends (or it is
+    // cancelled): `stop` waits for it as for a parked fiber.
+    if !shared.admit() {
+        return Err(WhenReadableError::Stopped(socket, f));
+    }
+    shared.continuations.fetch_add(1, Ordering::SeqCst);
+    let run = Box::new(move || f(socket));
+    record.on_ready(
+        READABLE,
+        Continuation {
+            shared,
+            run,
+            location,
+        },
+    );
+    Ok(())
 }
 
 impl Drop for Registration {

@@ -306,8 +306,72 @@ stream_io!(TcpStream);
 /// reactor with the stream's timeouts. Reads are the std calls on `inner`; writes go through
 /// `net::send`, so that neither `write` nor `write_vectored` can raise
 /// `SIGPIPE` (std's `write_vectored` is a plain `writev`, which does).
+///
+/// Also the stream's non-waiting calls, `try_read` and `try_write`, and
+/// `spawn_when_readable`, its readiness continuation.
 macro_rules! stream_io {
     ($ty:ty) => {
+        impl $ty {
+            /// Reads what the socket has now, without waiting: `WouldBlock` if it has
+            /// nothing. Ignores the read timeout. Pairs with
+            #[doc = concat!("[`spawn_when_readable`](", stringify!($ty), "::spawn_when_readable)")]
+            /// for code that lets go of the socket between readinesses.
+            pub fn try_read(&self, buf: &mut [u8]) -> ::std::io::Result<usize> {
+                self.reg.try_io($crate::net::registration::READABLE, || {
+                    ::std::io::Read::read(&mut &self.inner, buf)
+                })
+            }
+
+            /// Writes what the socket's buffer takes now, without waiting: `WouldBlock` if it
+            /// takes nothing. Ignores the write timeout; never raises `SIGPIPE`.
+            pub fn try_write(&self, buf: &[u8]) -> ::std::io::Result<usize> {
+                self.reg.try_io($crate::net::registration::WRITABLE, || {
+                    $crate::net::send::send(::std::os::fd::AsRawFd::as_raw_fd(&self.inner), buf)
+                })
+            }
+
+            /// Hands the socket to `f`, run as a new task of the calling fiber's scheduler,
+            /// once the socket is readable: it has data, or the peer hung up or the socket
+            /// failed (so that `f`'s read returns 0 or the error). If it is readable now, the
+            /// task is submitted at once.
+            ///
+            /// This is the way to wait for a request without a fiber. A fiber parked in `read`
+            /// keeps its stack and stays on its worker (a started fiber never changes thread);
+            /// a continuation keeps only its closure, and when the data comes the task may
+            /// start on any worker, an idle one included. A server that serves each
+            /// connection as a chain of such tasks holds no stack per idle connection, and a
+            /// worker the kernel preempts holds none of its connections back: see
+            /// `examples/http_cont.rs` and "Readiness continuations" in `docs/design.md`.
+            ///
+            /// Meant to follow a [`try_read`](Self::try_read) that returned `WouldBlock`. A
+            /// readiness left over from before that call can start `f` once for nothing: `f`
+            /// then gets `WouldBlock` again and registers anew.
+            ///
+            /// Until it is submitted the continuation counts as a live task: `stop` waits for
+            /// it as for a fiber parked in `read`, [`Metrics::live_tasks`](crate::Metrics::live_tasks)
+            /// counts it, and a `stop_timeout` that gives up waiting drops it unrun (dropping
+            /// the socket closes it) and counts it among the cancelled. The socket's read
+            /// timeout does not apply: nothing ends the wait but readiness or that
+            /// cancellation. The task is detached, with the scheduler's stack size; a panic in
+            /// it ends only that task.
+            ///
+            /// # Errors
+            /// Nothing is registered, and the socket and `f` come back in the error, when it
+            /// is called outside a fiber of a [`Scheduler`](crate::Scheduler), when that
+            /// scheduler is stopping, or when the socket cannot be registered with the
+            /// reactor.
+            #[track_caller]
+            pub fn spawn_when_readable<F>(
+                self,
+                f: F,
+            ) -> ::std::result::Result<(), $crate::WhenReadableError<$ty, F>>
+            where
+                F: FnOnce($ty) + Send + 'static,
+            {
+                $crate::net::registration::spawn_when_readable(self, f, |s: &$ty| &s.reg)
+            }
+        }
+
         impl ::std::io::Read for &$ty {
             fn read(&mut self, buf: &mut [u8]) -> ::std::io::Result<usize> {
                 let deadline = self.timeouts.read_deadline();

@@ -509,10 +509,11 @@ impl Scheduler {
                 if !drained && sh.phase.get() < Phase::Abandoning {
                     eprintln!(
                         "fibra: stop() of scheduler '{}' has waited {} s for {} task(s) still \
-                         alive; still waiting",
+                         alive ({} of them readiness continuations); still waiting",
                         sh.config.name,
                         STOP_REPORT_AFTER.as_secs(),
-                        sh.live()
+                        sh.live(),
+                        sh.continuations.load(Ordering::SeqCst)
                     );
                     sh.request_report();
                     self.wait_until(None)
@@ -538,6 +539,11 @@ impl Scheduler {
         };
         if !drained {
             sh.phase.advance_to(Phase::Cancelling);
+            // Readiness continuations have no fiber to unwind: they are dropped here.
+            if let Some(r) = crate::io::reactor::get() {
+                let n = r.cancel_continuations(sh);
+                sh.cancelled.fetch_add(n, Ordering::SeqCst);
+            }
             sh.wake_all();
             sh.notify_drained();
             if !self.wait_until(Some(Instant::now() + CANCEL_GRACE)) {
@@ -651,6 +657,21 @@ where
     );
     shared.schedule_new(task::as_job(cell.clone()));
     Ok(JoinHandle::new(cell))
+}
+
+/// Queues `f` as a detached task of the scheduler behind `shared`, which has counted it in
+/// `live` already (a readiness continuation's unit, see `io::reactor::Continuation`): it is
+/// never refused, as a parked fiber woken during a shutdown is not.
+pub(crate) fn submit_admitted(
+    shared: &Shared,
+    f: Box<dyn FnOnce() + Send>,
+    location: &'static std::panic::Location<'static>,
+) {
+    let cell = JoinCell::new(
+        f,
+        Header::new(None, shared.config.stack_size, None, location),
+    );
+    shared.schedule_new(task::as_job(cell));
 }
 
 /// `spawn`'s body: submit to any worker, or a cancelled handle if refused.

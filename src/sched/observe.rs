@@ -5,6 +5,7 @@ use super::Scheduler;
 use crate::dump::{Dump, DumpRequest, Entry, Status, WorkerAnswer, DUMP_PATIENCE};
 use crate::metrics::{Metrics, WorkerMetrics};
 use crate::sched::task::ScheduleTask;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 impl Scheduler {
@@ -41,6 +42,7 @@ impl Scheduler {
         let mut dump = Dump {
             name: sh.config.name.clone(),
             live_tasks,
+            continuations: sh.continuations.load(Ordering::SeqCst),
             fibers: Vec::new(),
             workers: Vec::new(),
             taken: Duration::ZERO,
@@ -194,6 +196,7 @@ pub(crate) fn metrics(sh: &Shared) -> Metrics {
         .collect();
     let finished: u64 = workers.iter().map(|w| w.finished).sum();
     let live_tasks = sh.live();
+    let continuations = sh.continuations.load(Ordering::SeqCst).min(live_tasks);
     let stacks = crate::stack_stats();
     let stack_mappings = if stacks.guard.starts_with("madvise") {
         stacks.slabs
@@ -206,7 +209,9 @@ pub(crate) fn metrics(sh: &Shared) -> Metrics {
         name: sh.config.name.clone(),
         uptime: sh.epoch.elapsed(),
         live_tasks,
-        spawned: finished + live_tasks as u64,
+        continuations,
+        // A pending continuation has not become a task yet.
+        spawned: finished + (live_tasks - continuations) as u64,
         injector: sh.injector.len(),
         stack_size: sh.config.stack_size,
         stacks_free: stacks.stacks_free,

@@ -391,6 +391,8 @@ pub(crate) struct Shared {
     idle: Idlers,
     /// Tasks cancelled (or failed unstarted, or abandoned) by the shutdown so far.
     pub(crate) cancelled: AtomicUsize,
+    /// Readiness continuations registered and not yet submitted (each is also in `live`).
+    pub(crate) continuations: AtomicUsize,
     /// Bumped to ask every worker to print its live fibers (a shutdown that takes long).
     report: AtomicUsize,
     drained: (parking_lot::Mutex<()>, parking_lot::Condvar),
@@ -426,6 +428,7 @@ impl Shared {
             live: AtomicUsize::new(0),
             idle: Idlers::new(n),
             cancelled: AtomicUsize::new(0),
+            continuations: AtomicUsize::new(0),
             report: AtomicUsize::new(0),
             drained: (parking_lot::Mutex::new(()), parking_lot::Condvar::new()),
             owner,

@@ -140,6 +140,14 @@ pub fn started(threads: usize) -> Scheduler {
     sched
 }
 
+/// A `fibra::net` listener on 127.0.0.1 and a std client connected to it (not accepted yet).
+pub fn listener_and_client() -> (fibra::net::TcpListener, std::net::TcpStream) {
+    let listener = fibra::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("local_addr");
+    let client = std::net::TcpStream::connect(addr).expect("connect");
+    (listener, client)
+}
+
 /// Submits `n` fibers (pinned to `worker`, or anywhere), each touching `KIB` KiB of its
 /// stack and then parking, so that `n` stacks are in use at once; once all have parked, calls
 /// `at_peak`, then wakes and joins them all.

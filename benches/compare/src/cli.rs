@@ -14,7 +14,8 @@ usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
 workloads: spawn_many spawn_remote yield_many ping_pong chained_spawn join_chain join_chain_1w
            skynet sleep_storm timer_p50 timer_p99 unblock unblock_seq mpmc broadcast
            block_on_ready async_round_trip idle_cpu park_memory million_park million_wake http
-           http_p50 http_p99 http_hooked http_hooked_p50 http_hooked_p99 redis_get
+           http_p50 http_p99 http_cont http_cont_p50 http_cont_p99 http_hooked http_hooked_p50
+           http_hooked_p99 redis_get
            (--only W also runs the rows that belong to W: join_chain_1w with join_chain,
            million_wake with million_park, the _p50/_p99 rows with their http workload)";
 

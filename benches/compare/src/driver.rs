@@ -242,7 +242,7 @@ fn redis_ping(port: u16) -> Result<(), String> {
 /// - timed workloads run in up to `TIMED_ROUNDS` rounds, each a child per peer with its own
 ///   warm-up and a share of the repetitions;
 /// - fresh-per-repetition workloads run a round per repetition, a child per peer in each;
-/// - the server workloads (http, http_hooked, redis_get) start every server first (or the
+/// - the server workloads (http, http_cont, http_hooked, redis_get) start every server first (or the
 ///   one redis-server), then run repetition k of every peer before repetition k + 1 of any.
 pub fn run_workload(
     env: &Env,
@@ -589,7 +589,7 @@ const WRK_ARGS: [&str; 4] = ["-t1", "-c100", "-d5s", "--latency"];
 /// The latency percentiles wrk prints that become rows: (percentile, row suffix).
 const WRK_PERCENTILES: [(f64, &str); 2] = [(50.0, "_p50"), (99.0, "_p99")];
 
-/// http, http_hooked: starts every peer's server, warms each up with `wrk -d1s`, then runs R
+/// http, http_cont, http_hooked: starts every peer's server, warms each up with `wrk -d1s`, then runs R
 /// rounds of `wrk` over them, and stops them.
 fn http_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     if !runs.iter().any(PeerRun::is_ok) {

@@ -1,6 +1,6 @@
 //! Draws `report.svg`: for each workload, one bar per peer giving fibra's cost relative to that
 //! peer (log scale), with a line at 1.0. Bars below the line mean fibra is ahead. For times, CPU
-//! and memory the bar is fibra/peer; for http and http_hooked (req/s, higher is better) it is
+//! and memory the bar is fibra/peer; for http, http_cont and http_hooked (req/s, higher is better) it is
 //! peer/fibra, so "below 1 = fibra ahead" holds for every bar. `fibra-net` (fibra's own
 //! `fibra::net` server, in the http_hooked rows only) gets a bar like the other peers.
 
@@ -62,7 +62,7 @@ pub fn draw(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>>
     let caption = if bars.is_empty() {
         "fibra cost / peer cost: no fibra figures in this run"
     } else {
-        "fibra cost / peer cost (log scale; below 1.0 = fibra ahead; http, http_hooked: peer req/s ÷ fibra req/s)"
+        "fibra cost / peer cost (log scale; below 1.0 = fibra ahead; http, http_cont, http_hooked: peer req/s ÷ fibra req/s)"
     };
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 18))

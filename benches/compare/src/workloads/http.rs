@@ -7,6 +7,10 @@
 //! Go uses `net/http` (see `go/http.go`). fibra's server is `examples/http_hello` (parsed with
 //! httparse), which `crate::driver` builds and starts itself.
 //!
+//! `http_cont` runs the same load against `examples/http_cont`, fibra's server written with
+//! readiness continuations (a request is a new task on any worker, not the wake of a fiber
+//! parked on its connection's worker), and against tokio's and Go's servers.
+//!
 //! `http_hooked` runs the same load against `examples/http_std` (peer `fibra`: the same server
 //! written with `std::net` and run with fibra's `hook` feature), `examples/http_hello` (peer
 //! `fibra-net`) and tokio's server here, so fibra/fibra-net is the cost of the hooks.

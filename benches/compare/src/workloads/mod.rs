@@ -100,7 +100,8 @@ pub enum Threads {
 pub struct Workload {
     pub name: &'static str,
     pub unit: &'static str,
-    /// `true` for times, CPU and memory; `false` for throughput (http, http_hooked).
+    /// `true` for times, CPU and memory; `false` for throughput (http, http_cont,
+    /// http_hooked).
     pub lower_is_better: bool,
     pub mode: Mode,
     /// Wall-clock limit for one child process; past it the child is killed and the peer is
@@ -182,26 +183,13 @@ pub const WORKLOADS: &[Workload] = &[
         of: None,
     },
     derived("million_wake", "µs/fiber", "million_park"),
-    Workload {
-        name: "http",
-        unit: "req/s",
-        lower_is_better: false,
-        mode: Mode::Http,
-        limit: Duration::from_secs(30),
-        threads: Threads::Run,
-        of: None,
-    },
+    http_server("http"),
     derived("http_p50", "ms", "http"),
     derived("http_p99", "ms", "http"),
-    Workload {
-        name: "http_hooked",
-        unit: "req/s",
-        lower_is_better: false,
-        mode: Mode::Http,
-        limit: Duration::from_secs(30),
-        threads: Threads::Run,
-        of: None,
-    },
+    http_server("http_cont"),
+    derived("http_cont_p50", "ms", "http_cont"),
+    derived("http_cont_p99", "ms", "http_cont"),
+    http_server("http_hooked"),
     derived("http_hooked_p50", "ms", "http_hooked"),
     derived("http_hooked_p99", "ms", "http_hooked"),
     Workload {
@@ -222,6 +210,19 @@ const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload
         lower_is_better: true,
         mode: Mode::Timed,
         limit: Duration::from_secs(limit_s),
+        threads: Threads::Run,
+        of: None,
+    }
+}
+
+/// A workload of `wrk` against each peer's HTTP server (requests/s, higher is better).
+const fn http_server(name: &'static str) -> Workload {
+    Workload {
+        name,
+        unit: "req/s",
+        lower_is_better: false,
+        mode: Mode::Http,
+        limit: Duration::from_secs(30),
         threads: Threads::Run,
         of: None,
     }
@@ -273,6 +274,7 @@ pub fn fibra_example(peer: Peer, workload: &str) -> Option<Example> {
     const HOOK: &[&str] = &["hook"];
     let (name, features) = match (peer, workload) {
         (Peer::Fibra, "http") | (Peer::FibraNet, "http_hooked") => ("http_hello", PLAIN),
+        (Peer::Fibra, "http_cont") => ("http_cont", PLAIN),
         (Peer::Fibra, "http_hooked") => ("http_std", HOOK),
         (Peer::Fibra, "redis_get") => ("redis_load", HOOK),
         _ => return None,
@@ -301,6 +303,10 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
             Some("no blocking pool: tokio's spawn_blocking is the peer for fibra::unblock")
         }
         (Peer::Std, "http") => Some("thread-per-connection server is not part of this comparison"),
+        (Peer::May | Peer::Std, "http_cont") => Some(
+            "http_cont compares fibra's continuation server with tokio and Go; this peer's \
+             server is in the http row",
+        ),
         (Peer::May | Peer::Go | Peer::Std, "http_hooked") => Some(
             "http_hooked compares fibra's two servers and tokio; this peer's is in the http row",
         ),
@@ -349,6 +355,11 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
             "fibra: examples/http_hello (httparse; connections dealt to workers in turn), \
              built by the harness",
         ),
+        (Peer::Fibra, "http_cont") => Some(
+            "fibra: examples/http_cont (http_hello's framing; between requests a connection is a \
+             readiness continuation, TcpStream::spawn_when_readable, and each request a new task \
+             on any worker), built by the harness",
+        ),
         (Peer::Fibra, "http_hooked") => Some(
             "fibra: examples/http_std (std::net::TcpListener/TcpStream, blocking calls parked by \
              the hook feature; same framing as http_hello), built by the harness with --features hook",
@@ -365,7 +376,7 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
             "tokio: the redis crate's async MultiplexedConnection, one per task, response \
              timeout off (the blocking client has none)",
         ),
-        (Peer::Go, "http") => {
+        (Peer::Go, "http" | "http_cont") => {
             Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)")
         }
         (Peer::Tokio, "mpmc") => Some("tokio: async-channel's bounded channel (tokio has no mpmc)"),
@@ -500,6 +511,7 @@ mod tests {
         assert_eq!(names(&["join_chain_1w"]), ["join_chain_1w"]);
         assert_eq!(names(&["million_wake"]), ["million_park", "million_wake"]);
         assert_eq!(names(&["http"]), ["http", "http_p50", "http_p99"]);
+        assert_eq!(names(&["http_cont_p99"]), ["http_cont", "http_cont_p99"]);
         assert_eq!(
             names(&["http_hooked_p99"]),
             ["http_hooked", "http_hooked_p99"]
