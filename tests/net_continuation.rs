@@ -3,7 +3,8 @@
 //! socket is readable already, never without a scheduler; a pending continuation holds no
 //! stack but counts as live, so `stop` waits for it and `stop_timeout` drops it (a panicking
 //! `Drop` included); a refusal hands back the socket and the closure; a panicking task ends
-//! alone; and many connections served as chains of continuations all get every answer.
+//! alone; many connections served as chains of continuations all get every answer; and an
+//! idle timeout is a shutdown of a clone of the socket.
 
 mod common;
 
@@ -406,6 +407,32 @@ fn unix_streams_have_them_too() {
         let mut back = [0u8; 4];
         a.read_exact(&mut back).unwrap();
         assert_eq!(&back, b"pong");
+        sched.stop();
+    });
+}
+
+#[test]
+fn an_idle_timeout_is_a_shutdown_of_a_clone() {
+    common::with_deadline(|| {
+        let sched = started(2);
+        let (listener, mut client) = listener_and_client();
+        let (tx, rx) = mpsc::channel();
+        sched.spawn(move || {
+            let (s, _) = listener.accept().expect("accept");
+            let timeout_handle = s.try_clone().expect("try_clone");
+            s.spawn_when_readable(move |s| {
+                let mut buf = [0u8; 8];
+                tx.send(s.try_read(&mut buf).map_err(|e| e.kind())).unwrap();
+            })
+            .expect("registered");
+            // The idle timeout: shut the socket down through the clone, which the
+            // continuation sees as end of file.
+            fibra::sleep(Duration::from_millis(20));
+            timeout_handle.shutdown(Shutdown::Read).unwrap();
+        });
+        assert_eq!(rx.recv_timeout(LIMIT).expect("ran"), Ok(0));
+        // The client can still tell: its next write is not read by anyone.
+        client.write_all(b"late").unwrap();
         sched.stop();
     });
 }

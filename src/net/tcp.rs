@@ -352,8 +352,10 @@ macro_rules! stream_io {
             /// counts it, and a `stop_timeout` that gives up waiting drops it unrun (dropping
             /// the socket closes it) and counts it among the cancelled. The socket's read
             /// timeout does not apply: nothing ends the wait but readiness or that
-            /// cancellation. The task is detached, with the scheduler's stack size; a panic in
-            /// it ends only that task.
+            /// cancellation. For an idle timeout, keep a `try_clone` of the socket and shut
+            /// its reading side down when the time is up (`shutdown(Shutdown::Read)`, from a
+            /// sleeping fiber or a timer): the task then runs and reads end of file. The task
+            /// is detached, with the scheduler's stack size; a panic in it ends only that task.
             ///
             /// # Errors
             /// Nothing is registered, and the socket and `f` come back in the error, when it
