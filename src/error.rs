@@ -116,7 +116,8 @@ pub enum WhenReadableError<S, F> {
     /// Not called from a fiber of a [`Scheduler`](crate::Scheduler): there is no scheduler to
     /// run the task on.
     NoScheduler(S, F),
-    /// The calling fiber's scheduler is stopping or stopped.
+    /// The calling fiber's scheduler is past waiting in its shutdown: it cancels what is
+    /// left, so nothing new may wait.
     Stopped(S, F),
     /// The socket could not be registered with the reactor (`epoll_ctl` failed).
     Io(S, F, std::io::Error),

@@ -360,8 +360,9 @@ macro_rules! stream_io {
             /// # Errors
             /// Nothing is registered, and the socket and `f` come back in the error, when it
             /// is called outside a fiber of a [`Scheduler`](crate::Scheduler), when that
-            /// scheduler is stopping, or when the socket cannot be registered with the
-            /// reactor.
+            /// scheduler's shutdown has stopped waiting and cancels what is left (during a
+            /// `stop` that still waits, its fibers may register, as they may spawn), or when
+            /// the socket cannot be registered with the reactor.
             #[track_caller]
             pub fn spawn_when_readable<F>(
                 self,
