@@ -3,8 +3,9 @@
 //! socket is readable already, never without a scheduler; a pending continuation holds no
 //! stack but counts as live, so `stop` waits for it and `stop_timeout` drops it (a panicking
 //! `Drop` included); a refusal hands back the socket and the closure; a panicking task ends
-//! alone; many connections served as chains of continuations all get every answer; and an
-//! idle timeout is a shutdown of a clone of the socket.
+//! alone; many connections served as chains of continuations all get every answer, also
+//! during a `stop` that waits for them; and an idle timeout is a shutdown of a clone of the
+//! socket.
 
 mod common;
 
@@ -434,5 +435,29 @@ fn an_idle_timeout_is_a_shutdown_of_a_clone() {
         // The client can still tell: its next write is not read by anyone.
         client.write_all(b"late").unwrap();
         sched.stop();
+    });
+}
+
+#[test]
+fn a_chain_goes_on_registering_during_a_waiting_stop() {
+    common::with_deadline(|| {
+        let sched = Arc::new(started(2));
+        let (listener, mut client) = listener_and_client();
+        sched.spawn(move || echo(listener.accept().expect("accept").0));
+        wait_until("registered", || sched.metrics().continuations() == 1);
+        let s = sched.clone();
+        let stopper = thread::spawn(move || s.stop());
+        thread::sleep(Duration::from_millis(50));
+        // Each request is answered by a task that registers again, during the stop.
+        client.set_read_timeout(Some(LIMIT)).unwrap();
+        for round in 0..3 {
+            client.write_all(b"more").unwrap();
+            let mut back = [0u8; 4];
+            client.read_exact(&mut back).unwrap();
+            assert_eq!(&back, b"more", "round {round}");
+            assert!(!stopper.is_finished(), "stop returned with the chain alive");
+        }
+        drop(client); // end of file: the chain ends, and stop returns
+        stopper.join().expect("stop returns once the chain ended");
     });
 }
