@@ -27,14 +27,13 @@
 //! runs until killed. It prints `listening on <addr>` once it accepts.
 
 use std::io::{ErrorKind, Write};
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use fibra::net::{TcpListener, TcpStream};
 
 mod http_common;
 use http_common::{
-    answer, linger_close, options, out_of_resources, selftest, Next, CLIENT_TIMEOUT, MAX_HEAD,
+    answer, linger_close, out_of_resources, selftest, start, Next, CLIENT_TIMEOUT, MAX_HEAD,
     OK_KEEP_ALIVE_10,
 };
 
@@ -129,27 +128,8 @@ fn accept_loop(listener: TcpListener) {
 }
 
 fn main() {
-    let opts = options("http_cont").unwrap_or_else(|e| {
-        eprintln!("http_cont: {e}");
-        std::process::exit(2);
-    });
-    let sched = fibra::Scheduler::builder()
-        .threads(opts.threads)
-        .name("http")
-        .build()
-        .unwrap_or_else(|e| {
-            eprintln!("http_cont: {e}");
-            std::process::exit(2);
-        });
-    sched.start();
-    let port = if opts.selftest { 0 } else { opts.port };
-    let listener =
-        TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap_or_else(|e| {
-            eprintln!("http_cont: cannot bind port {port}: {e}");
-            std::process::exit(1);
-        });
-    let addr = listener.local_addr().expect("bound");
-    println!("listening on {addr} with {} workers", opts.threads);
+    let (opts, sched, listener, addr) =
+        start("http_cont", TcpListener::bind, TcpListener::local_addr);
     if !opts.selftest {
         sched.block_on(move || accept_loop(listener));
         return;

@@ -22,38 +22,17 @@
 //! request), checking every response byte for byte; it exits 0 if all were right.
 //! Otherwise the server runs until killed. It prints `listening on <addr>` once it accepts.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use fibra::net::{TcpListener, TcpStream};
 
 mod http_common;
-use http_common::{accept_loop, options, selftest, CLIENT_TIMEOUT};
+use http_common::{accept_loop, selftest, start, CLIENT_TIMEOUT};
 
 fn main() {
-    let opts = options("http_hello").unwrap_or_else(|e| {
-        eprintln!("http_hello: {e}");
-        std::process::exit(2);
-    });
-    let sched = Arc::new(
-        fibra::Scheduler::builder()
-            .threads(opts.threads)
-            .name("http")
-            .build()
-            .unwrap_or_else(|e| {
-                eprintln!("http_hello: {e}");
-                std::process::exit(2);
-            }),
-    );
-    sched.start();
-    let port = if opts.selftest { 0 } else { opts.port };
-    let listener =
-        TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap_or_else(|e| {
-            eprintln!("http_hello: cannot bind port {port}: {e}");
-            std::process::exit(1);
-        });
-    let addr = listener.local_addr().expect("bound");
-    println!("listening on {addr} with {} workers", opts.threads);
+    let (opts, sched, listener, addr) =
+        start("http_hello", TcpListener::bind, TcpListener::local_addr);
+    let sched = Arc::new(sched);
     let s = sched.clone();
     if !opts.selftest {
         sched.block_on(move || accept_loop("http_hello", listener, &s, fibra::sleep));

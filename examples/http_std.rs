@@ -32,38 +32,17 @@
 //! were right. The server otherwise runs until killed and prints `listening on <addr>` once
 //! it accepts.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 
 mod http_common;
-use http_common::{accept_loop, options, selftest, CLIENT_TIMEOUT};
+use http_common::{accept_loop, selftest, start, CLIENT_TIMEOUT};
 
 fn main() {
-    let opts = options("http_std").unwrap_or_else(|e| {
-        eprintln!("http_std: {e}");
-        std::process::exit(2);
-    });
-    let sched = Arc::new(
-        fibra::Scheduler::builder()
-            .threads(opts.threads)
-            .name("http")
-            .build()
-            .unwrap_or_else(|e| {
-                eprintln!("http_std: {e}");
-                std::process::exit(2);
-            }),
-    );
-    sched.start();
     // Bound on this plain thread: outside a fiber, the hooks pass every call straight through.
-    let port = if opts.selftest { 0 } else { opts.port };
-    let listener =
-        TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap_or_else(|e| {
-            eprintln!("http_std: cannot bind port {port}: {e}");
-            std::process::exit(1);
-        });
-    let addr = listener.local_addr().expect("bound");
-    println!("listening on {addr} with {} workers", opts.threads);
-
+    let (opts, sched, listener, addr) =
+        start("http_std", TcpListener::bind, TcpListener::local_addr);
+    let sched = Arc::new(sched);
     if !opts.selftest {
         let s = sched.clone();
         sched.block_on(move || accept_loop("http_std", listener, &s, std::thread::sleep));

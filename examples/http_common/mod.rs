@@ -306,6 +306,34 @@ pub struct Options {
     pub rounds: usize,
 }
 
+/// What every server does first: parses its command line (exiting with 2 and a message on a
+/// bad one), builds and starts its scheduler, and binds its listener with `bind` on
+/// 127.0.0.1 (any free port for a self-test), exiting with 1 if that fails. Prints
+/// `listening on <addr>`.
+pub fn start<L>(
+    name: &str,
+    bind: impl FnOnce(SocketAddr) -> std::io::Result<L>,
+    local_addr: impl FnOnce(&L) -> std::io::Result<SocketAddr>,
+) -> (Options, fibra::Scheduler, L, SocketAddr) {
+    let fail = |code, e: &dyn std::fmt::Display| -> ! {
+        eprintln!("{name}: {e}");
+        std::process::exit(code);
+    };
+    let opts = options(name).unwrap_or_else(|e| fail(2, &e));
+    let sched = fibra::Scheduler::builder()
+        .threads(opts.threads)
+        .name("http")
+        .build()
+        .unwrap_or_else(|e| fail(2, &e));
+    sched.start();
+    let port = if opts.selftest { 0 } else { opts.port };
+    let listener = bind(SocketAddr::from(([127, 0, 0, 1], port)))
+        .unwrap_or_else(|e| fail(1, &format!("cannot bind port {port}: {e}")));
+    let addr = local_addr(&listener).expect("bound");
+    println!("listening on {addr} with {} workers", opts.threads);
+    (opts, sched, listener, addr)
+}
+
 /// Parses the command line of server `name`.
 pub fn options(name: &str) -> Result<Options, String> {
     let mut opts = Options {

@@ -84,6 +84,12 @@ pub(crate) struct Continuation {
 }
 
 impl Continuation {
+    /// Taken off a record's waiter list: no longer counted among the I/O waiters.
+    fn unlisted(self) -> Continuation {
+        reactor().waiting.fetch_sub(1, Ordering::SeqCst);
+        self
+    }
+
     /// Queues the work as a task that inherits this continuation's `live` unit.
     fn submit(self) {
         self.shared.continuations.fetch_sub(1, Ordering::SeqCst);
@@ -133,26 +139,16 @@ impl IoRecord {
                 let tick = (w >> 32).wrapping_add(1);
                 Some((tick << 32) | u64::from(w as u32 | bits))
             });
-        let mut woken = Vec::new();
-        {
-            let mut waiters = self.waiters.lock();
-            let mut i = 0;
-            while i < waiters.len() {
-                if waiters[i].interest & bits != 0 || bits & CLOSED != 0 {
-                    // Order among the waiters does not matter: each is woken independently.
-                    woken.push(waiters.swap_remove(i).wake);
-                } else {
-                    i += 1;
-                }
-            }
-        }
+        let woken: Vec<Wake> = self
+            .waiters
+            .lock()
+            .extract_if(.., |w| w.interest & bits != 0 || bits & CLOSED != 0)
+            .map(|w| w.wake)
+            .collect();
         for w in woken {
             match w {
                 Wake::Fiber(u) => u.unpark(),
-                Wake::Task(c) => {
-                    reactor().waiting.fetch_sub(1, Ordering::SeqCst);
-                    c.submit();
-                }
+                Wake::Task(c) => c.unlisted().submit(),
             }
         }
     }
@@ -166,53 +162,35 @@ impl IoRecord {
             c.submit();
             return;
         }
-        // Counted before it is visible, so that a submit or cancel never sees it uncounted.
+        // A shutdown enters `Cancelling` before it sweeps the records for continuations
+        // (`Reactor::cancel_continuations`), and sweeps each under its lock: under this
+        // record's lock, either that sweep is still to come and will find the continuation,
+        // or it has passed here and the phase says so.
+        if c.shared.phase.get() >= crate::sched::worker::Phase::Cancelling {
+            drop(waiters);
+            c.cancel();
+            return;
+        }
+        // Counted while listed (`Continuation::unlisted` takes it back).
         reactor().waiting.fetch_add(1, Ordering::SeqCst);
-        let shared = c.shared.clone();
+        // Unique among this record's waiters, as a fiber that times out removes its own by id.
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
         waiters.push(Waiter {
             id,
             interest,
             wake: Wake::Task(c),
         });
-        drop(waiters);
-        // The shutdown moves to `Cancelling` before it sweeps the records for continuations
-        // (`Reactor::cancel_continuations`), so a registration that raced past its sweep sees
-        // the phase here and cancels itself, if nothing submitted it meanwhile.
-        if shared.phase.get() >= crate::sched::worker::Phase::Cancelling {
-            if let Some(c) = self.take_continuation(id) {
-                c.cancel();
-            }
-        }
-    }
-
-    /// Removes waiter `id`, if it is still here and a continuation.
-    fn take_continuation(&self, id: u64) -> Option<Continuation> {
-        let mut waiters = self.waiters.lock();
-        let i = waiters
-            .iter()
-            .position(|w| w.id == id && matches!(w.wake, Wake::Task(_)))?;
-        reactor().waiting.fetch_sub(1, Ordering::SeqCst);
-        match waiters.swap_remove(i).wake {
-            Wake::Task(c) => Some(c),
-            Wake::Fiber(_) => unreachable!("matched a continuation"),
-        }
     }
 
     /// Removes the continuations of the scheduler behind `shared`.
     fn take_continuations_of(&self, shared: &Shared, into: &mut Vec<Continuation>) {
         let mut waiters = self.waiters.lock();
-        let mut i = 0;
-        while i < waiters.len() {
-            if matches!(&waiters[i].wake, Wake::Task(c) if std::ptr::eq(&*c.shared, shared)) {
-                if let Wake::Task(c) = waiters.swap_remove(i).wake {
-                    reactor().waiting.fetch_sub(1, Ordering::SeqCst);
-                    into.push(c);
-                }
-            } else {
-                i += 1;
-            }
-        }
+        let ours =
+            |w: &mut Waiter| matches!(&w.wake, Wake::Task(c) if std::ptr::eq(&*c.shared, shared));
+        into.extend(waiters.extract_if(.., ours).filter_map(|w| match w.wake {
+            Wake::Task(c) => Some(c.unlisted()),
+            Wake::Fiber(_) => None,
+        }));
     }
 
     /// Waits until `interest` (or a hang-up) is ready, or until `deadline`. In a scheduled

@@ -90,11 +90,12 @@ impl Registration {
         interest: u32,
         op: impl FnOnce() -> io::Result<R>,
     ) -> io::Result<R> {
-        let seen = self.record.get().map(|r| r.snapshot());
+        // No record yet: nothing remembered to forget.
+        let seen = self.record.get().map(|r| (r, r.snapshot()));
         let r = op();
-        if let (Some(seen), Err(e)) = (seen, &r) {
+        if let (Some((record, seen)), Err(e)) = (seen, &r) {
             if e.kind() == io::ErrorKind::WouldBlock {
-                self.record.get().expect("seen above").clear(seen, interest);
+                record.clear(seen, interest);
             }
         }
         r
