@@ -128,13 +128,13 @@ impl<U: ?Sized> TaskArc<U> {
     }
 
     /// Whether the two point to the same cell.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn ptr_eq(a: &Self, b: &Self) -> bool {
         a.ptr.cast::<u8>() == b.ptr.cast::<u8>()
     }
 
     /// How many references there are (racy unless the caller holds all of them).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn strong_count(this: &Self) -> usize {
         this.inner().refs.load(Ordering::Acquire)
     }
@@ -364,14 +364,14 @@ mod blocks {
     }
 
     /// Blocks of `class` this thread holds, and full magazines in the depot.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(super) fn counts(layout: Layout) -> (usize, usize) {
         let class = class_of(layout).expect("a cached size");
         let local = LOCAL.with(|l| l.borrow().free[class].len());
         (local, DEPOT[class].lock().full.len())
     }
 
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(super) fn class_of_for_test(layout: Layout) -> Option<usize> {
         class_of(layout)
     }
