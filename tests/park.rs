@@ -254,3 +254,48 @@ fn a_stale_unparker_does_not_wake_a_later_park_on_a_plain_thread() {
         assert!(past_second.load(Ordering::SeqCst));
     });
 }
+
+/// A panic in the registration closure continues in the parked fiber, which may catch it;
+/// a timed park's timer is taken back, and the worker goes on with its other fibers.
+#[test]
+fn a_panic_in_register_continues_in_the_fiber_and_leaves_no_timer() {
+    with_deadline(|| {
+        let sched = started(1);
+        let handle = sched
+            .submit(
+                || {
+                    let untimed = std::panic::catch_unwind(|| park(|_| panic!("register 1")));
+                    let deadline = std::time::Instant::now() + Duration::from_secs(3600);
+                    let timed = std::panic::catch_unwind(|| {
+                        fibra::park_timeout(deadline, |_| panic!("register 2"))
+                    });
+                    let text = |r: Box<dyn std::any::Any + Send>| {
+                        r.downcast_ref::<&str>().map(|s| s.to_string())
+                    };
+                    (
+                        untimed.err().and_then(text),
+                        timed.err().and_then(text),
+                        current_worker(),
+                    )
+                },
+                None,
+            )
+            .expect("submit");
+        let (untimed, timed, worker) = finish(handle);
+        assert_eq!(untimed.as_deref(), Some("register 1"));
+        assert_eq!(timed.as_deref(), Some("register 2"));
+        assert_eq!(worker, Some(0), "resumed on its own worker");
+        assert_eq!(
+            sched.metrics().timers(),
+            0,
+            "the timed park's timer is gone"
+        );
+        // The worker lives on: an uncaught one reaches its handle, and the next task runs.
+        let uncaught = sched
+            .submit(|| park(|_| panic!("register 3")), None)
+            .expect("submit");
+        assert!(uncaught.join().is_err(), "the panic reaches the handle");
+        assert_eq!(finish(sched.submit(|| 7, None).expect("submit")), 7);
+        sched.stop();
+    });
+}
