@@ -180,6 +180,56 @@ fn stop_runs_detached_tasks_before_returning() {
     });
 }
 
+/// One link of a chain: spawns the next link (detached) and yields, so that the next one is
+/// often taken by the other worker while this one is still alive; counts itself.
+fn link(left: usize, ran: Arc<AtomicUsize>, workers: Arc<Mutex<HashSet<usize>>>) {
+    ran.fetch_add(1, Ordering::Relaxed);
+    if let Some(w) = current_worker() {
+        workers.lock().unwrap().insert(w);
+    }
+    if left > 0 {
+        let (r, w) = (Arc::clone(&ran), Arc::clone(&workers));
+        drop(fibra::spawn(move || link(left - 1, r, w)));
+        Fiber::yield_now();
+    }
+}
+
+/// `stop()` waits for work that fibers keep spawning while it waits, even when each task is
+/// counted in on one worker and counted out on another (the scheduler's count of live tasks
+/// is kept per worker): it must never see zero while a link of a chain is alive.
+#[test]
+fn stop_waits_for_chains_of_spawns_that_hop_between_workers() {
+    const CHAINS: usize = 8;
+    const LINKS: usize = 2_000;
+    with_deadline(|| {
+        for _ in 0..5 {
+            let ran = Arc::new(AtomicUsize::new(0));
+            let workers = Arc::new(Mutex::new(HashSet::new()));
+            let sched = started(2);
+            for _ in 0..CHAINS {
+                let (r, w) = (Arc::clone(&ran), Arc::clone(&workers));
+                drop(
+                    sched
+                        .submit(move || link(LINKS - 1, r, w), None)
+                        .expect("submit"),
+                );
+            }
+            sched.stop();
+            assert_eq!(
+                ran.load(Ordering::Relaxed),
+                CHAINS * LINKS,
+                "every link ran"
+            );
+            assert_eq!(sched.metrics().live_tasks(), 0);
+            assert_eq!(
+                workers.lock().unwrap().len(),
+                2,
+                "the chains ran on both workers"
+            );
+        }
+    });
+}
+
 #[test]
 fn dropping_the_scheduler_finishes_its_work() {
     with_deadline(|| {

@@ -4,6 +4,7 @@
 //! threads stand in for a home worker, wakers, a timer and a canceller.
 
 use super::idle::{Idlers, WorkerSleep};
+use super::live::LiveCount;
 use super::task::ParkWord;
 use super::worker::WakerCount;
 use loom::cell::UnsafeCell;
@@ -184,5 +185,52 @@ fn remote_wake_never_touches_a_freed_worker() {
         // SAFETY (model): the free; loom checks it never races the waker's read.
         worker_memory.with_mut(|m| unsafe { *m = 0 });
         waker.join().unwrap();
+    });
+}
+
+/// The live count never reads zero while a task lives: a parent counted in on worker 0
+/// spawns a child there, which is counted out on worker 1 (stolen) while the parent still
+/// runs; a reader that sees zero must also see the parent's end. (Adding up each line's
+/// difference in turn fails here: line 0 read before the spawn, line 1 after the child's
+/// end.)
+#[test]
+fn live_count_never_reads_zero_while_a_task_lives() {
+    loom::model(|| {
+        let live = Arc::new(LiveCount::new(2));
+        live.admit(Some(0)); // the parent
+        let handed = Arc::new(AtomicBool::new(false));
+        let parent_ended = Arc::new(AtomicBool::new(false));
+        let parent = {
+            let (live, handed, parent_ended) = (live.clone(), handed.clone(), parent_ended.clone());
+            thread::spawn(move || {
+                live.admit(Some(0)); // the child
+                handed.store(true, Ordering::Release);
+                parent_ended.store(true, Ordering::SeqCst);
+                live.done(Some(0));
+            })
+        };
+        let thief = {
+            let (live, handed) = (live.clone(), handed.clone());
+            thread::spawn(move || {
+                if handed.load(Ordering::Acquire) {
+                    live.done(Some(1)); // the child ends
+                    true
+                } else {
+                    false
+                }
+            })
+        };
+        if live.get() == 0 {
+            assert!(
+                parent_ended.load(Ordering::SeqCst),
+                "zero while the parent lives"
+            );
+        }
+        let child_ended = thief.join().unwrap();
+        parent.join().unwrap();
+        if !child_ended {
+            live.done(None);
+        }
+        assert_eq!(live.get(), 0);
     });
 }

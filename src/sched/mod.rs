@@ -4,6 +4,7 @@
 
 pub(crate) mod cell;
 mod idle;
+mod live;
 #[cfg(all(test, loom))]
 mod loom_model;
 mod observe;

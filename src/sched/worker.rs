@@ -66,6 +66,7 @@ use crate::metrics::WorkerStats;
 use crate::park::Unparker;
 use crate::sched::cell::TaskArc;
 use crate::sched::idle::{Idlers, WorkerSleep};
+use crate::sched::live::LiveCount;
 use crate::sched::task::{
     Cancel, Ended, Home, Job, JobRef, ParkState, Placement, ScheduleTask, Start,
 };
@@ -387,7 +388,8 @@ pub(crate) struct Shared {
     pub(crate) workers: Box<[WorkerShared]>,
     pub(crate) injector: SegQueue<JobRef>,
     pub(crate) phase: PhaseWord,
-    live: AtomicUsize,
+    /// Tasks admitted and not yet done, on a line per worker (see `live.rs`).
+    live: LiveCount,
     idle: Idlers,
     /// Tasks cancelled (or failed unstarted, or abandoned) by the shutdown so far.
     pub(crate) cancelled: AtomicUsize,
@@ -425,7 +427,7 @@ impl Shared {
                 .collect(),
             injector: SegQueue::new(),
             phase: PhaseWord::new(),
-            live: AtomicUsize::new(0),
+            live: LiveCount::new(n),
             idle: Idlers::new(n),
             cancelled: AtomicUsize::new(0),
             continuations: AtomicUsize::new(0),
@@ -446,10 +448,11 @@ impl Shared {
     /// Counts a new task in, unless the scheduler refuses work. Fibers of this scheduler may
     /// still submit while it drains (they are finishing submitted work).
     pub(crate) fn admit(&self) -> bool {
-        self.live.fetch_add(1, Ordering::SeqCst);
+        let here = self.local_worker().map(|w| w.index);
+        self.live.admit(here);
         let phase = self.phase.get();
         let ok = phase < Phase::Stopping
-            || (phase == Phase::Stopping && fiber::in_fiber() && self.local_worker().is_some());
+            || (phase == Phase::Stopping && fiber::in_fiber() && here.is_some());
         if !ok {
             self.task_done();
         }
@@ -458,15 +461,19 @@ impl Shared {
 
     /// Counts a task out; the last one during shutdown lets everybody go.
     pub(crate) fn task_done(&self) {
-        if self.live.fetch_sub(1, Ordering::SeqCst) == 1 && self.phase.get() >= Phase::Stopping {
+        self.live.done(self.local_worker().map(|w| w.index));
+        // Tasks that end at once may each see zero here, and each wake everybody: harmless.
+        // The last of them sees every other's count-out (all are SeqCst), so one does.
+        if self.phase.get() >= Phase::Stopping && self.live() == 0 {
             self.wake_all();
             let _g = self.drained.0.lock();
             self.drained.1.notify_all();
         }
     }
 
+    /// Tasks admitted and not yet done (see `LiveCount::get`).
     pub(crate) fn live(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
+        self.live.get()
     }
 
     /// Waits until no task is alive, or until `deadline`. Returns whether drained.
