@@ -105,7 +105,7 @@ impl Continuation {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(run))).is_err() {
             eprintln!("fibra: dropping a cancelled readiness continuation panicked; ignored");
         }
-        shared.task_done();
+        shared.task_done(shared.local_worker().map(|w| w.index));
     }
 }
 

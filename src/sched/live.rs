@@ -13,8 +13,8 @@
 //! # Reading a sum of moving counters
 //! A task may be counted in on one line and out on another (a fiber spawns on worker 0 and
 //! its child, stolen, ends on worker 1), so one signed counter per line could add up to
-//! zero while a task lives: read line 1 before a spawn there, line 0 after the child ended
-//! there, and the parent's own count is missed. So each line keeps two counters that only
+//! zero while a task lives: read line 0 before the spawn there, line 1 after the child ended
+//! there, and the child's count-out cancels the parent's count-in. So each line keeps two counters that only
 //! grow, `admitted` and `done`, and a reader adds up every `done` *before* any `admitted`.
 //! A task's count-in happens before its count-out (the task is handed over through a queue
 //! in between), so every count-out the reader saw has its count-in visible to the later
@@ -27,14 +27,14 @@
 //! in the single order of SeqCst operations one of them sees the other. (loom does not model
 //! SeqCst loads and read-modify-writes that strongly, so that part is not in the model.)
 
+use super::worker::Padded;
 #[cfg(loom)]
 use loom::sync::atomic::AtomicUsize;
 #[cfg(not(loom))]
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 
-/// One line's two counters.
-#[repr(align(128))]
+/// One line's two counters (each line `Padded` to a cache line of its own).
 struct Line {
     admitted: AtomicUsize,
     done: AtomicUsize,
@@ -42,7 +42,7 @@ struct Line {
 
 /// Tasks admitted and not yet done, over one line per worker plus one for other threads.
 pub(crate) struct LiveCount {
-    lines: Box<[Line]>,
+    lines: Box<[Padded<Line>]>,
 }
 
 impl LiveCount {
@@ -50,9 +50,11 @@ impl LiveCount {
     pub(crate) fn new(workers: usize) -> LiveCount {
         LiveCount {
             lines: (0..=workers)
-                .map(|_| Line {
-                    admitted: AtomicUsize::new(0),
-                    done: AtomicUsize::new(0),
+                .map(|_| {
+                    Padded(Line {
+                        admitted: AtomicUsize::new(0),
+                        done: AtomicUsize::new(0),
+                    })
                 })
                 .collect(),
         }
@@ -62,7 +64,7 @@ impl LiveCount {
     /// index past the workers).
     fn line(&self, worker: Option<usize>) -> &Line {
         let last = self.lines.len() - 1;
-        &self.lines[worker.map_or(last, |w| w.min(last))]
+        &self.lines[worker.map_or(last, |w| w.min(last))].0
     }
 
     /// Counts a task in, on the line of `worker` (the calling thread's worker, if it is one).
@@ -82,12 +84,12 @@ impl LiveCount {
         let done: usize = self
             .lines
             .iter()
-            .map(|l| l.done.load(Ordering::SeqCst))
+            .map(|l| l.0.done.load(Ordering::SeqCst))
             .fold(0, usize::wrapping_add);
         let admitted: usize = self
             .lines
             .iter()
-            .map(|l| l.admitted.load(Ordering::SeqCst))
+            .map(|l| l.0.admitted.load(Ordering::SeqCst))
             .fold(0, usize::wrapping_add);
         // Wrapping: the counters only grow, and may wrap on a 32-bit target after 2^32
         // tasks; their difference is still exact.

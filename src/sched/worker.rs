@@ -454,14 +454,16 @@ impl Shared {
         let ok = phase < Phase::Stopping
             || (phase == Phase::Stopping && fiber::in_fiber() && here.is_some());
         if !ok {
-            self.task_done();
+            self.task_done(here);
         }
         ok
     }
 
-    /// Counts a task out; the last one during shutdown lets everybody go.
-    pub(crate) fn task_done(&self) {
-        self.live.done(self.local_worker().map(|w| w.index));
+    /// Counts a task out, on the line of `worker` (the calling thread's worker of this
+    /// scheduler, which its callers know; `None` elsewhere); the last one during shutdown
+    /// lets everybody go.
+    pub(crate) fn task_done(&self, worker: Option<usize>) {
+        self.live.done(worker);
         // Tasks that end at once may each see zero here, and each wake everybody: harmless.
         // The last of them sees every other's count-out (all are SeqCst), so one does.
         if self.phase.get() >= Phase::Stopping && self.live() == 0 {
@@ -1691,7 +1693,7 @@ impl Worker {
                 }
                 job.fail(err);
                 self.stats().finished.add(1);
-                self.shared.task_done();
+                self.shared.task_done(Some(self.index));
             }
         }
     }
@@ -1896,7 +1898,7 @@ impl Worker {
         if cancelled && self.phase.get() >= Phase::Discarding {
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
         }
-        self.shared.task_done();
+        self.shared.task_done(Some(self.index));
     }
 
     /// Pops every queued unstarted task this worker can reach: its own queues and the
@@ -1953,7 +1955,7 @@ impl Worker {
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
             job.fail(JoinError::cancelled());
             self.stats().finished.add(1);
-            self.shared.task_done();
+            self.shared.task_done(Some(self.index));
         }
         self.ready.borrow_mut().clear();
         let fibers = std::mem::take(&mut *self.registry.borrow_mut());
@@ -1984,7 +1986,7 @@ impl Worker {
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
             job.fail(JoinError::cancelled());
             self.stats().finished.add(1);
-            self.shared.task_done();
+            self.shared.task_done(Some(self.index));
         }
         self.publish_gauges();
     }
