@@ -174,3 +174,61 @@ fn a_result_whose_drop_panics_leaves_the_worker_alive() {
         sched.stop();
     });
 }
+
+/// A burst of live tasks big enough (45 MiB of cells of one size) that its later cells come
+/// from huge-page slabs rather than `malloc`: every task runs with its own captures intact,
+/// submitted from a plain thread and from fibers, woken from another thread, and all of it
+/// twice, so the second burst reuses the first one's slabs; captures are dropped once.
+#[test]
+fn a_burst_of_live_tasks_past_the_slab_threshold_keeps_every_cell_intact() {
+    with_deadline(|| {
+        let sched = Arc::new(started(2));
+        let drops = Arc::new(AtomicUsize::new(0));
+        // A 400-byte capture makes a cell of about 900 bytes (the cached sizes go up to
+        // 1 KiB), so 50 000 of them make about 45 MiB.
+        const TASKS: usize = 50_000;
+        for round in 0..2 {
+            let (release, released) = fibra::sync::mpmc::channel::<()>();
+            let spawn = |i: usize| {
+                let (released, tally) = (released.clone(), Counted(drops.clone()));
+                let payload = [(i % 251) as u8; 400];
+                move || {
+                    let _t = tally;
+                    released.recv().expect("released");
+                    assert!(payload.iter().all(|&b| b == (i % 251) as u8), "task {i}");
+                    i
+                }
+            };
+            // Half from this thread, half from a fiber.
+            let mut handles: Vec<_> = (0..TASKS / 2)
+                .map(|i| sched.submit(spawn(i), None).unwrap())
+                .collect();
+            let from_fiber: Vec<_> = (TASKS / 2..TASKS).map(spawn).collect();
+            let s = sched.clone();
+            let inner = sched
+                .submit(
+                    move || {
+                        from_fiber
+                            .into_iter()
+                            .map(|f| s.submit(f, None).unwrap())
+                            .collect::<Vec<_>>()
+                    },
+                    None,
+                )
+                .unwrap();
+            handles.extend(finish(inner));
+            drop(released);
+            let waker = std::thread::spawn(move || {
+                for _ in 0..TASKS {
+                    release.send(()).unwrap();
+                }
+            });
+            for (i, h) in handles.into_iter().enumerate() {
+                assert_eq!(finish(h), i, "round {round}");
+            }
+            waker.join().unwrap();
+            assert_eq!(drops.load(Ordering::SeqCst), (round + 1) * TASKS);
+        }
+        sched.stop();
+    });
+}

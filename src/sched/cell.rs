@@ -16,11 +16,12 @@
 //! magazines of `MAGAZINE` blocks to a global depot, and one that allocates more takes them
 //! from there — one lock per `MAGAZINE` blocks, so memory flows from the threads that end
 //! tasks back to the ones that spawn them without touching `malloc`. Blocks are only ever
-//! obtained from, and returned to, the global allocator with their class's layout, so any
-//! thread may free any block by either route. What the caches hold is bounded: `2 ×
-//! MAGAZINE` blocks per class per thread, and `DEPOT_BYTES` per class in the depot; beyond
-//! that blocks go back to the global allocator. A thread's blocks go to the depot when it
-//! exits.
+//! obtained from, and returned to, the slab layer ([`slabs`]) by class, so any thread may
+//! free any block by either route; that layer takes them from the global allocator, or, once
+//! a class has many out, from 2 MiB slabs backed by huge pages. What the caches hold is
+//! bounded: `2 × MAGAZINE` blocks per class per thread, and `DEPOT_BYTES` per class in the
+//! depot; beyond that blocks go back to where they came from. A thread's blocks go to the
+//! depot when it exits.
 
 use std::alloc::{dealloc, handle_alloc_error, Layout};
 use std::cell::RefCell;
@@ -201,6 +202,10 @@ unsafe fn release<U: ?Sized>(ptr: NonNull<Inner<U>>) {
     unsafe { std::ptr::drop_in_place(ptr.as_ptr()) };
 }
 
+mod slabs;
+
+pub(crate) use slabs::trim as trim_slabs;
+
 /// The per-thread block caches and the depot behind them.
 mod blocks {
     use super::*;
@@ -208,7 +213,7 @@ mod blocks {
     /// Size classes are multiples of `GRAIN` bytes up to `CLASSES × GRAIN`; larger cells, and
     /// cells aligned beyond `ALIGN`, go straight to the global allocator.
     const GRAIN: usize = 64;
-    const CLASSES: usize = 16;
+    pub(super) const CLASSES: usize = 16;
     const ALIGN: usize = 16;
     /// Blocks moved between a thread and the depot at a time.
     pub(super) const MAGAZINE: usize = 32;
@@ -216,7 +221,7 @@ mod blocks {
     pub(super) const DEPOT_BYTES: usize = 4 << 20;
 
     /// A free block of some class: memory with no value in it, owned by whoever holds this.
-    struct Block(NonNull<u8>);
+    pub(super) struct Block(pub(super) NonNull<u8>);
     // SAFETY: a free block is plain memory owned by its holder; moving it to another thread
     // moves that ownership.
     unsafe impl Send for Block {}
@@ -226,7 +231,7 @@ mod blocks {
             .then(|| layout.size().max(1).div_ceil(GRAIN) - 1)
     }
 
-    fn class_layout(class: usize) -> Layout {
+    pub(super) fn class_layout(class: usize) -> Layout {
         // Unwrap: (class + 1) × GRAIN ≤ 1 KiB with a power-of-two alignment is a valid layout.
         Layout::from_size_align((class + 1) * GRAIN, ALIGN).expect("a valid class layout")
     }
@@ -250,16 +255,15 @@ mod blocks {
     }
 
     impl Drop for Local {
-        /// The thread exits: its blocks go to the depot (or back to the global allocator).
+        /// The thread exits: its blocks go to the depot (or back to where they came from).
         fn drop(&mut self) {
             for (class, list) in self.free.iter_mut().enumerate() {
                 while !list.is_empty() {
                     let n = list.len().min(MAGAZINE);
                     let start = list.len() - n;
-                    let mut depot = DEPOT[class].lock();
-                    let mut mag = depot.empty.pop().unwrap_or_default();
+                    let mut mag = DEPOT[class].lock().empty.pop().unwrap_or_default();
                     mag.extend(list.drain(start..));
-                    stash(&mut depot, class, mag);
+                    stash(class, mag);
                 }
             }
         }
@@ -273,18 +277,19 @@ mod blocks {
         };
     }
 
-    /// Puts a full magazine in the depot, or frees its blocks if the depot holds enough.
-    fn stash(depot: &mut Depot, class: usize, mut mag: Vec<Block>) {
+    /// Puts a full magazine in the depot, or gives its blocks back to their slabs if the
+    /// depot holds enough (outside the depot's lock: the slabs take their own).
+    fn stash(class: usize, mut mag: Vec<Block>) {
         let limit = (DEPOT_BYTES / (MAGAZINE * (class + 1) * GRAIN)).max(2);
-        if depot.full.len() < limit {
-            depot.full.push(mag);
-            return;
+        {
+            let mut depot = DEPOT[class].lock();
+            if depot.full.len() < limit {
+                depot.full.push(mag);
+                return;
+            }
         }
-        for block in mag.drain(..) {
-            // SAFETY: every cached block was allocated with its class's layout.
-            unsafe { dealloc(block.0.as_ptr(), class_layout(class)) };
-        }
-        depot.empty.push(mag);
+        super::slabs::give(class, mag.drain(..));
+        DEPOT[class].lock().empty.push(mag);
     }
 
     /// A block for `layout`.
@@ -307,18 +312,32 @@ mod blocks {
             .flatten();
         match cached {
             Some(block) => block.0,
-            None => global(class_layout(class)),
+            None => uncached(class),
         }
     }
 
-    /// Takes a full magazine from the depot into `list` (empty), if there is one.
+    /// A block of `class` straight from the slab layer: this thread's cache is gone (it is
+    /// exiting) or in use further up the stack.
+    #[cold]
+    #[inline(never)]
+    fn uncached(class: usize) -> NonNull<u8> {
+        let mut one = Vec::with_capacity(1);
+        super::slabs::take(class, 1, &mut one);
+        one.pop().expect("`take` adds at least one block").0
+    }
+
+    /// Fills `list` (empty) with a full magazine from the depot, or with a magazine's worth
+    /// of blocks from the slabs.
     #[cold]
     fn refill(list: &mut Vec<Block>, class: usize) {
         let mut depot = DEPOT[class].lock();
         if let Some(mut mag) = depot.full.pop() {
             list.append(&mut mag);
             depot.empty.push(mag);
+            return;
         }
+        drop(depot);
+        super::slabs::take(class, MAGAZINE, list);
     }
 
     fn global(layout: Layout) -> NonNull<u8> {
@@ -349,18 +368,23 @@ mod blocks {
             })
             .unwrap_or(false);
         if !kept {
-            // SAFETY: blocks of a class are always allocated with its layout.
-            unsafe { dealloc(block.as_ptr(), class_layout(class)) };
+            give_uncached(class, block);
         }
+    }
+
+    /// Gives a block of `class` straight back to its slab (see `uncached`).
+    #[cold]
+    #[inline(never)]
+    fn give_uncached(class: usize, block: NonNull<u8>) {
+        super::slabs::give(class, [Block(block)]);
     }
 
     /// Moves a magazine's worth of `list`'s blocks to the depot.
     #[cold]
     fn spill(list: &mut Vec<Block>, class: usize) {
-        let mut depot = DEPOT[class].lock();
-        let mut mag = depot.empty.pop().unwrap_or_default();
+        let mut mag = DEPOT[class].lock().empty.pop().unwrap_or_default();
         mag.extend(list.drain(list.len() - MAGAZINE..));
-        stash(&mut depot, class, mag);
+        stash(class, mag);
     }
 
     /// Blocks of `class` this thread holds, and full magazines in the depot.
@@ -382,6 +406,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
+    use std::time::Duration;
 
     struct Counted(Arc<AtomicUsize>, [u8; 100]);
     impl Drop for Counted {
@@ -453,6 +478,138 @@ mod tests {
 
     /// One thread allocates, another frees: the blocks come back to the allocating thread
     /// through the depot, a magazine at a time, and what the caches keep stays bounded.
+    #[test]
+    fn a_burst_maps_slabs_and_gives_them_back() {
+        // A size no other test in this process uses (class 14: 897..=960 bytes).
+        type Payload = [u8; 900];
+        let layout = Layout::new::<Inner<Payload>>();
+        let class = blocks::class_of_for_test(layout).expect("a cached size");
+        slabs::PRIVATE.fetch_or(1 << class, Ordering::SeqCst);
+        // The first `BULK_BYTES` come from the global allocator, the rest from slabs.
+        let n = slabs::BULK_BYTES / 960 + 10 * (slabs::SLAB / 960);
+        for round in 0..4 {
+            let cells: Vec<_> = (0..n).map(|i| TaskArc::new([i as u8; 900])).collect();
+            // Every cell is its own memory: no block was handed out twice.
+            let addrs: std::collections::HashSet<usize> =
+                cells.iter().map(|c| TaskArc::as_ptr(c) as usize).collect();
+            assert_eq!(addrs.len(), n, "round {round}");
+            for (i, c) in cells.iter().enumerate() {
+                assert!(c.iter().all(|&b| b == i as u8), "round {round}: cell {i}");
+            }
+            // Ten slabs' worth of blocks; later rounds reuse the slabs kept.
+            let mapped = slabs::count(class);
+            assert!(mapped >= 10, "round {round}: {mapped} slabs");
+            assert!(
+                mapped <= 12,
+                "round {round}: {mapped} slabs for 10 slabs' worth"
+            );
+            drop(cells);
+        }
+        // Idle: the empty slabs go. The blocks the depot keeps (at most 4 MiB, two slabs'
+        // worth, but after four rounds spread over about eight) and this thread's cache (at
+        // most 64) keep theirs.
+        let before = slabs::count(class);
+        slabs::trim_class(class, usize::MAX, Duration::ZERO);
+        let left = slabs::count(class);
+        assert!(left < before, "{left} of {before} slabs left");
+        assert!(left >= 1, "a class keeps its last slab");
+    }
+
+    #[test]
+    fn empty_slabs_are_kept_for_a_while_then_unmapped() {
+        // A class no other test in this process uses (15: 961..=1024 bytes), straight at
+        // the slab layer, below the caches.
+        let class = blocks::class_of_for_test(Layout::from_size_align(1000, 8).unwrap())
+            .expect("a cached size");
+        slabs::PRIVATE.fetch_or(1 << class, Ordering::SeqCst);
+        let per_slab = slabs::SLAB / 1024;
+        // The first `BULK_BYTES` come from the global allocator.
+        let mut small = Vec::new();
+        slabs::take(class, slabs::BULK_BYTES / 1024, &mut small);
+        assert_eq!(slabs::count(class), 0);
+        let mut taken = Vec::new();
+        slabs::take(class, 20 * per_slab, &mut taken);
+        assert_eq!(taken.len(), 20 * per_slab);
+        assert_eq!(slabs::count(class), 20);
+        assert!(small
+            .iter()
+            .all(|b| (b.0.as_ptr() as usize).is_multiple_of(16)));
+        slabs::give(class, small);
+        // No block handed out twice: each holds its own number until it goes back.
+        for (i, b) in taken.iter().enumerate() {
+            // SAFETY: each block is 1 024 bytes of memory owned by this test.
+            unsafe { std::ptr::write_bytes(b.0.as_ptr(), (i % 251) as u8, 1024) };
+        }
+        for (i, b) in taken.iter().enumerate() {
+            // SAFETY: as above.
+            let bytes = unsafe { std::slice::from_raw_parts(b.0.as_ptr(), 1024) };
+            assert!(bytes.iter().all(|&x| x == (i % 251) as u8), "block {i}");
+        }
+        // Back in a scattered order, half of them from another thread.
+        let (evens, odds): (Vec<_>, Vec<_>) =
+            taken.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+        let odds: Vec<_> = odds.into_iter().rev().map(|(_, b)| b).collect();
+        std::thread::spawn(move || slabs::give(class, odds))
+            .join()
+            .unwrap();
+        assert_eq!(slabs::count(class), 20, "no slab is empty yet");
+        slabs::give(class, evens.into_iter().map(|(_, b)| b));
+        // Empty slabs are kept for the next burst.
+        assert_eq!(slabs::count(class), 20);
+        // Not idle for long enough: nothing goes, and the trimmer is told when to return.
+        let hour = Duration::from_secs(3600);
+        let trim = |max, quiet| slabs::trim_class(class, max, quiet);
+        assert!(trim(usize::MAX, hour).is_some_and(|w| w > hour / 2));
+        assert_eq!(slabs::count(class), 20);
+        // A few at a time, then the rest; the class keeps its last slab.
+        assert_eq!(trim(3, Duration::ZERO), Some(Duration::ZERO));
+        assert_eq!(slabs::count(class), 17);
+        assert_eq!(trim(usize::MAX, Duration::ZERO), None);
+        assert_eq!(slabs::count(class), 1, "every empty slab but the last went");
+        // The one kept is used again, carved afresh or from its free list.
+        let mut again = Vec::new();
+        slabs::take(class, per_slab, &mut again);
+        assert_eq!(slabs::count(class), 1);
+        slabs::give(class, again);
+    }
+
+    #[test]
+    fn blocks_come_from_the_global_allocator_when_no_slab_can_be_mapped() {
+        // A size no other test in this process uses (class 13: 833..=896 bytes).
+        type Payload = [u8; 850];
+        let layout = Layout::new::<Inner<Payload>>();
+        let class = blocks::class_of_for_test(layout).expect("a cached size");
+        slabs::PRIVATE.fetch_or(1 << class, Ordering::SeqCst);
+        let n = slabs::BULK_BYTES / 896 + 300;
+        slabs::FAIL_MAP.store(class + 1, Ordering::SeqCst);
+        let from_malloc: Vec<_> = (0..n).map(|i| TaskArc::new([i as u8; 850])).collect();
+        assert_eq!(slabs::count(class), 0, "no slab could be mapped");
+        slabs::FAIL_MAP.store(0, Ordering::SeqCst);
+        let from_slabs: Vec<_> = (0..300).map(|i| TaskArc::new([!(i as u8); 850])).collect();
+        assert_eq!(slabs::count(class), 1);
+        for (i, a) in from_malloc.iter().enumerate() {
+            assert!(a.iter().all(|&x| x == i as u8));
+        }
+        for (i, b) in from_slabs.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == !(i as u8)));
+        }
+        // Freed from another thread, mixed: each block goes back where it came from (a
+        // block of the global allocator handed to a slab would corrupt it, and a slab block
+        // handed to `free` would make glibc abort).
+        std::thread::spawn(move || {
+            let mut slabs = from_slabs.into_iter();
+            let mut all: Vec<_> = from_malloc.into_iter().map(|a| (a, slabs.next())).collect();
+            all.reverse();
+            drop(all);
+        })
+        .join()
+        .unwrap();
+        let again: Vec<_> = (0..n).map(|i| TaskArc::new([i as u8; 850])).collect();
+        assert!(again.iter().enumerate().all(|(i, c)| c[849] == i as u8));
+        drop(again);
+        assert_eq!(slabs::count(class), 1);
+    }
+
     #[test]
     fn blocks_flow_back_from_the_freeing_thread() {
         // A size no other test in this process uses (class 12: 769..=832 bytes).

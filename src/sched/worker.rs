@@ -186,6 +186,8 @@ const TRIM_QUIET: Duration = Duration::from_millis(50);
 /// How many idle stacks a worker releases per sleep, and how long it sleeps between batches.
 const TRIM_BATCH: usize = 64;
 const TRIM_PAUSE: Duration = Duration::from_millis(5);
+/// Empty slabs of task cells (2 MiB each) an idle worker unmaps at a time.
+const TRIM_SLABS: usize = 8;
 /// How long an idle worker looks for work before it sleeps: the first half with a short
 /// pause between looks, so work a busy peer queues is taken within a microsecond or two
 /// (before the peer gets to it itself), the second half yielding the thread between looks.
@@ -826,6 +828,14 @@ impl Drop for ExitWorker<'_> {
         let since = st.run_since.get();
         st.run_ns.add(crate::sys::mono_ns().saturating_sub(since));
         st.run_since.set_seqcst(0);
+    }
+}
+
+impl Drop for Worker {
+    /// Unmaps the empty slabs of task cells: this worker may have been the last that would
+    /// have trimmed them while idle (its stack pool's drop does the same for spare stacks).
+    fn drop(&mut self) {
+        crate::sched::cell::trim_slabs(usize::MAX, Duration::ZERO);
     }
 }
 
@@ -1511,12 +1521,19 @@ impl Worker {
         // Give burst memory back only when truly idle (no timer due soon), a batch at a time,
         // coming back for the next batch after a pause: trimming never delays due work. This
         // worker's own excess first, then spare stacks (any worker's) once none has gone in
-        // or out of the spare list for as long: a peer may be in the middle of a burst.
+        // or out of the spare list for as long: a peer may be in the middle of a burst. The
+        // empty slabs of task cells likewise.
         if deadline.is_none_or(|d| d > now + TRIM_QUIET) {
-            let again = if self.stacks.borrow_mut().trim(TRIM_BATCH) {
+            let stacks = if self.stacks.borrow_mut().trim(TRIM_BATCH) {
                 Some(TRIM_PAUSE)
             } else {
                 crate::stack::trim_spare(TRIM_BATCH, TRIM_QUIET).map(|w| w.max(TRIM_PAUSE))
+            };
+            let cells =
+                crate::sched::cell::trim_slabs(TRIM_SLABS, TRIM_QUIET).map(|w| w.max(TRIM_PAUSE));
+            let again = match (stacks, cells) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
             };
             if let Some(wait) = again {
                 let again = now + wait;
