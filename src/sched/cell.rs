@@ -476,15 +476,20 @@ mod tests {
         assert_eq!(big[4095], 5);
     }
 
-    /// One thread allocates, another frees: the blocks come back to the allocating thread
-    /// through the depot, a magazine at a time, and what the caches keep stays bounded.
+    /// The class of `layout`'s blocks, which the calling test alone trims (see
+    /// `slabs::PRIVATE`): no other test in this process may use it.
+    fn private_class(layout: Layout) -> usize {
+        let class = blocks::class_of_for_test(layout).expect("a cached size");
+        slabs::PRIVATE.fetch_or(1 << class, Ordering::SeqCst);
+        class
+    }
+
     #[test]
     fn a_burst_maps_slabs_and_gives_them_back() {
         // A size no other test in this process uses (class 14: 897..=960 bytes).
         type Payload = [u8; 900];
         let layout = Layout::new::<Inner<Payload>>();
-        let class = blocks::class_of_for_test(layout).expect("a cached size");
-        slabs::PRIVATE.fetch_or(1 << class, Ordering::SeqCst);
+        let class = private_class(layout);
         // The first `BULK_BYTES` come from the global allocator, the rest from slabs.
         let n = slabs::BULK_BYTES / 960 + 10 * (slabs::SLAB / 960);
         for round in 0..4 {
@@ -519,9 +524,7 @@ mod tests {
     fn empty_slabs_are_kept_for_a_while_then_unmapped() {
         // A class no other test in this process uses (15: 961..=1024 bytes), straight at
         // the slab layer, below the caches.
-        let class = blocks::class_of_for_test(Layout::from_size_align(1000, 8).unwrap())
-            .expect("a cached size");
-        slabs::PRIVATE.fetch_or(1 << class, Ordering::SeqCst);
+        let class = private_class(Layout::from_size_align(1000, 8).unwrap());
         let per_slab = slabs::SLAB / 1024;
         // The first `BULK_BYTES` come from the global allocator.
         let mut small = Vec::new();
@@ -578,8 +581,7 @@ mod tests {
         // A size no other test in this process uses (class 13: 833..=896 bytes).
         type Payload = [u8; 850];
         let layout = Layout::new::<Inner<Payload>>();
-        let class = blocks::class_of_for_test(layout).expect("a cached size");
-        slabs::PRIVATE.fetch_or(1 << class, Ordering::SeqCst);
+        let class = private_class(layout);
         let n = slabs::BULK_BYTES / 896 + 300;
         slabs::FAIL_MAP.store(class + 1, Ordering::SeqCst);
         let from_malloc: Vec<_> = (0..n).map(|i| TaskArc::new([i as u8; 850])).collect();
@@ -610,6 +612,8 @@ mod tests {
         assert_eq!(slabs::count(class), 1);
     }
 
+    /// One thread allocates, another frees: the blocks come back to the allocating thread
+    /// through the depot, a magazine at a time, and what the caches keep stays bounded.
     #[test]
     fn blocks_flow_back_from_the_freeing_thread() {
         // A size no other test in this process uses (class 12: 769..=832 bytes).

@@ -190,23 +190,10 @@ fn new_slab(class: &mut Class) -> io::Result<()> {
     let bytes = count
         .checked_mul(class.stride)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
-    // existing memory. MAP_NORESERVE: pages are committed only when a fiber touches them.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    class.next = ptr as usize;
-    class.end = ptr as usize + bytes;
+    // Pages are committed only when a fiber touches them.
+    let ptr = crate::sys::map_lazy(bytes)?;
+    class.next = ptr;
+    class.end = ptr + bytes;
     SLABS.fetch_add(1, Ordering::Relaxed);
     RESERVED.fetch_add(bytes, Ordering::Relaxed);
     Ok(())

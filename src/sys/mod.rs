@@ -18,6 +18,28 @@ pub(crate) fn page_size() -> usize {
     })
 }
 
+/// Maps `len` bytes of fresh anonymous read-write memory where the kernel chooses, committed
+/// only as pages are touched (`MAP_NORESERVE`): the address, or the `mmap` error.
+pub(crate) fn map_lazy(len: usize) -> std::io::Result<usize> {
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
+    // existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(p as usize)
+    }
+}
+
 /// `d` as a `timespec` for a system call's timeout (seconds capped far beyond any real wait).
 pub(crate) fn timespec(d: std::time::Duration) -> libc::timespec {
     libc::timespec {

@@ -132,30 +132,17 @@ fn map_slab(class: usize) -> Option<usize> {
     }
     #[cfg(not(all(test, not(loom))))]
     let _ = class;
+    // Twice the size, to cut an aligned slab out of it; pages are committed only when a
+    // block is touched.
     let len = 2 * SLAB;
-    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
-    // existing memory. MAP_NORESERVE: pages are committed only when a block is touched.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    let start = p as usize;
+    let start = crate::sys::map_lazy(len).ok()?;
     let base = start.next_multiple_of(SLAB);
     let (head, tail) = (base - start, start + len - (base + SLAB));
     // SAFETY: both ranges lie in the mapping just made, outside `[base, base + SLAB)`, and
     // nobody else knows of them.
     unsafe {
         if head > 0 {
-            libc::munmap(p, head);
+            libc::munmap(start as *mut libc::c_void, head);
         }
         if tail > 0 {
             libc::munmap((base + SLAB) as *mut libc::c_void, tail);
