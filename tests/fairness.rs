@@ -413,25 +413,12 @@ fn outside_bursts_spread_evenly_over_the_workers() {
             // Both workers asleep when the burst begins: the first one woken gets a head
             // start of a whole futex wake on the other.
             std::thread::sleep(Duration::from_millis(20));
-            let handles: Vec<_> = (0..FIBERS)
-                .map(|_| {
-                    sched
-                        .submit(
-                            || {
-                                for _ in 0..1000 {
-                                    Fiber::yield_now();
-                                }
-                                fibra::current_worker().unwrap()
-                            },
-                            None,
-                        )
-                        .unwrap()
-                })
-                .collect();
-            let mut on = [0usize; 2];
-            for h in handles {
-                on[finish(h)] += 1;
-            }
+            let on = burst_from_outside(&sched, FIBERS, || {
+                for _ in 0..1000 {
+                    Fiber::yield_now();
+                }
+                fibra::current_worker().unwrap()
+            });
             runs.push(on);
             if on.iter().all(|&n| (85..=115).contains(&n)) {
                 sched.stop();
@@ -549,6 +536,93 @@ fn a_worker_never_cedes_to_a_peer_waiting_on_another_cpu() {
         );
         sched.stop();
     });
+}
+
+/// A worker woken for a burst of outside submissions may be queued by the kernel behind its
+/// busy peer on one CPU (here both are pinned there; a VM's kernel that packs wake-ups onto a
+/// busy CPU does it unasked). It has not run, so it has not published its CPU, and what it
+/// was woken for waits in the injector, not in its own queues: unless the busy peer cedes
+/// the CPU, that peer starts the whole burst at its yields, and the burst's fibers, which
+/// never move, stay there. Each run must start a fair share of the burst on the woken worker.
+#[test]
+fn a_worker_woken_behind_its_busy_peer_gets_a_share_of_an_outside_burst() {
+    let _serial = serial();
+    const FIBERS: usize = 100;
+    with_deadline(|| {
+        let sched = started(2);
+        let cpu = allowed_cpus()[0];
+        pin_workers(&sched, [cpu, cpu]);
+        // Under SCHED_BATCH, worker 0's wake-up never preempts worker 1: it waits for the
+        // CPU, as it would behind a peer that has just begun its slice. (Its weight stays
+        // that of nice 0, so a `sched_yield` of worker 1 lets it run.)
+        let batch = || {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `param` lives across the call, which only reads it; pid 0 is this
+            // thread.
+            let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+            assert_eq!(
+                rc,
+                0,
+                "sched_setscheduler: {}",
+                std::io::Error::last_os_error()
+            );
+        };
+        finish(sched.submit(batch, Some(0)).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_busy = stop.clone();
+        let busy = sched
+            .submit(
+                move || {
+                    while !stop_busy.load(Ordering::Relaxed) {
+                        Fiber::yield_now();
+                    }
+                },
+                Some(1),
+            )
+            .unwrap();
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            // Worker 0, with nothing to do, sleeps when the burst begins.
+            std::thread::sleep(Duration::from_millis(20));
+            let stop = stop.clone();
+            runs.push(burst_from_outside(&sched, FIBERS, move || {
+                let on = fibra::current_worker().unwrap();
+                let end = Instant::now() + Duration::from_millis(30);
+                while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+                    Fiber::yield_now();
+                }
+                on
+            }));
+        }
+        stop.store(true, Ordering::Relaxed);
+        finish(busy);
+        eprintln!(
+            "fibers started per worker: {runs:?}; cedes {:?}",
+            cedes(&sched)
+        );
+        assert!(
+            runs.iter().all(|on| on[0] >= FIBERS / 5),
+            "the woken worker started too few of a burst (fibers per worker): {runs:?}"
+        );
+        sched.stop();
+    });
+}
+
+/// Submits `fibers` tasks running `body` from this plain thread, all before the first join,
+/// and counts them by the worker `body` returns (the one it started on).
+fn burst_from_outside(
+    sched: &fibra::Scheduler,
+    fibers: usize,
+    body: impl Fn() -> usize + Clone + Send + 'static,
+) -> [usize; 2] {
+    let handles: Vec<_> = (0..fibers)
+        .map(|_| sched.submit(body.clone(), None).unwrap())
+        .collect();
+    let mut on = [0usize; 2];
+    for h in handles {
+        on[finish(h)] += 1;
+    }
+    on
 }
 
 /// Each worker's `WorkerMetrics::cedes`.

@@ -106,8 +106,15 @@ const POLLING: u32 = 3;
 /// A worker's sleep: a token like `std::thread::park`'s. `wake` before `sleep` makes the
 /// next `sleep` return at once, so a wake is never lost. (Not to be confused with a fiber's
 /// park: this puts the worker *thread* to sleep.)
+///
+/// On a cache line of its own: peers read `state` and `waiting` every few passes (see
+/// [`is_roused`](WorkerSleep::is_roused)), and only sleeps and wakes write them.
+#[repr(align(128))]
 pub(crate) struct WorkerSleep {
     state: AtomicU32,
+    /// The worker's thread is between going to sleep and coming back (a hint for peers,
+    /// never part of the token protocol).
+    waiting: std::sync::atomic::AtomicBool,
     /// Diagnostics: how many times this worker went to sleep.
     pub(crate) sleeps: AtomicI32,
     #[cfg(loom)]
@@ -145,6 +152,7 @@ impl WorkerSleep {
     pub(crate) fn new() -> Self {
         WorkerSleep {
             state: AtomicU32::new(EMPTY),
+            waiting: std::sync::atomic::AtomicBool::new(false),
             sleeps: AtomicI32::new(0),
             #[cfg(loom)]
             futex_model: (loom::sync::Mutex::new(()), loom::sync::Condvar::new()),
@@ -189,11 +197,19 @@ impl WorkerSleep {
             return;
         }
         self.sleeps.fetch_add(1, Ordering::Relaxed);
+        self.waiting.store(true, Ordering::Relaxed);
         wait();
+        self.waiting.store(false, Ordering::Relaxed);
         // Whether woken, timed out or interrupted, leave EMPTY; Acquire makes the waker's
         // pushes visible if it was a wake. SeqCst for the watchdog's monitor, which parks
         // only while it sees every worker asleep (see `MonitorCtl::nudge`).
         self.state.swap(EMPTY, Ordering::SeqCst);
+    }
+
+    /// Whether the worker was woken while it slept and its thread has not run since: it
+    /// waits for a CPU. A hint: it may have returned a moment ago.
+    pub(crate) fn is_roused(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == WOKEN && self.waiting.load(Ordering::Relaxed)
     }
 
     /// Whether the worker is asleep (on its futex or in `epoll_wait`).

@@ -1114,16 +1114,23 @@ impl Worker {
     /// waiting one's fibers see that as latency. So a worker that finds a peer on its own
     /// CPU, awake, with tasks waiting and no progress for `CEDE_AFTER_NS`, calls
     /// `sched_yield` until the peer runs (`cede_to`), once per wait; that peer does the same
-    /// in turn. Workers on separate CPUs never cede, and pay a `sched_getcpu` (a few ns
-    /// through rseq) and a cached load per peer: a peer's CPU is in a line it rewrites only
-    /// when it moves. See docs/design.md, "Sharing a CPU".
+    /// in turn. So it does, while outside submissions wait in the injector, for a peer
+    /// woken from its sleep whose thread has not run for as long, wherever it last ran: the
+    /// kernel may have queued it on this CPU, and it can publish neither that nor the work
+    /// it was woken for (the injector's, not in its queues); left waiting, it would see this
+    /// worker start every submission, and started fibers never move. (Not otherwise: a
+    /// peer woken elsewhere, behind some other thread, gains nothing from this worker's
+    /// yield, which may hand this CPU to that other thread.) Workers busy on separate CPUs
+    /// never cede, and pay a `sched_getcpu` (a few ns through rseq) and two cached loads
+    /// per peer: a peer's CPU is in a line it rewrites only when it moves, its sleep state
+    /// in one written only by sleeps and wakes. See docs/design.md, "Sharing a CPU".
     fn cede_cpu(&self) {
         let Some(cpu) = self.publish_cpu() else {
             return;
         };
         for (j, peer) in self.shared.workers.iter().enumerate() {
             if j != self.index
-                && peer.cpu.0.load(Ordering::Relaxed) == cpu
+                && (peer.cpu.0.load(Ordering::Relaxed) == cpu || self.roused_for_outside(peer))
                 && self.cede_if_waiting(j, peer)
             {
                 return;
@@ -1131,15 +1138,20 @@ impl Worker {
         }
     }
 
-    /// `cede_cpu` for peer `j`, which shares this worker's CPU: cedes it if the peer waits
-    /// for it (see there); whether it did.
+    /// `cede_cpu` for peer `j`, which shares this worker's CPU or was woken and has not run
+    /// yet: cedes it if the peer waits for it (see there); whether it did. A peer's wait
+    /// starts when this worker first sees it with no new progress: every pass of a worker's
+    /// loop, the one after a wake-up included, moves its progress on.
     #[cold]
     #[inline(never)]
     fn cede_if_waiting(&self, j: usize, peer: &WorkerShared) -> bool {
         let now = crate::sys::mono_ns();
         let progress = peer.progress();
         let s = &mut self.peers_seen.borrow_mut()[j];
-        if s.progress != progress || peer.is_quiet() || peer.waiting() == 0 {
+        if s.progress != progress
+            || peer.is_quiet()
+            || (peer.waiting() == 0 && !self.roused_for_outside(peer))
+        {
             *s = PeerSeen {
                 progress,
                 since: now,
@@ -1155,6 +1167,12 @@ impl Worker {
         self.stats().cedes.add(1);
         cede_to(peer, progress);
         true
+    }
+
+    /// Whether `peer` was woken from its sleep and has not run since, while outside
+    /// submissions wait: it may be queued on this CPU (see `cede_cpu`).
+    fn roused_for_outside(&self, peer: &WorkerShared) -> bool {
+        peer.sleep.is_roused() && !self.shared.injector.is_empty()
     }
 
     /// Publishes the CPU this thread runs on, if it changed, and returns it (`None` if the
