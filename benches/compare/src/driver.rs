@@ -307,13 +307,22 @@ const TIMED_ROUNDS: usize = 3;
 /// runs one repetition per round, without warm-up. The order of the peers turns by one each
 /// round, so that no peer always runs first: the first million_park child after a pause took
 /// 1.3–3× as long as the next ones, whichever peer it was (most likely the kernel finding the
-/// gigabytes of pages a million parked tasks touch). A
+/// gigabytes of pages a million parked tasks touch). Turning alone left that child in the
+/// first peer's figures at every run (fibra's first million_park sample read 6.0–6.2 µs
+/// per fiber in three full runs, its others 1.9–3.6), so a fresh-per-repetition workload
+/// first runs one child whose figures nobody keeps. A
 /// peer's first failure ends its cell (with the figures it had), as it would run back to back.
 fn child_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     let (rounds, warmup) = match w.mode {
         Mode::FreshPerRep => (env.reps, false),
         _ => (env.reps.min(TIMED_ROUNDS), true),
     };
+    if w.mode == Mode::FreshPerRep {
+        if let Some(run) = runs.iter().find(|r| r.is_ok()) {
+            // Settling only: a failure here shows again, and counts, in the rounds below.
+            let _ = child_run(env, w, run.peer, 1, false, None);
+        }
+    }
     for round in 0..rounds {
         let reps = match w.mode {
             Mode::FreshPerRep => 1,
