@@ -11,12 +11,26 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 )
+
+// warmUpFor is how long a child warms up, as the Rust children's WARM_UP_FOR (measure.rs):
+// the kernel places a fresh process's busy threads for its first tens of milliseconds.
+const warmUpFor = 200 * time.Millisecond
+
+// warmUp runs rep untimed once, then again until warmUpFor has passed.
+func warmUp(rep func()) {
+	start := time.Now()
+	rep()
+	for time.Since(start) < warmUpFor {
+		rep()
+	}
+}
 
 func main() {
 	workload := flag.String("w", "", "workload name")
 	reps := flag.Int("reps", 5, "repetitions")
-	warmup := flag.Bool("warmup", true, "run once untimed first")
+	warmup := flag.Bool("warmup", true, "run untimed first, once and until warmUpFor has passed")
 	port := flag.Int("port", 0, "http: port on 127.0.0.1")
 	flag.Parse()
 
@@ -29,7 +43,7 @@ func main() {
 	}
 	if run, ok := workloads[*workload]; ok {
 		if *warmup {
-			run()
+			warmUp(func() { run() })
 		}
 		for i := 0; i < *reps; i++ {
 			fmt.Printf("value %g\n", run())
@@ -38,7 +52,7 @@ func main() {
 	}
 	if run, ok := multiWorkloads[*workload]; ok {
 		if *warmup {
-			run()
+			warmUp(func() { run() })
 		}
 		for i := 0; i < *reps; i++ {
 			value, also := run()
