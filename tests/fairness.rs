@@ -626,6 +626,92 @@ fn burst_from_outside(
 }
 
 /// Each worker's `WorkerMetrics::cedes`.
+/// A worker that naps to watch its busy peer's `next` slot (the peer runs a chain of spawns
+/// and joins, so it keeps moving on and the request stays open) holds itself on its own CPU
+/// while it naps, and gives its thread the CPU set it had back after: a kernel that packs
+/// threads onto few CPUs would otherwise wake it on the busy peer's CPU at every nap's end.
+/// Worker 0 is pinned to one CPU, worker 1 is moved to another and then allowed every CPU.
+#[test]
+fn a_watcher_naps_on_its_own_cpu_and_gets_its_cpu_set_back() {
+    let _serial = serial();
+    with_deadline(|| {
+        let all = allowed_cpus();
+        let sched = started(2);
+        let (a, b) = match all[..] {
+            [a, b, ..] => (a, b),
+            _ => (all[0], all[0]),
+        };
+        pin_workers(&sched, [a, b]);
+        // Worker 1 stays on `b` for now, but may run anywhere again.
+        let every = all.clone();
+        let tid = finish(
+            sched
+                .submit(
+                    move || {
+                        set_thread_cpus(&every);
+                        // SAFETY: gettid has no preconditions.
+                        unsafe { libc::gettid() }
+                    },
+                    Some(1),
+                )
+                .unwrap(),
+        );
+        let status = format!("/proc/self/task/{tid}/status");
+        let chains_done = Arc::new(AtomicBool::new(false));
+        let chains = {
+            let done = chains_done.clone();
+            sched
+                .submit(
+                    move || {
+                        let until = Instant::now() + Duration::from_millis(300);
+                        while Instant::now() < until {
+                            assert_eq!(chain(200), 200);
+                        }
+                        done.store(true, Ordering::SeqCst);
+                    },
+                    Some(0),
+                )
+                .unwrap()
+        };
+        // Watch worker 1's CPU set from outside while the chains run.
+        let (mut held, mut samples) = (0, 0);
+        while !chains_done.load(Ordering::SeqCst) {
+            let text = std::fs::read_to_string(&status).expect("worker 1's status");
+            let list = text
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .expect("Cpus_allowed_list")
+                .trim()
+                .to_string();
+            samples += 1;
+            if list == b.to_string() {
+                held += 1;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        finish(chains);
+        // Read by fibers on each worker: a worker runs fibers only between naps.
+        let cpus_of = |w| finish(sched.submit(allowed_cpus, Some(w)).unwrap());
+        assert_eq!(cpus_of(0), vec![a], "worker 0 keeps its pin");
+        assert_eq!(cpus_of(1), all, "worker 1 has every CPU back");
+        if a != b {
+            assert!(
+                held > 0,
+                "worker 1 was never seen held on CPU {b} in {samples} samples"
+            );
+        }
+        sched.stop();
+    });
+}
+
+/// A chain of `depth` tasks, each spawning the next and joining it; returns `depth`.
+fn chain(depth: u32) -> u32 {
+    if depth == 0 {
+        return 0;
+    }
+    fibra::spawn(move || chain(depth - 1)).join().unwrap() + 1
+}
+
 fn cedes(sched: &fibra::Scheduler) -> Vec<u64> {
     sched
         .metrics()
@@ -686,10 +772,18 @@ fn keep_workers_ready(
 
 /// Restricts the calling thread to `cpu`.
 fn pin_thread_to(cpu: usize) {
-    // SAFETY: as above; the set lives across the call, which only reads it.
+    set_thread_cpus(&[cpu]);
+}
+
+/// Restricts the calling thread to `cpus`.
+fn set_thread_cpus(cpus: &[usize]) {
+    // SAFETY: as above; the set lives across the call, which only reads it, and every CPU
+    // the kernel listed is below CPU_SETSIZE.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
         assert_eq!(
             libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
             0,

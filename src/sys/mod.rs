@@ -1,4 +1,5 @@
-//! Thin wrappers over the Linux system calls fibra needs (futex, page size).
+//! Thin wrappers over the Linux system calls fibra needs (futex, page size, clocks, CPU
+//! affinity).
 //! Everything here is safe to call; the `unsafe` stays inside.
 
 pub(crate) mod futex;
@@ -103,4 +104,160 @@ pub(crate) fn membarrier() -> bool {
     // SAFETY: the command only issues barriers on this process's CPUs; the registration it
     // needs was made (see `membarrier_ready`).
     unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}
+
+/// Keeps the calling thread on one CPU until dropped: made by [`CpuHold::on`], it then
+/// gives the thread back the CPUs it was allowed before.
+///
+/// For a worker's short naps only (see docs/design.md, "Sharing a CPU"). If the thread's
+/// affinity was changed while held (by the program, or by a cpuset update), the change is
+/// kept and the old set is not restored. A thread spawned from a held one would inherit the
+/// single CPU, so nothing may spawn threads while one is held: a napping worker runs none of
+/// its fibers.
+pub(crate) struct CpuHold {
+    before: libc::cpu_set_t,
+    held: libc::cpu_set_t,
+}
+
+impl CpuHold {
+    /// Holds the calling thread on `cpu`, or `None` where that cannot be done: the kernel
+    /// refuses (a seccomp filter, a cpuset without `cpu`), the thread may not run on `cpu`
+    /// anyway, or the machine has more CPUs than a `cpu_set_t` holds. A refusal other than
+    /// for `cpu` itself turns the holds off for good.
+    pub(crate) fn on(cpu: u32) -> Option<CpuHold> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static REFUSED: AtomicBool = AtomicBool::new(false);
+        let cpu = usize::try_from(cpu).ok()?;
+        if REFUSED.load(Ordering::Relaxed) || cpu >= libc::CPU_SETSIZE as usize {
+            return None;
+        }
+        let before = current_affinity()?;
+        // SAFETY: `cpu` is below CPU_SETSIZE (checked), so the bit is within the set.
+        if !unsafe { libc::CPU_ISSET(cpu, &before) } {
+            return None;
+        }
+        // SAFETY: an all-zero `cpu_set_t` is the empty set, a valid value.
+        let mut held: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above, the bit is within the set.
+        unsafe { libc::CPU_SET(cpu, &mut held) };
+        if !set_affinity(&held) {
+            let e = std::io::Error::last_os_error().raw_os_error();
+            if e != Some(libc::EINVAL) {
+                REFUSED.store(true, Ordering::Relaxed);
+            }
+            return None;
+        }
+        Some(CpuHold { before, held })
+    }
+}
+
+impl Drop for CpuHold {
+    fn drop(&mut self) {
+        // Changed while held: keep what the program (or a cpuset) asked for.
+        // SAFETY: `CPU_EQUAL` compares two valid sets.
+        if current_affinity().is_some_and(|now| unsafe { libc::CPU_EQUAL(&now, &self.held) }) {
+            // A refusal leaves the thread on one CPU, which is still correct, only less free.
+            set_affinity(&self.before);
+        }
+    }
+}
+
+/// The calling thread's CPU set, or `None` if the kernel does not tell.
+fn current_affinity() -> Option<libc::cpu_set_t> {
+    // SAFETY: an all-zero `cpu_set_t` is the empty set, a valid value.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; the kernel writes at most `size_of` bytes into
+    // `set`, which lives across the call.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    (r == 0).then_some(set)
+}
+
+/// Sets the calling thread's CPU set; whether the kernel accepted it.
+fn set_affinity(set: &libc::cpu_set_t) -> bool {
+    // SAFETY: pid 0 is the calling thread; the kernel reads `size_of` bytes from `set`, a
+    // valid set that lives across the call.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allowed() -> Vec<usize> {
+        let set = current_affinity().expect("sched_getaffinity");
+        // SAFETY: every index is below CPU_SETSIZE.
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+
+    fn here() -> u32 {
+        // SAFETY: no arguments, no memory of ours written.
+        u32::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu")
+    }
+
+    #[test]
+    fn a_hold_keeps_the_thread_on_its_cpu_and_gives_the_old_set_back() {
+        std::thread::spawn(|| {
+            let before = allowed();
+            let cpu = here();
+            let hold = CpuHold::on(cpu).expect("the thread may run where it runs");
+            assert_eq!(allowed(), vec![cpu as usize]);
+            assert_eq!(here(), cpu);
+            drop(hold);
+            assert_eq!(allowed(), before);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_hold_on_a_cpu_the_thread_may_not_use_is_refused() {
+        std::thread::spawn(|| {
+            let before = allowed();
+            let cpu = here();
+            // Outside CPU_SETSIZE, and (where there is one) a CPU outside the allowed set.
+            assert!(CpuHold::on(libc::CPU_SETSIZE as u32).is_none());
+            assert!(CpuHold::on(u32::MAX).is_none());
+            if let Some(other) = (0..libc::CPU_SETSIZE as usize).find(|c| !before.contains(c)) {
+                assert!(CpuHold::on(other as u32).is_none());
+            }
+            assert_eq!(allowed(), before, "refusals change nothing");
+            // And holds still work afterwards: a refusal for the CPU itself is not sticky.
+            drop(CpuHold::on(cpu).expect("hold"));
+            assert_eq!(allowed(), before);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn an_affinity_changed_while_held_is_kept() {
+        std::thread::spawn(|| {
+            let before = allowed();
+            let cpu = here() as usize;
+            let hold = CpuHold::on(cpu as u32).expect("hold");
+            // The program moves the thread meanwhile, to another CPU where it may run one.
+            let Some(&other) = before.iter().find(|&&c| c != cpu) else {
+                drop(hold);
+                assert_eq!(allowed(), before, "one CPU: nothing else to move to");
+                return;
+            };
+            let set_of = |cpus: &[usize]| {
+                // SAFETY: an all-zero `cpu_set_t` is the empty set, a valid value.
+                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                for &c in cpus {
+                    // SAFETY: every CPU the kernel listed is below CPU_SETSIZE.
+                    unsafe { libc::CPU_SET(c, &mut set) };
+                }
+                set
+            };
+            assert!(set_affinity(&set_of(&[other])));
+            drop(hold);
+            assert_eq!(allowed(), vec![other], "the program's change stays");
+            assert!(set_affinity(&set_of(&before)));
+        })
+        .join()
+        .unwrap();
+    }
 }
