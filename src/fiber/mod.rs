@@ -145,6 +145,10 @@ pub(crate) struct FiberMeta {
     /// outside hooks.
     #[cfg(feature = "hook")]
     pub(crate) hook_cancel: Cell<bool>,
+    /// An address in the fiber's stack where it last suspended (a local of `suspend`), or 0:
+    /// the worker that resumes it later can prefetch that part of the stack (see
+    /// `crate::stack::prefetch_near`).
+    pub(crate) suspended_at: Cell<usize>,
     pub(crate) id: FiberId,
     pub(crate) name: Option<Arc<str>>,
     /// Guard page range of the fiber's stack.
@@ -170,6 +174,7 @@ impl FiberMeta {
             cancelled: Cell::new(false),
             budget: Cell::new(crate::coop::BUDGET),
             unconstrained: Cell::new(false),
+            suspended_at: Cell::new(0),
             wait: Cell::new(crate::dump::WaitOn::Park),
             #[cfg(feature = "hook")]
             hooks_off: Cell::new(false),
@@ -264,6 +269,9 @@ pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
         std::panic::resume_unwind(Box::new(Cancelled));
     }
     let y = meta.yielder.get();
+    // Where this stack is, for a worker about to resume the fiber to prefetch.
+    let here = 0u8;
+    meta.suspended_at.set(std::ptr::addr_of!(here) as usize);
     // SAFETY: the yielder was stored by this fiber's root function and lives on this fiber's
     // stack, which is the stack we are running on.
     let resumed = unsafe { (*y).suspend(req) };
@@ -630,5 +638,31 @@ impl Drop for Fiber {
             // memory that live frames still point into.
             std::mem::forget(coro);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suspended_fiber_records_an_address_in_its_own_stack() {
+        let mut fiber = Fiber::new(|| {
+            Fiber::yield_now();
+            Fiber::yield_now();
+        });
+        assert_eq!(fiber.meta.suspended_at.get(), 0, "not suspended yet");
+        let (guard_start, guard_end) = fiber.meta.guard;
+        let usable = guard_end..guard_end + fiber.meta.stack_size;
+        assert!(guard_start < guard_end);
+        for _ in 0..2 {
+            assert_eq!(fiber.resume(), FiberState::Suspended);
+            let at = fiber.meta.suspended_at.get();
+            assert!(usable.contains(&at), "{at:#x} outside {usable:#x?}");
+            // Near the top: a shallow fiber suspends within a few KiB of its stack's base.
+            assert!(usable.end - at < 16 * 1024, "{at:#x} deep in {usable:#x?}");
+            crate::stack::prefetch_near(at);
+        }
+        assert_eq!(fiber.resume(), FiberState::Done);
     }
 }

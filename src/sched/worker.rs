@@ -1213,7 +1213,11 @@ impl Worker {
             self.home(&*job).timer = None;
             if job.header().park.notify(gen) {
                 // The resumption tells the fiber its park timed out.
-                self.home(&*job).timed_out = true;
+                let home = self.home(&*job);
+                home.timed_out = true;
+                // Timers expire in batches: start bringing each stack in now, so that
+                // resuming them does not wait for one miss after another.
+                crate::stack::prefetch_near(home.meta.suspended_at.get());
                 self.ready.borrow_mut().push_back(job);
                 self.stats().local_wakes.add(1);
                 woke = true;

@@ -264,3 +264,56 @@ pub(crate) fn trim_spare(max: usize, quiet: Duration) -> Option<Duration> {
 pub(crate) fn spare_count() -> usize {
     slab::spare_count()
 }
+
+/// Lines of a suspended fiber's stack [`prefetch_near`] asks for: from 4 lines below the
+/// address its `suspend` left (the registers the switch saved) to 12 above (the frames the
+/// resumption returns through first).
+const PREFETCH_BELOW: usize = 4;
+const PREFETCH_ABOVE: usize = 12;
+
+/// Asks the CPU to bring the part of a suspended fiber's stack around `addr` (its
+/// `FiberMeta::suspended_at`; 0 = never suspended, nothing to do) into the cache, and its
+/// page into the TLB, ahead of resuming it.
+///
+/// A worker that wakes many fibers at once (timers that expire together) otherwise takes a
+/// cache and TLB miss at each resumption, one after the other; prefetched when they are
+/// woken, the misses overlap. With 10 000 sleeps of 10 ms expiring together on two workers,
+/// the median sleep woke 354–753 µs late without it and 1–2 µs with it (see docs/design.md,
+/// "Timers").
+#[inline]
+pub(crate) fn prefetch_near(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if addr != 0 {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let first = addr.wrapping_sub(PREFETCH_BELOW * 64);
+        for line in 0..PREFETCH_BELOW + PREFETCH_ABOVE {
+            let p = first.wrapping_add(line * 64) as *const i8;
+            // SAFETY: a prefetch is a hint: it reads nothing the program sees, changes no
+            // memory and never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prefetching_any_address_is_harmless() {
+        let local = [0u8; 256];
+        for addr in [
+            0,
+            1,
+            64,
+            local.as_ptr() as usize,
+            usize::MAX,
+            usize::MAX - 63,
+            0xffff_8000_0000_0000, // the kernel's half
+            0x0000_7fff_ffff_f000, // the top of user space, unmapped here
+        ] {
+            super::prefetch_near(addr);
+        }
+        assert_eq!(local, [0u8; 256], "a prefetch changes no memory");
+    }
+}
