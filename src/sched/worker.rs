@@ -1340,11 +1340,11 @@ impl Worker {
 
     /// Holds this worker on its CPU for a nap that watches `peer`, busy on another CPU, so
     /// that the nap's end cannot land on the peer's CPU and preempt it. A kernel that packs
-    /// threads onto few CPUs (this project's benchmark VM) put 108 of a watcher's 116
-    /// wake-ups in one run of `join_chain` on its busy peer's CPU while its own idled, and
-    /// the chain ran about 10% slower on two workers than with the watch off. On a kernel
-    /// that wakes a thread on its idle CPU, the hold changes nothing. No hold where the
-    /// CPUs are unknown or the same.
+    /// threads onto few CPUs (this project's benchmark VM) woke a watcher 108 times on its
+    /// busy peer's CPU in one traced run of `join_chain`, preempting the chain 106 times,
+    /// while the watcher's own CPU idled (see docs/design.md, "A watcher naps on its own
+    /// CPU"). On a kernel that wakes a thread on its idle CPU, the hold changes nothing. No
+    /// hold where the CPUs are unknown or the same.
     fn hold_apart_from(&self, peer: usize) -> Option<crate::sys::CpuHold> {
         let mine = self.publish_cpu()?;
         let theirs = self.shared.workers[peer].cpu.0.load(Ordering::Relaxed);
