@@ -1209,11 +1209,11 @@ impl Worker {
         loop {
             let due = self.timers.borrow_mut().pop_due(now);
             let Some((job, gen)) = due else { break };
+            let home = self.home(&*job);
             // The timer is gone, so the resumption must not cancel it again.
-            self.home(&*job).timer = None;
+            home.timer = None;
             if job.header().park.notify(gen) {
                 // The resumption tells the fiber its park timed out.
-                let home = self.home(&*job);
                 home.timed_out = true;
                 // Timers expire in batches: start bringing each stack in now, so that
                 // resuming them does not wait for one miss after another.

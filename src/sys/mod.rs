@@ -191,6 +191,11 @@ mod tests {
             .collect()
     }
 
+    /// Runs `f` on a thread of its own, whose CPU set no other test shares.
+    fn on_own_thread(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(f).join().unwrap();
+    }
+
     fn here() -> u32 {
         // SAFETY: no arguments, no memory of ours written.
         u32::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu")
@@ -198,7 +203,7 @@ mod tests {
 
     #[test]
     fn a_hold_keeps_the_thread_on_its_cpu_and_gives_the_old_set_back() {
-        std::thread::spawn(|| {
+        on_own_thread(|| {
             let before = allowed();
             let cpu = here();
             let hold = CpuHold::on(cpu).expect("the thread may run where it runs");
@@ -206,14 +211,12 @@ mod tests {
             assert_eq!(here(), cpu);
             drop(hold);
             assert_eq!(allowed(), before);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn a_hold_on_a_cpu_the_thread_may_not_use_is_refused() {
-        std::thread::spawn(|| {
+        on_own_thread(|| {
             let before = allowed();
             let cpu = here();
             // Outside CPU_SETSIZE, and (where there is one) a CPU outside the allowed set.
@@ -226,14 +229,12 @@ mod tests {
             // And holds still work afterwards: a refusal for the CPU itself is not sticky.
             drop(CpuHold::on(cpu).expect("hold"));
             assert_eq!(allowed(), before);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     #[test]
     fn an_affinity_changed_while_held_is_kept() {
-        std::thread::spawn(|| {
+        on_own_thread(|| {
             let before = allowed();
             let cpu = here() as usize;
             let hold = CpuHold::on(cpu as u32).expect("hold");
@@ -256,8 +257,6 @@ mod tests {
             drop(hold);
             assert_eq!(allowed(), vec![other], "the program's change stays");
             assert!(set_affinity(&set_of(&before)));
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
