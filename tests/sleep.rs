@@ -50,6 +50,68 @@ fn ten_thousand_sleepers_on_two_workers_overlap() {
     assert!(took < Duration::from_secs(2), "took {took:?}");
 }
 
+/// Thousands of timers coming due at once on a worker that is running other fibers: every
+/// sleeper wakes, none early, and the busy fibers keep their turns while the sleepers are
+/// woken (the worker wakes a few due fibers at a time, not all of them ahead of the rest).
+#[test]
+fn a_mass_expiry_wakes_every_sleeper_while_busy_fibers_keep_running() {
+    const SLEEPERS: usize = 5_000;
+    const BUSY: usize = 3;
+    let s = scheduler(1);
+    let turns = Arc::new(AtomicUsize::new(0));
+    let left = Arc::new(AtomicUsize::new(SLEEPERS));
+    let busy: Vec<_> = (0..BUSY)
+        .map(|_| {
+            let (turns, left) = (turns.clone(), left.clone());
+            s.submit(
+                move || {
+                    while left.load(Ordering::Acquire) > 0 {
+                        turns.fetch_add(1, Ordering::Relaxed);
+                        fibra::Fiber::yield_now();
+                    }
+                },
+                None,
+            )
+            .unwrap()
+        })
+        .collect();
+    // Far enough ahead for every sleeper to have started and parked on a loaded machine.
+    let deadline = Instant::now() + Duration::from_millis(300);
+    let sleepers: Vec<_> = (0..SLEEPERS)
+        .map(|_| {
+            let (turns, left) = (turns.clone(), left.clone());
+            s.submit(
+                move || {
+                    fibra::sleep_until(deadline);
+                    let woke = Instant::now();
+                    let seen = turns.load(Ordering::Relaxed);
+                    left.fetch_sub(1, Ordering::AcqRel);
+                    (woke, seen)
+                },
+                None,
+            )
+            .unwrap()
+        })
+        .collect();
+    let woke: Vec<(Instant, usize)> = sleepers.into_iter().map(|h| h.join().unwrap()).collect();
+    for h in busy {
+        h.join().unwrap();
+    }
+    assert!(
+        woke.iter().all(|&(at, _)| at >= deadline),
+        "a sleeper woke early"
+    );
+    let first = woke.iter().map(|&(_, t)| t).min().unwrap();
+    let last = woke.iter().map(|&(_, t)| t).max().unwrap();
+    // Woken all at once behind the busy fibers, the sleepers ran back to back: the busy
+    // fibers got about one turn each in between. A few at a time, they share the worker.
+    assert!(
+        last - first >= SLEEPERS / 10,
+        "the busy fibers had {} turns while {SLEEPERS} sleepers were woken",
+        last - first
+    );
+}
+
 #[test]
 fn sleep_never_returns_early_in_fibers_or_threads() {
     let s = scheduler(2);
