@@ -50,17 +50,16 @@ fn ten_thousand_sleepers_on_two_workers_overlap() {
     assert!(took < Duration::from_secs(2), "took {took:?}");
 }
 
-/// Thousands of timers coming due at once on a worker that is running other fibers: every
-/// sleeper wakes, none early, and the busy fibers keep their turns while the sleepers are
-/// woken (the worker wakes a few due fibers at a time, not all of them ahead of the rest).
-#[test]
-fn a_mass_expiry_wakes_every_sleeper_while_busy_fibers_keep_running() {
-    const SLEEPERS: usize = 5_000;
-    const BUSY: usize = 3;
+const MASS_SLEEPERS: usize = 5_000;
+
+/// Runs `busy` fibers that yield until `MASS_SLEEPERS` fibers, all sleeping until one
+/// deadline on the same single worker, have woken. Asserts that none woke early; returns how
+/// many turns the busy fibers had between the first sleeper's wake-up and the last one's.
+fn mass_expiry_beside(busy: usize) -> usize {
     let s = scheduler(1);
     let turns = Arc::new(AtomicUsize::new(0));
-    let left = Arc::new(AtomicUsize::new(SLEEPERS));
-    let busy: Vec<_> = (0..BUSY)
+    let left = Arc::new(AtomicUsize::new(MASS_SLEEPERS));
+    let busy: Vec<_> = (0..busy)
         .map(|_| {
             let (turns, left) = (turns.clone(), left.clone());
             s.submit(
@@ -77,7 +76,7 @@ fn a_mass_expiry_wakes_every_sleeper_while_busy_fibers_keep_running() {
         .collect();
     // Far enough ahead for every sleeper to have started and parked on a loaded machine.
     let deadline = Instant::now() + Duration::from_millis(300);
-    let sleepers: Vec<_> = (0..SLEEPERS)
+    let sleepers: Vec<_> = (0..MASS_SLEEPERS)
         .map(|_| {
             let (turns, left) = (turns.clone(), left.clone());
             s.submit(
@@ -103,13 +102,28 @@ fn a_mass_expiry_wakes_every_sleeper_while_busy_fibers_keep_running() {
     );
     let first = woke.iter().map(|&(_, t)| t).min().unwrap();
     let last = woke.iter().map(|&(_, t)| t).max().unwrap();
+    last - first
+}
+
+/// Thousands of timers coming due at once on a worker that runs a few other fibers: every
+/// sleeper wakes, none early, and the busy fibers keep their turns while the sleepers are
+/// woken (the worker wakes a few due fibers at a time, not all of them ahead of the rest).
+#[test]
+fn a_mass_expiry_wakes_every_sleeper_while_busy_fibers_keep_running() {
+    let turns = mass_expiry_beside(3);
     // Woken all at once behind the busy fibers, the sleepers ran back to back: the busy
     // fibers got about one turn each in between. A few at a time, they share the worker.
     assert!(
-        last - first >= SLEEPERS / 10,
-        "the busy fibers had {} turns while {SLEEPERS} sleepers were woken",
-        last - first
+        turns >= MASS_SLEEPERS / 10,
+        "the busy fibers had {turns} turns while {MASS_SLEEPERS} sleepers were woken"
     );
+}
+
+/// The same behind more ready fibers than a batch of woken ones: then every due fiber is
+/// woken at once, to wait its turn behind them; still every sleeper wakes, none early.
+#[test]
+fn a_mass_expiry_behind_many_busy_fibers_wakes_every_sleeper() {
+    mass_expiry_beside(12);
 }
 
 #[test]
