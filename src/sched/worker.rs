@@ -2060,6 +2060,7 @@ impl Worker {
             self.shared.task_done(Some(self.index));
         }
         self.ready.borrow_mut().clear();
+        self.timer_woken.set(0);
         let fibers = std::mem::take(&mut *self.registry.borrow_mut());
         self.stats().fibers.set(0);
         if fibers.is_empty() {
