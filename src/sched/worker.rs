@@ -1411,6 +1411,12 @@ impl Worker {
             let Some((progress, at)) = (v != self.index).then(|| slot.take()).flatten() else {
                 continue;
             };
+            if w.next.is_empty() && w.is_quiet() {
+                // The asker sleeps with nothing to hand out: nothing to watch. (Its loop
+                // moves its progress at every wake-up, so watching it would look busy.)
+                slot.close();
+                continue;
+            }
             let now_progress = w.progress.0.load(Ordering::Relaxed);
             let now = sh.now_ns();
             let (progress, at) = if now_progress == progress {
@@ -2139,4 +2145,38 @@ pub(crate) fn worker_main(shared: Arc<Shared>, index: usize, ready: impl FnOnce(
     crate::stack::overflow::ensure_alt_stack();
     ready();
     worker.run(&|| false, None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that asked for help and then went quiet with nothing in its `next` slot has
+    /// nothing to hand out: an idle worker closes its request instead of napping to watch
+    /// it (which kept the worker that had just ended a spawn-and-join chain from spinning
+    /// for the next submission). A peer that is still running is watched as before.
+    #[test]
+    fn a_quiet_askers_empty_request_is_closed_and_a_running_ones_is_watched() {
+        let sched = crate::Scheduler::builder().threads(2).build().unwrap();
+        let shared = sched.shared.clone();
+        let w0 = Worker::new(shared.clone(), 0);
+        let asker = &shared.workers[1];
+        let progress = asker.progress.0.load(Ordering::Relaxed);
+
+        // Not driven by any thread (never started): quiet.
+        assert!(asker.is_quiet());
+        assert!(asker.help.claim());
+        asker.help.open(progress, shared.now_ns());
+        assert!(matches!(w0.answer_help(), Help::None));
+        assert!(asker.help.claim(), "the request was closed");
+        asker.help.close();
+
+        // Running a fiber, as far as its peers can tell: its request is watched.
+        asker.stats.0.run_since.set_seqcst(1);
+        assert!(!asker.is_quiet());
+        assert!(asker.help.claim());
+        asker.help.open(progress, shared.now_ns());
+        assert!(matches!(w0.answer_help(), Help::Wait(_, 1)));
+        asker.stats.0.run_since.set_seqcst(0);
+    }
 }
