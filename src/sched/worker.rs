@@ -1397,7 +1397,9 @@ impl Worker {
 
     /// Answers an open request for help: takes the asker's `next` task if the asker has not
     /// moved on for `NEXT_STEAL_AFTER`; closes the request if the asker has not moved on but
-    /// its slot is empty (it is idle, or runs a fiber that spawned nothing). Never spins:
+    /// its slot is empty (it is idle, or runs a fiber that spawned nothing), and at once if
+    /// the asker sleeps with an empty slot (its loop moves its progress at every wake-up, so
+    /// it would look busy). Never spins:
     /// woken before the grace, or finding that the asker moved on (it is busy, perhaps with a
     /// fiber that keeps running now), it keeps the request open — with the asker's progress
     /// of now — and naps until it can answer. Meanwhile the asker's spawns wake nobody: a
