@@ -1195,8 +1195,7 @@ impl Worker {
     /// Publishes the CPU this thread runs on, if it changed, and returns it (`None` if the
     /// kernel cannot tell).
     fn publish_cpu(&self) -> Option<u32> {
-        // SAFETY: `sched_getcpu` takes no arguments and writes no memory of ours.
-        let cpu = u32::try_from(unsafe { libc::sched_getcpu() }).ok()?;
+        let cpu = crate::sys::current_cpu()?;
         let slot = &self.me().cpu.0;
         if slot.load(Ordering::Relaxed) != cpu {
             slot.store(cpu, Ordering::Relaxed);

@@ -49,6 +49,13 @@ pub(crate) fn timespec(d: std::time::Duration) -> libc::timespec {
     }
 }
 
+/// The CPU this thread runs on (a few ns: glibc reads it from rseq), or `None` if the kernel
+/// cannot tell.
+pub(crate) fn current_cpu() -> Option<u32> {
+    // SAFETY: `sched_getcpu` takes no arguments and writes no memory of ours.
+    u32::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `Instant` reads.
 pub(crate) fn mono_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
