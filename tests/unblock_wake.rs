@@ -31,7 +31,8 @@ const CALLS: u64 = 300;
 /// The gap before call `i` of fiber `f`: none for two calls in three (back to back), else
 /// 0–999 µs, spread so that the fibers' gaps differ.
 fn gap(f: u64, i: u64) -> Option<Duration> {
-    i.is_multiple_of(3).then(|| Duration::from_micros((i * 37 + f * 101) % 1_000))
+    i.is_multiple_of(3)
+        .then(|| Duration::from_micros((i * 37 + f * 101) % 1_000))
 }
 
 #[test]
