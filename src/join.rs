@@ -49,22 +49,12 @@ where
 {
     #[inline(always)]
     pub(crate) fn new(f: F, header: Header) -> TaskArc<Self> {
-        TaskArc::new(Self::value(f, header))
-    }
-
-    /// `new`, with two references: one for the handle, one for the queue (see
-    /// `TaskArc::new_pair`).
-    pub(crate) fn new_pair(f: F, header: Header) -> (TaskArc<Self>, TaskArc<Self>) {
-        TaskArc::new_pair(Self::value(f, header))
-    }
-
-    fn value(f: F, header: Header) -> Self {
-        JoinCell {
+        TaskArc::new(JoinCell {
             header,
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
             callbacks: parking_lot::Mutex::new(Some(Vec::new())),
-        }
+        })
     }
 
     /// Stores the result, runs the continuations, then wakes the joiners. Only the first

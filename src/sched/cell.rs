@@ -57,41 +57,19 @@ impl<U> TaskArc<U> {
     /// Moves `value` into a new cell.
     #[inline]
     pub(crate) fn new(value: U) -> TaskArc<U> {
-        TaskArc {
-            ptr: Self::cell(value, 1),
-            _owns: PhantomData,
-        }
-    }
-
-    /// Moves `value` into a new cell and returns two references to it: `new` and a
-    /// `clone`, without the clone's atomic increment. A fresh cell is usually memory another
-    /// thread touched last (it ran and freed the previous task there); a locked increment
-    /// waits for that line to arrive and for every store before it, where a plain store of
-    /// the count lets the thread go on meanwhile.
-    #[inline]
-    pub(crate) fn new_pair(value: U) -> (TaskArc<U>, TaskArc<U>) {
-        let ptr = Self::cell(value, 2);
-        let one = || TaskArc {
-            ptr,
-            _owns: PhantomData,
-        };
-        (one(), one())
-    }
-
-    /// A fresh cell holding `value`, its count at `refs`: the caller makes that many
-    /// references to it.
-    #[inline]
-    fn cell(value: U, refs: usize) -> NonNull<Inner<U>> {
         let layout = Layout::new::<Inner<U>>();
         let block = blocks::alloc(layout).cast::<Inner<U>>();
         // SAFETY: `block` is a fresh allocation that fits `layout` (see `blocks::alloc`).
         unsafe {
             block.as_ptr().write(Inner {
-                refs: AtomicUsize::new(refs),
+                refs: AtomicUsize::new(1),
                 value,
             })
         };
-        block
+        TaskArc {
+            ptr: block,
+            _owns: PhantomData,
+        }
     }
 
     /// A new reference to the cell that holds `value`.
@@ -463,22 +441,6 @@ mod tests {
         drop((a, b, d));
         assert_eq!(drops.load(Ordering::SeqCst), 0);
         drop(c);
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
-    }
-
-    #[test]
-    fn a_pair_is_two_references_to_one_value_dropped_once() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let (a, b) = TaskArc::new_pair(Counted(drops.clone(), [9; 100]));
-        assert!(TaskArc::ptr_eq(&a, &b));
-        assert_eq!(TaskArc::strong_count(&a), 2);
-        let c = b.clone();
-        assert_eq!(TaskArc::strong_count(&a), 3);
-        drop(a);
-        drop(c);
-        assert_eq!(drops.load(Ordering::SeqCst), 0);
-        assert_eq!(b.1[99], 9);
-        drop(b);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 

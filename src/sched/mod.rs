@@ -652,11 +652,11 @@ where
     if !shared.admit() {
         return Err(SubmitError::Stopped(f));
     }
-    let (cell, queued) = JoinCell::new_pair(
+    let cell = JoinCell::new(
         f,
         Header::new(name, stack_size, thread, std::panic::Location::caller()),
     );
-    shared.schedule_new(task::as_job(queued));
+    shared.schedule_new(task::as_job(cell.clone()));
     Ok(JoinHandle::new(cell))
 }
 
