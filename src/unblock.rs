@@ -35,7 +35,7 @@
 //!
 //! # Where a woken thread runs
 //! Linux puts a woken thread on the CPU it last ran on or on its waker's, and looks further
-//! for an idle CPU only in some cases. A pool thread that last ran on its caller's CPU is thus
+//! for an idle CPU only in some cases. A pool thread that last ran on its caller's CPU is often
 //! woken there (it was seen so with the other CPU idle), where it cannot run while the
 //! caller's worker does: each call then costs two context switches and a futex wake and wait
 //! on one CPU. Fibers making back-to-back calls on two workers of a two-CPU machine took
