@@ -204,8 +204,7 @@ mod tests {
     }
 
     fn here() -> u32 {
-        // SAFETY: no arguments, no memory of ours written.
-        u32::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu")
+        super::current_cpu().expect("sched_getcpu")
     }
 
     #[test]
