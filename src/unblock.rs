@@ -222,7 +222,9 @@ pub fn max_threads() -> usize {
 }
 
 /// How long an idle blocking thread waits for work before it exits (default
-/// [`DEFAULT_KEEP_ALIVE`]). Applies from each thread's next wait.
+/// [`DEFAULT_KEEP_ALIVE`]). Applies from each thread's next wait. Zero makes every thread
+/// exit as soon as it finds no work; a keep-alive beyond `u64::MAX` nanoseconds (about 584
+/// years, `Duration::MAX` included) is kept as that, so idle threads never exit.
 pub fn set_keep_alive(idle: Duration) {
     let ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
     POOL.keep_alive_ns.store(ns, Ordering::SeqCst);
