@@ -559,6 +559,115 @@ fn a_panicking_drop_of_an_overwritten_message_leaves_the_channel_usable() {
 }
 
 #[test]
+fn messages_a_receiver_took_but_never_returned_are_dropped_with_it() {
+    // A receive takes every waiting message under one lock (up to 16) and returns the first;
+    // the others must still be dropped exactly once, with the receiver.
+    let (tx, mut a) = broadcast::channel::<Arc<()>>(8);
+    let mut b = tx.subscribe();
+    let token = Arc::new(());
+    for _ in 0..5 {
+        tx.send(token.clone()).unwrap();
+    }
+    assert_eq!(Arc::strong_count(&token), 6);
+    drop(a.recv().unwrap());
+    drop(a);
+    assert_eq!(Arc::strong_count(&token), 6, "b has seen none of them");
+    let got: Vec<_> = (0..5).map(|_| b.recv().unwrap()).collect();
+    assert_eq!(
+        Arc::strong_count(&token),
+        6,
+        "b holds them now; the ring none"
+    );
+    drop((got, b));
+    assert_eq!(Arc::strong_count(&token), 1);
+
+    // The last receiver to see messages moves them out of the ring when it takes them.
+    let mut c = tx.subscribe();
+    let mut d = tx.subscribe();
+    for _ in 0..5 {
+        tx.send(token.clone()).unwrap();
+    }
+    drop((0..5).map(|_| c.recv().unwrap()).collect::<Vec<_>>());
+    assert_eq!(Arc::strong_count(&token), 6, "d has seen none of them");
+    drop(d.recv().unwrap());
+    assert_eq!(Arc::strong_count(&token), 5, "d took the other four");
+    drop(d);
+    assert_eq!(Arc::strong_count(&token), 1);
+    assert_eq!(c.try_recv(), Err(TryRecvError::Empty));
+}
+
+#[test]
+fn a_panicking_drop_of_a_taken_then_overwritten_message_loses_no_count() {
+    #[derive(Clone)]
+    struct Bomb(u32, bool);
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            if self.1 {
+                self.1 = false;
+                panic!("boom {}", self.0);
+            }
+        }
+    }
+    let (tx, mut rx) = broadcast::channel::<Bomb>(2);
+    tx.send(Bomb(0, false)).unwrap();
+    tx.send(Bomb(1, true)).unwrap();
+    // Takes both (it is the only receiver, so it moves them out of the ring) and returns 0.
+    assert_eq!(rx.recv().unwrap().0, 0);
+    // Overwrites position 1, which only this receiver holds now: not dropped by the sender.
+    tx.send(Bomb(2, false)).unwrap();
+    tx.send(Bomb(3, false)).unwrap();
+    // The receiver finds it overwritten and drops it: the panic reaches the receiver...
+    assert!(catch_unwind(AssertUnwindSafe(|| rx.recv())).is_err());
+    // ...and the miss is still reported, before what remains.
+    assert_eq!(rx.recv().map(|b| b.0), Err(RecvError::Lagged(1)));
+    assert_eq!(rx.recv().map(|b| b.0), Ok(2));
+    assert_eq!(rx.recv().map(|b| b.0), Ok(3));
+    drop(tx);
+    assert_eq!(rx.recv().map(|b| b.0), Err(RecvError::Closed));
+}
+
+#[test]
+fn a_clone_may_use_its_own_channel() {
+    use std::cell::RefCell;
+    thread_local! {
+        static SENDER: RefCell<Option<broadcast::Sender<Echo>>> = const { RefCell::new(None) };
+    }
+    /// Each clone of a first-generation message sends a second-generation one on the very
+    /// channel it is received from, and looks at the receiver count.
+    #[derive(Debug)]
+    struct Echo(u32);
+    impl Clone for Echo {
+        fn clone(&self) -> Echo {
+            if self.0 < 100 {
+                SENDER.with(|s| {
+                    let s = s.borrow();
+                    let tx = s.as_ref().expect("sender set");
+                    assert_eq!(tx.receiver_count(), 2);
+                    tx.send(Echo(self.0 + 100)).unwrap();
+                });
+            }
+            Echo(self.0)
+        }
+    }
+    let (tx, mut a) = broadcast::channel::<Echo>(64);
+    let mut b = tx.subscribe();
+    for i in 0..3 {
+        tx.send(Echo(i)).unwrap();
+    }
+    SENDER.with(|s| *s.borrow_mut() = Some(tx));
+    // a is not the last to see 0, 1 and 2, so it clones each: three echoes are sent while a
+    // holds what it took; it takes them next.
+    let got: Vec<u32> = (0..6).map(|_| a.recv().unwrap().0).collect();
+    assert_eq!(got, [0, 1, 2, 100, 101, 102]);
+    // b is the last to see every message: it moves them out without cloning.
+    let got: Vec<u32> = (0..6).map(|_| b.recv().unwrap().0).collect();
+    assert_eq!(got, [0, 1, 2, 100, 101, 102]);
+    SENDER.with(|s| s.borrow_mut().take());
+    assert_eq!(a.recv().map(|e| e.0), Err(RecvError::Closed));
+    assert_eq!(b.recv().map(|e| e.0), Err(RecvError::Closed));
+}
+
+#[test]
 fn error_types_display_like_tokio() {
     assert_eq!(RecvError::Closed.to_string(), "channel closed");
     assert_eq!(RecvError::Lagged(3).to_string(), "channel lagged by 3");

@@ -16,20 +16,29 @@
 //! channel keeps exactly `capacity`).
 //!
 //! A message is stored once, in an `Arc`, with the number of receivers yet to see it. A
-//! receiver takes a reference under the lock and clones the value after releasing it (so a
+//! receiver takes references under the lock and clones the values after releasing it (so a
 //! `Clone` impl may use this very channel, and one that panics leaves the channel as it
 //! was, minus that receiver's copy); the last receiver to see a message moves it out
 //! without cloning when nobody else holds it. Overwritten and fully received values, and
 //! those a dropped receiver no longer needs, are dropped after the lock is released.
+//!
+//! A receiver takes up to 16 waiting messages' references per lock and hands them out one
+//! per receive before it takes the lock again: taking the lock and releasing it were half of
+//! a receive's cost (four atomic read-modify-writes per message and receiver, two of them the
+//! lock's). Lagging stays exactly as if each receive took the lock: before it returns a
+//! message it took, a receiver reads how many messages have been sent (an atomic copy of
+//! `tail` that `send` stores under the lock), and a message overwritten since it was taken
+//! is missed, counted in `Lagged` and dropped, as one still in the ring would have been.
 //!
 //! A send wakes every waiting receiver; each then takes the lock and reads for itself, so
 //! nothing is handed over and a receiver that times out or is cancelled leaves nothing
 //! behind. The last sender's drop wakes them all to see the channel closed.
 
 use super::deadline_after;
-use super::shim::Arc;
+use super::shim::{Arc, AtomicU64, Ordering};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
 use crate::dump::WaitOn;
+use std::collections::VecDeque;
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc as Shared;
@@ -38,6 +47,9 @@ use std::time::{Duration, Instant};
 /// Tokens: a message was sent; the last sender is gone. A woken receiver looks for itself.
 const SENT: usize = 1;
 const CLOSED: usize = 2;
+
+/// The most messages a receiver takes from the ring under one lock.
+const TAKE_AT_ONCE: usize = 16;
 
 /// Creates a broadcast channel that retains the last `capacity` messages for slow receivers,
 /// and returns its sender and a first receiver.
@@ -89,12 +101,18 @@ pub fn channel<T: Clone>(capacity: usize) -> (Sender<T>, Receiver<T>) {
             receivers: 1,
             waiters: WaitList::new(),
         }),
+        capacity,
+        sent: AtomicU64::new(0),
     });
-    (Sender { chan: chan.clone() }, Receiver { chan, next: 0 })
+    (Sender { chan: chan.clone() }, Receiver::new(chan, 0))
 }
 
 struct Chan<T> {
     state: Lock<State<T>>,
+    /// The ring's length.
+    capacity: usize,
+    /// `State::tail`, stored by `send` under the lock, read by receivers without it.
+    sent: AtomicU64,
 }
 
 struct State<T> {
@@ -124,12 +142,34 @@ pub struct Sender<T> {
 /// [`Sender::subscribe`]. Each receiver sees every message sent after it was made, in
 /// order, independently of the others.
 ///
+/// A receive takes up to 16 waiting messages from the channel at once and returns them one
+/// at a time: those not yet returned live in the receiver, and are dropped with it if it goes
+/// first. Lagging is unchanged: one of them overwritten in the channel meanwhile is reported
+/// missed and dropped, as if it had stayed there.
+///
 /// `Send` and `Sync` when `T` is both: a message is shared by the receivers until each has
 /// taken its copy.
 pub struct Receiver<T> {
     chan: Arc<Chan<T>>,
-    /// The position this receiver reads next.
+    /// The position this receiver takes from the ring next.
     next: u64,
+    /// Messages taken from the ring and not yet returned, oldest first, each with whether
+    /// this receiver was the last to see it. They are the positions `next - taken.len()` to
+    /// `next - 1`.
+    taken: VecDeque<(Shared<T>, bool)>,
+    /// Taken messages found overwritten and not yet reported in a `Lagged`.
+    missed: u64,
+}
+
+impl<T> Receiver<T> {
+    fn new(chan: Arc<Chan<T>>, next: u64) -> Receiver<T> {
+        Receiver {
+            chan,
+            next,
+            taken: VecDeque::new(),
+            missed: 0,
+        }
+    }
 }
 
 impl<T> Sender<T> {
@@ -163,6 +203,7 @@ impl<T> Sender<T> {
             },
         );
         st.tail += 1;
+        self.chan.sent.store(st.tail, Ordering::Release);
         {
             let (st, wakes) = st.parts();
             st.waiters.wake_all(SENT, wakes);
@@ -179,10 +220,7 @@ impl<T> Sender<T> {
         st.receivers += 1;
         let next = st.tail;
         drop(st);
-        Receiver {
-            chan: self.chan.clone(),
-            next,
-        }
+        Receiver::new(self.chan.clone(), next)
     }
 
     /// How many receivers exist now.
@@ -198,9 +236,9 @@ fn index(len: u64, pos: u64) -> usize {
 }
 
 /// What a receiver found under the lock.
-enum Found<T> {
-    /// A message, and whether this receiver was the last to see it.
-    Message(Shared<T>, bool),
+enum Found {
+    /// Messages, now in the receiver's `taken`.
+    Messages,
     Lagged(u64),
     Nothing,
 }
@@ -246,11 +284,16 @@ impl<T: Clone> Receiver<T> {
     /// [`TryRecvError::Closed`] as for [`recv`](Receiver::recv).
     pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
         crate::coop::spend();
+        if let Some(r) = self.next_taken() {
+            return r.map_err(TryRecvError::Lagged);
+        }
+        // Allocates the first time only, and never under the lock.
+        self.taken.reserve(TAKE_AT_ONCE);
         let mut st = self.chan.state.lock();
-        match find(&mut self.next, &mut st) {
-            Found::Message(v, last) => {
+        match take(&mut self.next, &mut self.taken, &mut st) {
+            Found::Messages => {
                 drop(st);
-                Ok(take_value(v, last))
+                Ok(self.pop_taken().expect("just taken"))
             }
             Found::Lagged(n) => Err(TryRecvError::Lagged(n)),
             Found::Nothing if st.senders == 0 => Err(TryRecvError::Closed),
@@ -278,12 +321,17 @@ impl<T: Clone> Receiver<T> {
 
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
         crate::coop::spend();
+        if let Some(r) = self.next_taken() {
+            return r.map_err(RecvTimeoutError::Lagged);
+        }
+        // Allocates the first time only, and never under the lock.
+        self.taken.reserve(TAKE_AT_ONCE);
         let mut st = self.chan.state.lock();
         loop {
-            match find(&mut self.next, &mut st) {
-                Found::Message(v, last) => {
+            match take(&mut self.next, &mut self.taken, &mut st) {
+                Found::Messages => {
                     drop(st);
-                    return Ok(take_value(v, last));
+                    return Ok(self.pop_taken().expect("just taken"));
                 }
                 Found::Lagged(n) => return Err(RecvTimeoutError::Lagged(n)),
                 Found::Nothing if st.senders == 0 => return Err(RecvTimeoutError::Closed),
@@ -308,18 +356,49 @@ impl<T: Clone> Receiver<T> {
     }
 }
 
-/// A receiver's copy of a message it found: moved out if it was the last to see it and
-/// nobody else holds it any more, else cloned. Called without the lock.
-fn take_value<T: Clone>(value: Shared<T>, last: bool) -> T {
-    if last {
-        Shared::unwrap_or_clone(value)
-    } else {
-        T::clone(&value)
+impl<T: Clone> Receiver<T> {
+    /// The oldest message taken and not yet returned, without the lock, or `Err(missed)` if
+    /// messages it took have been overwritten since: those are dropped, and if they were all
+    /// it had taken, `next` moves to the oldest message still in the ring. Each is counted in
+    /// `missed` before it is dropped, so a `Drop` that panics loses no count: the next
+    /// receive reports it. Else as [`pop_taken`](Self::pop_taken).
+    fn next_taken(&mut self) -> Option<Result<T, u64>> {
+        if !self.taken.is_empty() {
+            let len = self.chan.capacity as u64;
+            let oldest = self.chan.sent.load(Ordering::Acquire).saturating_sub(len);
+            while !self.taken.is_empty() && self.next - (self.taken.len() as u64) < oldest {
+                let gone = self.taken.pop_front();
+                self.missed += 1;
+                drop(gone);
+            }
+            if self.taken.is_empty() && self.next < oldest {
+                self.missed += oldest - self.next;
+                self.next = oldest;
+            }
+        }
+        if self.missed > 0 {
+            return Some(Err(std::mem::take(&mut self.missed)));
+        }
+        self.pop_taken().map(Ok)
+    }
+
+    /// The oldest message taken, without the lag check: moved out if this receiver was the
+    /// last to see it and nobody else holds it any more, else cloned. Removed before it is
+    /// cloned, so a panicking `Clone` skips it.
+    fn pop_taken(&mut self) -> Option<T> {
+        let (value, last) = self.taken.pop_front()?;
+        Some(if last {
+            Shared::unwrap_or_clone(value)
+        } else {
+            T::clone(&value)
+        })
     }
 }
 
-/// The message at a receiver's position `next`, or how many it missed; moves `next` on.
-fn find<T>(next: &mut u64, st: &mut State<T>) -> Found<T> {
+/// Under the lock: moves up to [`TAKE_AT_ONCE`] messages from a receiver's position `next`
+/// on into its `taken` (empty on entry), or says how many it missed; moves `next` on.
+fn take<T>(next: &mut u64, taken: &mut VecDeque<(Shared<T>, bool)>, st: &mut State<T>) -> Found {
+    debug_assert!(taken.is_empty());
     if *next == st.tail {
         return Found::Nothing;
     }
@@ -330,16 +409,21 @@ fn find<T>(next: &mut u64, st: &mut State<T>) -> Found<T> {
         *next = oldest;
         return Found::Lagged(missed);
     }
-    let entry = &mut st.ring[index(len, *next)];
-    *next += 1;
-    entry.rem -= 1;
-    let last = entry.rem == 0;
-    let value = if last {
-        entry.value.take()
-    } else {
-        entry.value.clone()
-    };
-    Found::Message(value.expect("a retained message has its value"), last)
+    // At most `len` messages are retained, and `len` is a slice's length: fits a `usize`.
+    let waiting = (st.tail - *next) as usize;
+    for _ in 0..waiting.min(TAKE_AT_ONCE) {
+        let entry = &mut st.ring[index(len, *next)];
+        *next += 1;
+        entry.rem -= 1;
+        let last = entry.rem == 0;
+        let value = if last {
+            entry.value.take()
+        } else {
+            entry.value.clone()
+        };
+        taken.push_back((value.expect("a retained message has its value"), last));
+    }
+    Found::Messages
 }
 
 impl<T> Clone for Sender<T> {

@@ -365,6 +365,60 @@ fn broadcast_send_and_close_race_recv() {
     });
 }
 
+/// A receiver hands out messages it took under one lock while a sender overwrites them:
+/// whichever it sees, what it returns plus what it is told it missed is everything, in order.
+#[test]
+fn broadcast_taken_messages_race_their_overwrite() {
+    loom::model(|| {
+        let (tx, mut rx) = broadcast::channel::<usize>(2);
+        tx.send(0).unwrap();
+        tx.send(1).unwrap();
+        // Takes both under the lock, returns the first.
+        assert_eq!(rx.recv(), Ok(0));
+        let t = thread::spawn(move || {
+            tx.send(2).unwrap();
+            tx.send(3).unwrap();
+        });
+        let mut seen = vec![0];
+        let mut missed = 0;
+        loop {
+            match rx.recv() {
+                Ok(v) => {
+                    assert!(v > *seen.last().unwrap(), "in order: {seen:?} then {v}");
+                    seen.push(v);
+                }
+                Err(broadcast::RecvError::Lagged(n)) => missed += n as usize,
+                Err(broadcast::RecvError::Closed) => break,
+            }
+        }
+        t.join().unwrap();
+        assert_eq!(seen.len() + missed, 4, "seen {seen:?}, missed {missed}");
+        assert_eq!(seen.last(), Some(&3), "the newest is never missed");
+    });
+}
+
+/// A message taken under the lock and overwritten by another thread's send that finished
+/// before this receive began is missed, exactly as if it had still been in the ring.
+#[test]
+fn broadcast_taken_message_overwritten_by_a_finished_send_is_missed() {
+    loom::model(|| {
+        let (tx, mut rx) = broadcast::channel::<usize>(2);
+        tx.send(0).unwrap();
+        tx.send(1).unwrap();
+        assert_eq!(rx.recv(), Ok(0));
+        thread::spawn(move || {
+            tx.send(2).unwrap();
+            tx.send(3).unwrap();
+        })
+        .join()
+        .unwrap();
+        assert_eq!(rx.recv(), Err(broadcast::RecvError::Lagged(1)));
+        assert_eq!(rx.recv(), Ok(2));
+        assert_eq!(rx.recv(), Ok(3));
+        assert_eq!(rx.recv(), Err(broadcast::RecvError::Closed));
+    });
+}
+
 #[test]
 fn broadcast_recv_timeout_races_send() {
     loom::model(|| {

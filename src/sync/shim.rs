@@ -14,7 +14,7 @@ pub(crate) use imp::*;
 #[cfg(not(loom))]
 mod imp {
     pub(crate) use crate::park::{ParkResult, Unparker};
-    pub(crate) use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
     pub(crate) use std::sync::Arc;
     use std::time::Instant;
 
@@ -89,7 +89,7 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
     pub(crate) use loom::sync::Arc;
     use std::time::Instant;
 
