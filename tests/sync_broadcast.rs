@@ -667,6 +667,118 @@ fn a_clone_may_use_its_own_channel() {
     assert_eq!(b.recv().map(|e| e.0), Err(RecvError::Closed));
 }
 
+/// One step's result, the same shape for both channels.
+#[derive(Debug, PartialEq)]
+enum Step {
+    Sent(Option<usize>),
+    Got(Option<u64>),
+    Lagged(u64),
+    Empty,
+    Closed,
+}
+
+/// Random sequences of sends, receives, subscriptions, receiver drops and a final close,
+/// played on this channel and on tokio's with the same power-of-two capacity: every result
+/// must be the same, lag counts included (receives take several messages under one lock
+/// here, and must still report exactly what a receive that looks at the ring would).
+#[test]
+fn random_sequences_give_the_same_results_as_tokio() {
+    use tokio::sync::broadcast as tb;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for round in 0..200 {
+        let capacity = 1usize << rand(6);
+        let (ftx, frx) = broadcast::channel::<u64>(capacity);
+        let (ttx, trx) = tb::channel::<u64>(capacity);
+        let (mut ftx, mut ttx) = (Some(ftx), Some(ttx));
+        let mut receivers = vec![(frx, trx)];
+        let mut next = 0u64;
+        let steps = 50 + rand(400);
+        for step in 0..steps {
+            let (ours, theirs) = match rand(100) {
+                // Sends, in bursts that overrun small capacities.
+                0..=34 => {
+                    let burst = 1 + rand(3 * capacity as u64);
+                    let mut last = (Step::Empty, Step::Empty);
+                    for _ in 0..burst {
+                        let (Some(f), Some(t)) = (&ftx, &ttx) else {
+                            break;
+                        };
+                        next += 1;
+                        last = (Step::Sent(f.send(next).ok()), Step::Sent(t.send(next).ok()));
+                        assert_eq!(last.0, last.1, "round {round} step {step}: send {next}");
+                    }
+                    last
+                }
+                35..=84 if !receivers.is_empty() => {
+                    let k = rand(receivers.len() as u64) as usize;
+                    let (f, t) = &mut receivers[k];
+                    let ours = match f.try_recv() {
+                        Ok(v) => Step::Got(Some(v)),
+                        Err(TryRecvError::Lagged(n)) => Step::Lagged(n),
+                        Err(TryRecvError::Empty) => Step::Empty,
+                        Err(TryRecvError::Closed) => Step::Closed,
+                    };
+                    let theirs = match t.try_recv() {
+                        Ok(v) => Step::Got(Some(v)),
+                        Err(tb::error::TryRecvError::Lagged(n)) => Step::Lagged(n),
+                        Err(tb::error::TryRecvError::Empty) => Step::Empty,
+                        Err(tb::error::TryRecvError::Closed) => Step::Closed,
+                    };
+                    (ours, theirs)
+                }
+                85..=92 => match (&ftx, &ttx) {
+                    (Some(f), Some(t)) => {
+                        receivers.push((f.subscribe(), t.subscribe()));
+                        (Step::Empty, Step::Empty)
+                    }
+                    _ => (Step::Empty, Step::Empty),
+                },
+                93..=98 if !receivers.is_empty() => {
+                    let k = rand(receivers.len() as u64) as usize;
+                    drop(receivers.swap_remove(k));
+                    let counts = match (&ftx, &ttx) {
+                        (Some(f), Some(t)) => (f.receiver_count(), t.receiver_count()),
+                        _ => (0, 0),
+                    };
+                    (Step::Sent(Some(counts.0)), Step::Sent(Some(counts.1)))
+                }
+                _ if step > steps / 2 => {
+                    ftx = None;
+                    ttx = None;
+                    (Step::Closed, Step::Closed)
+                }
+                _ => (Step::Empty, Step::Empty),
+            };
+            assert_eq!(
+                ours, theirs,
+                "round {round} step {step}, capacity {capacity}"
+            );
+        }
+        // Drain every receiver: the same messages, lags and end.
+        drop((ftx, ttx));
+        for (k, (mut f, mut t)) in receivers.into_iter().enumerate() {
+            loop {
+                let ours = f.try_recv();
+                let theirs = t.try_recv();
+                match (ours, theirs) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "round {round} receiver {k}"),
+                    (Err(TryRecvError::Lagged(a)), Err(tb::error::TryRecvError::Lagged(b))) => {
+                        assert_eq!(a, b, "round {round} receiver {k}")
+                    }
+                    (Err(TryRecvError::Closed), Err(tb::error::TryRecvError::Closed)) => break,
+                    (a, b) => panic!("round {round} receiver {k}: {a:?} against {b:?}"),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn error_types_display_like_tokio() {
     assert_eq!(RecvError::Closed.to_string(), "channel closed");
