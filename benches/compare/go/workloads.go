@@ -15,18 +15,19 @@ import (
 )
 
 var workloads = map[string]func() float64{
-	"spawn_many":    spawnMany,
-	"spawn_remote":  spawnRemote,
-	"yield_many":    yieldMany,
-	"ping_pong":     pingPong,
-	"chained_spawn": chainedSpawn,
-	"skynet":        skynet,
-	"sleep_storm":   sleepStorm,
-	"timer_p50":     func() float64 { return timerLateness(50) },
-	"timer_p99":     func() float64 { return timerLateness(99) },
-	"idle_cpu":      idleCPU,
-	"park_memory":   parkMemory,
-	"join_chain":    joinChain,
+	"spawn_many":     spawnMany,
+	"spawn_remote":   spawnRemote,
+	"yield_many":     yieldMany,
+	"ping_pong":      pingPong,
+	"ping_pong_mpsc": pingPongMpsc,
+	"chained_spawn":  chainedSpawn,
+	"skynet":         skynet,
+	"sleep_storm":    sleepStorm,
+	"timer_p50":      func() float64 { return timerLateness(50) },
+	"timer_p99":      func() float64 { return timerLateness(99) },
+	"idle_cpu":       idleCPU,
+	"park_memory":    parkMemory,
+	"join_chain":     joinChain,
 }
 
 // A figure for a row derived from a workload (the harness's Mode::Derived rows).
@@ -121,6 +122,39 @@ func pingPong() float64 {
 	}()
 	<-done
 	return nsPer(time.Since(start), pairs)
+}
+
+// ping_pong_mpsc: 200 pairs; each pair's first goroutine spawns its partner and they make 50
+// round trips over two capacity-1 channels (the number goes one way, plus one comes back).
+func pingPongMpsc() float64 {
+	const pairs, roundTrips = 200, 50
+	rem := int64(pairs)
+	done := make(chan struct{}, 1)
+	start := time.Now()
+	go func() {
+		for i := 0; i < pairs; i++ {
+			go func() {
+				ping, pong := make(chan int, 1), make(chan int, 1)
+				go func() {
+					for n := range ping {
+						pong <- n + 1
+					}
+				}()
+				for n := 0; n < roundTrips; n++ {
+					ping <- n
+					if <-pong != n+1 {
+						panic("ping_pong_mpsc: wrong answer")
+					}
+				}
+				close(ping)
+				if atomic.AddInt64(&rem, -1) == 0 {
+					done <- struct{}{}
+				}
+			}()
+		}
+	}()
+	<-done
+	return nsPer(time.Since(start), pairs*roundTrips)
 }
 
 // chained_spawn: each goroutine starts the next, 1 000 deep; the last signals.

@@ -11,8 +11,8 @@ usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
   --only LIST   comma-separated workloads to run (default: all)
   --install     apt-get install golang-go, wrk and redis-server first (needs root)
 
-workloads: spawn_many spawn_remote yield_many ping_pong chained_spawn join_chain join_chain_1w
-           skynet sleep_storm timer_p50 timer_p99 unblock unblock_seq mpmc broadcast
+workloads: spawn_many spawn_remote yield_many ping_pong ping_pong_mpsc chained_spawn join_chain
+           join_chain_1w skynet sleep_storm timer_p50 timer_p99 unblock unblock_seq mpmc broadcast
            block_on_ready async_round_trip idle_cpu park_memory million_park million_wake http
            http_p50 http_p99 http_cont http_cont_p50 http_cont_p99 http_hooked http_hooked_p50
            http_hooked_p99 redis_get

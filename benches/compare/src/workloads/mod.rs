@@ -15,6 +15,7 @@ pub mod million_park;
 pub mod mpmc;
 pub mod park_memory;
 pub mod ping_pong;
+pub mod ping_pong_mpsc;
 pub mod redis_get;
 pub mod skynet;
 pub mod sleep_storm;
@@ -138,6 +139,7 @@ pub const WORKLOADS: &[Workload] = &[
     timed("spawn_remote", "ns/task", 60),
     timed("yield_many", "ns/yield", 60),
     timed("ping_pong", "ns/round trip", 60),
+    timed("ping_pong_mpsc", "ns/round trip", 60),
     timed("chained_spawn", "ns/hop", 60),
     timed("join_chain", "ns/hop", 60),
     Workload {
@@ -333,6 +335,9 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
             Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
         }
         (Peer::Go, "ping_pong") => Some("go: channels of capacity 1 as oneshots"),
+        (Peer::Go, "ping_pong_mpsc") => Some(
+            "go: channels of capacity 1 (one message is ever in flight on each)",
+        ),
         (Peer::Go, "join_chain") => Some(
             "go: each goroutine waits for the next one's result on a channel of capacity 1 \
              (goroutines have no join handle)",
@@ -449,6 +454,7 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<Figures>, String>
         "spawn_remote" => spawn_remote::run,
         "yield_many" => yield_many::run,
         "ping_pong" => ping_pong::run,
+        "ping_pong_mpsc" => ping_pong_mpsc::run,
         "chained_spawn" => chained_spawn::run,
         "join_chain" => join_chain::run,
         "skynet" => skynet::run,

@@ -28,7 +28,7 @@ pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
 }
 
 /// Counts a finished pair down; the last one signals the main thread.
-fn pair_done(rem: &AtomicUsize, done: &mpsc::SyncSender<()>) {
+pub(super) fn pair_done(rem: &AtomicUsize, done: &mpsc::SyncSender<()>) {
     if rem.fetch_sub(1, Ordering::AcqRel) == 1 {
         done.send(()).expect("main thread waits");
     }
