@@ -87,6 +87,16 @@ impl Unparker {
             Target::Waker(w) => w.wake_by_ref(),
         }
     }
+
+    /// [`unpark`](Unparker::unpark), consuming the unparker: a fiber is queued with the
+    /// unparker's own reference to it instead of a new one.
+    pub(crate) fn unpark_owned(self) {
+        match self.target {
+            Target::Fiber { job, gen } => crate::sched::unpark_fiber_owned(job, gen),
+            Target::Waker(w) => w.wake(),
+            _ => self.unpark(),
+        }
+    }
 }
 
 impl fmt::Debug for Unparker {

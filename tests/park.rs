@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -252,6 +253,55 @@ fn a_stale_unparker_does_not_wake_a_later_park_on_a_plain_thread() {
         second.unpark();
         parked.join().expect("parked thread");
         assert!(past_second.load(Ordering::SeqCst));
+    });
+}
+
+/// A registration closure that keeps the unparker and then panics, in one of many fibers
+/// parked on one worker: the panicking fiber resumes with its panic, the kept unparker does
+/// not wake it a second time, and every other fiber is woken by its own unparker.
+#[test]
+fn a_panic_in_register_among_many_parked_fibers_resumes_only_that_fiber() {
+    with_deadline(|| {
+        let sched = started(1);
+        let kept: Arc<std::sync::Mutex<Vec<Unparker>>> = Arc::default();
+        let handles: Vec<_> = (0..9)
+            .map(|i| {
+                let kept = kept.clone();
+                sched
+                    .submit(
+                        move || {
+                            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                                park(|u| {
+                                    kept.lock().unwrap().push(u);
+                                    if i == 4 {
+                                        panic!("register of fiber 4");
+                                    }
+                                })
+                            }))
+                            .is_err()
+                        },
+                        None,
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        wait_until("every fiber registered", || kept.lock().unwrap().len() == 9);
+        // Fiber 4 resumed with its panic; its unparker, kept, must not wake it again later.
+        let mut results = handles.into_iter().map(Some).collect::<Vec<_>>();
+        assert!(
+            finish(results[4].take().unwrap()),
+            "fiber 4 caught its panic"
+        );
+        for u in kept.lock().unwrap().drain(..) {
+            u.unpark();
+        }
+        for (i, h) in results.into_iter().enumerate() {
+            if let Some(h) = h {
+                assert!(!finish(h), "fiber {i} was woken, not panicked");
+            }
+        }
+        assert_eq!(finish(sched.submit(|| 7, None).expect("submit")), 7);
+        sched.stop();
     });
 }
 

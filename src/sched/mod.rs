@@ -16,7 +16,7 @@ pub(crate) mod worker;
 pub use watchdog::DEFAULT_WATCHDOG;
 
 pub use worker::current_worker;
-pub(crate) use worker::{cancel_started, unpark_fiber};
+pub(crate) use worker::{cancel_started, unpark_fiber, unpark_fiber_owned};
 
 use crate::error::{Error, SubmitError};
 use crate::fiber;

@@ -622,10 +622,23 @@ pub(crate) fn current_shared() -> Option<Arc<Shared>> {
 /// and the scheduler be dropped at once, so from just before the push to our last touch of
 /// the worker we are counted in its `wakers`, which `Shared`'s destructor waits out.
 pub(crate) fn unpark_fiber(job: &JobRef, gen: u64) {
-    let h = job.header();
-    if !h.park.notify(gen) {
-        return;
+    if job.header().park.notify(gen) {
+        queue_woken(job.clone());
     }
+}
+
+/// [`unpark_fiber`] for a caller that gives up its reference: the woken fiber is queued with
+/// it, so a wake costs no reference count increment and decrement.
+pub(crate) fn unpark_fiber_owned(job: JobRef, gen: u64) {
+    if job.header().park.notify(gen) {
+        queue_woken(job);
+    }
+}
+
+/// Queues a fiber whose `park.notify` the caller won: on its home worker's `ready` when
+/// called there, else in that worker's inbox.
+fn queue_woken(job: JobRef) {
+    let h = job.header();
     // SAFETY: written before the fiber first parked (see Placement), and the winner of
     // `notify` has acquired it; the shared state is alive (see above).
     let (sched, worker) = unsafe {
@@ -634,14 +647,14 @@ pub(crate) fn unpark_fiber(job: &JobRef, gen: u64) {
     };
     if let Some(w) = sched.local_worker() {
         if w.index == worker {
-            w.ready.borrow_mut().push_back(job.clone());
+            w.ready.borrow_mut().push_back(job);
             w.stats().local_wakes.add(1);
             return;
         }
     }
     let target = &sched.workers[worker];
     target.wakers.enter();
-    target.inbox.push(ScheduleTask::Fiber(job.clone()));
+    target.inbox.push(ScheduleTask::Fiber(job));
     target.sleep.wake();
     target.wakers.leave();
 }
@@ -1931,11 +1944,17 @@ impl Worker {
             home.timer = Some(timers.insert(d, (job.clone(), gen)));
             self.stats().timers.set(timers.len() as u64);
         }
-        let unparker = Unparker::for_fiber(job.clone(), gen);
+        // The unparker takes this reference (a wake then queues it as it is); the registry
+        // keeps the fiber alive meanwhile, and gives it back should `register` panic.
+        let slot = home.slot;
+        let unparker = Unparker::for_fiber(job, gen);
         // SAFETY: the closure lives on the suspended fiber's stack (see `park_until`) and is
         // called exactly once, here, before the fiber can resume.
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*register)(unparker) }));
         if let Err(p) = r {
+            // Nothing runs between the fiber's suspension and here that could end a fiber,
+            // so its registry slot is unchanged.
+            let job = self.registry.borrow()[slot].clone();
             self.home(&*job).pending_panic = Some(p);
             self.wake_own(&job, gen);
         }

@@ -123,6 +123,11 @@ mod imp {
                 self.slot.thread.unpark();
             }
         }
+
+        /// As the real one's: `unpark`, consuming the unparker.
+        pub(crate) fn unpark_owned(self) {
+            self.unpark();
+        }
     }
 
     /// The model's park. A deadline is modelled as "may pass at any moment": after `register`

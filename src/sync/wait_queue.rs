@@ -151,10 +151,10 @@ impl Wakeups {
 impl Drop for Wakeups {
     fn drop(&mut self) {
         if let Some(u) = self.first.take() {
-            u.unpark();
+            u.unpark_owned();
         }
         for u in self.rest.drain(..) {
-            u.unpark();
+            u.unpark_owned();
         }
     }
 }
