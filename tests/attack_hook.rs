@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{finish, with_deadline};
+use common::{finish, wait_until, with_deadline};
 use fibra::Scheduler;
 
 fn sched(threads: usize) -> Arc<Scheduler> {
@@ -405,6 +405,7 @@ fn close_and_reuse_race_with_a_starting_waiter() {
         for i in 0..100 {
             let (a, _b) = UnixStream::pair().unwrap();
             let fd = a.into_raw_fd();
+            let parks = s.metrics().workers()[0].parks();
             let waiter = s
                 .submit(
                     move || {
@@ -416,6 +417,12 @@ fn close_and_reuse_race_with_a_starting_waiter() {
                     Some(0),
                 )
                 .unwrap();
+            // The waiter must have parked in its read before the close (a close before the
+            // read starts would be the user's own use-after-close race): on a loaded machine
+            // the closer's sleep alone did not make sure of it.
+            wait_until("the waiter to park in its read", || {
+                s.metrics().workers()[0].parks() > parks
+            });
             let closer = s
                 .submit(
                     move || {
