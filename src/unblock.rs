@@ -327,7 +327,7 @@ impl Completion {
             // result after its own Acquire look at DONE (`wait_done`).
             // SAFETY: as above; the pool touches `unparker` only in state PARKED.
             if let Some(u) = unsafe { (*self.unparker.get()).take() } {
-                u.unpark();
+                u.unpark_owned();
             }
         }
     }
@@ -594,7 +594,7 @@ impl Pool {
                 // than leave callers parked for ever.
                 while let Some(e) = self.queue.pop() {
                     if let Some(caller) = e.run() {
-                        caller.unpark();
+                        caller.unpark_owned();
                     }
                 }
             }
@@ -622,7 +622,7 @@ impl Pool {
                 // finds this thread and wakes nobody.
                 self.searching.fetch_add(1, Ordering::SeqCst);
                 if let Some(caller) = caller {
-                    caller.unpark();
+                    caller.unpark_owned();
                 }
                 continue;
             }

@@ -147,7 +147,7 @@ impl IoRecord {
             .collect();
         for w in woken {
             match w {
-                Wake::Fiber(u) => u.unpark(),
+                Wake::Fiber(u) => u.unpark_owned(),
                 Wake::Task(c) => c.unlisted().submit(),
             }
         }
@@ -217,7 +217,7 @@ impl IoRecord {
                 let mut waiters = self.waiters.lock();
                 if self.ready(interest) {
                     drop(waiters);
-                    u.unpark();
+                    u.unpark_owned();
                 } else {
                     waiters.push(Waiter {
                         id,
@@ -286,7 +286,7 @@ pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instan
             let mut waiters = rec.waiters.lock();
             if rec.ready(*interest) {
                 drop(waiters);
-                u.unpark();
+                u.unpark_owned();
                 return;
             }
             waiters.push(Waiter {

@@ -138,7 +138,7 @@ fn wake_receiver<T>(inner: &Inner<T>) {
     // the cell to us (its withdrawal sees our flag).
     let u = inner.waiter.with_mut(|w| unsafe { (*w).take() });
     if let Some(u) = u {
-        u.unpark();
+        u.unpark_owned();
     }
 }
 
@@ -272,7 +272,7 @@ fn publish<T>(inner: &Inner<T>, u: Unparker) {
         // SAFETY: as above.
         let u = inner.waiter.with_mut(|w| unsafe { (*w).take() });
         if let Some(u) = u {
-            u.unpark();
+            u.unpark_owned();
         }
     }
 }

@@ -35,7 +35,7 @@ impl Signal {
     fn fire(&self) {
         self.fired.store(true, Ordering::Release);
         if let Some(u) = self.waiter.lock().take() {
-            u.unpark();
+            u.unpark_owned();
         }
     }
 
@@ -56,7 +56,7 @@ impl Signal {
             let mut w = self.waiter.lock();
             if self.fired.load(Ordering::Acquire) {
                 drop(w);
-                u.unpark();
+                u.unpark_owned();
             } else {
                 *w = Some(u);
             }
