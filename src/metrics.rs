@@ -89,10 +89,16 @@ pub(crate) struct WorkerStats {
 /// sched.start();
 /// let before = sched.metrics();
 /// sched.block_on(|| fibra::Fiber::yield_now());
-/// let m = sched.metrics();
+/// // The worker counts a fiber's last run just after its result is out: look until it has.
+/// let resumes = |m: &fibra::Metrics| m.workers().iter().map(|w| w.resumes()).sum::<u64>();
+/// let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+/// let mut m = sched.metrics();
+/// while resumes(&m) < 2 && std::time::Instant::now() < deadline {
+///     std::thread::sleep(std::time::Duration::from_millis(1));
+///     m = sched.metrics();
+/// }
 /// assert!(m.spawned() >= 1);
-/// let resumes: u64 = m.workers().iter().map(|w| w.resumes()).sum();
-/// assert!(resumes >= 2); // started, and resumed after the yield
+/// assert!(resumes(&m) >= 2); // started, and resumed after the yield
 /// println!("{}", m.delta(&before));
 /// ```
 #[derive(Clone, Debug)]
