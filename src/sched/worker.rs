@@ -167,6 +167,9 @@ pub(crate) const YIELD_PULL_READY_MAX: usize = 8;
 /// Up to this many live fibers a worker takes outside submissions at a yield without looking
 /// at its peers' loads (see `least_loaded`).
 const FEW_FIBERS: u64 = 8;
+/// A worker that has not run out of its own work for this many passes takes a share of a
+/// busier peer's unstarted tasks (see `Worker::rebalance`).
+const REBALANCE_AFTER: u32 = 128;
 /// How many tasks in a row a worker takes from its `next` slot before looking elsewhere.
 const MAX_NEXT_STREAK: u32 = 3;
 /// An idle worker takes the task in a peer's `next` slot only once the peer has run the
@@ -184,6 +187,10 @@ const IO_POLL_INTERVAL: u32 = 61;
 /// How long a peer worker on this worker's CPU may wait for it, awake and with tasks queued,
 /// before this worker yields the CPU (see `Worker::cede_cpu`).
 const CEDE_AFTER_NS: u64 = 250_000;
+/// How long a peer woken from its sleep may go without running, while work it could take
+/// waits, before this worker makes room on its CPU for it. A wake-up on an idle CPU takes
+/// 2–15 µs here; much longer means it is queued behind a busy thread, likely this one.
+const ROUSED_AFTER_NS: u64 = 50_000;
 /// At most this many `sched_yield`s in a row per cede, each of which came straight back
 /// (see `cede_to`).
 const CEDE_TRIES: u32 = 16;
@@ -781,6 +788,9 @@ pub(crate) struct Worker {
     /// Fibers woken by their timers and queued in `ready`, not yet resumed.
     timer_woken: Cell<usize>,
     next_streak: Cell<u32>,
+    /// The tick at which this worker last ran out of its own work and looked at the
+    /// injector and its peers (see `rebalance`).
+    dry_tick: Cell<u32>,
     /// The last fiber run yielded: before it runs again, the worker looks at the injector
     /// (a yield goes behind outside submissions too, when no idle peer takes them).
     yielded: Cell<bool>,
@@ -889,6 +899,7 @@ impl Worker {
             timers_capped: Cell::new(false),
             timer_woken: Cell::new(0),
             next_streak: Cell::new(0),
+            dry_tick: Cell::new(0),
             yielded: Cell::new(false),
             next_maybe: Cell::new(false),
             local_maybe: Cell::new(false),
@@ -1078,6 +1089,7 @@ impl Worker {
         if self.fire_timers() {
             return self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
         }
+        self.dry_tick.set(tick);
         self.take_injected()
             .map(ScheduleTask::New)
             .or_else(|| self.steal())
@@ -1131,26 +1143,30 @@ impl Worker {
             self.publish_gauges();
         }
         if self.shared.workers.len() > 1 {
+            self.rebalance();
             self.cede_cpu();
         }
     }
 
-    /// Yields this thread's CPU to a peer worker that waits for it.
+    /// Gives this thread's CPU to a peer worker that waits for it.
     ///
     /// A started fiber never moves, so while the kernel keeps a worker thread off its CPU,
     /// that worker's fibers wait, however idle the others are. When two workers share one
     /// CPU (more runnable threads than CPUs: a load generator on the same machine, other
-    /// processes), the kernel alternates them in slices of a few milliseconds, and the
-    /// waiting one's fibers see that as latency. So a worker that finds a peer on its own
-    /// CPU, awake, with tasks waiting and no progress for `CEDE_AFTER_NS`, calls
-    /// `sched_yield` until the peer runs (`cede_to`), once per wait; that peer does the same
-    /// in turn. So it does, while outside submissions wait in the injector, for a peer
-    /// woken from its sleep whose thread has not run for as long, wherever it last ran: the
-    /// kernel may have queued it on this CPU, and it can publish neither that nor the work
-    /// it was woken for (the injector's, not in its queues); left waiting, it would see this
-    /// worker start every submission, and started fibers never move. (Not otherwise: a
-    /// peer woken elsewhere, behind some other thread, gains nothing from this worker's
-    /// yield, which may hand this CPU to that other thread.) Workers busy on separate CPUs
+    /// processes; or a kernel that packs threads onto few CPUs), the kernel alternates them
+    /// in slices of a few milliseconds, and the waiting one's fibers see that as latency.
+    /// So a worker that finds a peer on its own CPU, awake, with tasks waiting and no
+    /// progress for `CEDE_AFTER_NS`, moves its own thread to an allowed CPU that no awake
+    /// worker uses, if there is one (`hop_to_free_cpu`); otherwise it calls `sched_yield`
+    /// until the peer runs (`cede_to`), once per wait, and that peer does the same in turn.
+    /// It yields, too, to a peer woken from its sleep whose thread has not run for
+    /// `ROUSED_AFTER_NS`, wherever it last ran, while work that peer could take waits:
+    /// outside submissions, or a burst of tasks spawned on this worker. The kernel may
+    /// have queued it on this CPU, and it can publish neither that nor the work (not in its
+    /// queues); left waiting, it would see this worker start all of it, and started fibers
+    /// never move. (Not otherwise: a peer woken elsewhere, behind some other thread, gains
+    /// nothing from this worker's yield, which may hand this CPU to that other thread; nor
+    /// for the work in its own queues, which only it can run.) Workers busy on separate CPUs
     /// never cede, and pay a `sched_getcpu` (a few ns through rseq) and two cached loads
     /// per peer: a peer's CPU is in a line it rewrites only when it moves, its sleep state
     /// in one written only by sleeps and wakes. See docs/design.md, "Sharing a CPU".
@@ -1159,29 +1175,33 @@ impl Worker {
             return;
         };
         for (j, peer) in self.shared.workers.iter().enumerate() {
-            if j != self.index
-                && (peer.cpu.0.load(Ordering::Relaxed) == cpu || self.roused_for_outside(peer))
-                && self.cede_if_waiting(j, peer)
-            {
+            if j == self.index {
+                continue;
+            }
+            let here = peer.cpu.0.load(Ordering::Relaxed) == cpu;
+            if (here || self.roused_for_work(peer)) && self.cede_if_waiting(j, peer, here) {
                 return;
             }
         }
     }
 
-    /// `cede_cpu` for peer `j`, which shares this worker's CPU or was woken and has not run
-    /// yet: cedes it if the peer waits for it (see there); whether it did. A peer's wait
-    /// starts when this worker first sees it with no new progress: every pass of a worker's
-    /// loop, the one after a wake-up included, moves its progress on.
+    /// `cede_cpu` for peer `j`, which shares this worker's CPU (`here`) or was woken and has
+    /// not run yet: cedes it if the peer waits for it (see there); whether it did. A peer's
+    /// wait starts when this worker first sees it with no new progress: every pass of a
+    /// worker's loop, the one after a wake-up included, moves its progress on.
+    ///
+    /// A peer that runs here waits for this very CPU: this worker moves to a CPU none of the
+    /// workers uses if it may (`hop_to_free_cpu`), so that both run from now on, and takes
+    /// turns with it otherwise. A woken one may wait anywhere; only a yield is tried, which
+    /// costs little where it does not help, where a move could land on the peer's CPU.
     #[cold]
     #[inline(never)]
-    fn cede_if_waiting(&self, j: usize, peer: &WorkerShared) -> bool {
+    fn cede_if_waiting(&self, j: usize, peer: &WorkerShared, here: bool) -> bool {
         let now = crate::sys::mono_ns();
         let progress = peer.progress();
+        let roused = self.roused_for_work(peer);
         let s = &mut self.peers_seen.borrow_mut()[j];
-        if s.progress != progress
-            || peer.is_quiet()
-            || (peer.waiting() == 0 && !self.roused_for_outside(peer))
-        {
+        if s.progress != progress || peer.is_quiet() || (peer.waiting() == 0 && !roused) {
             *s = PeerSeen {
                 progress,
                 since: now,
@@ -1189,20 +1209,50 @@ impl Worker {
             };
             return false;
         }
-        if s.ceded || now.saturating_sub(s.since) < CEDE_AFTER_NS {
+        let after = if roused {
+            ROUSED_AFTER_NS
+        } else {
+            CEDE_AFTER_NS
+        };
+        if s.ceded || now.saturating_sub(s.since) < after {
             return false;
         }
         // Once per wait: a peer that has not moved after `cede_to` waits elsewhere.
         s.ceded = true;
         self.stats().cedes.add(1);
-        cede_to(peer, progress);
+        if !(here && self.hop_to_free_cpu()) {
+            cede_to(peer, progress);
+        }
         true
     }
 
-    /// Whether `peer` was woken from its sleep and has not run since, while outside
-    /// submissions wait: it may be queued on this CPU (see `cede_cpu`).
-    fn roused_for_outside(&self, peer: &WorkerShared) -> bool {
-        peer.sleep.is_roused() && !self.shared.injector.is_empty()
+    /// Moves this thread to an allowed CPU that no awake worker of this scheduler last ran
+    /// on (see `sys::hop`); whether it moved. The thread keeps its CPU set, so the kernel
+    /// may move it again as it sees fit.
+    fn hop_to_free_cpu(&self) -> bool {
+        let workers = &self.shared.workers;
+        let taken = |cpu| {
+            workers.iter().enumerate().any(|(j, w)| {
+                w.cpu.0.load(Ordering::Relaxed) == cpu
+                    && (j == self.index || !w.sleep.is_sleeping())
+            })
+        };
+        match crate::sys::hop(self.index, taken) {
+            Some(cpu) => {
+                self.me().cpu.0.store(cpu, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `peer` was woken from its sleep and has not run since, while work it could
+    /// take waits: outside submissions, or unstarted tasks on this worker's stealable queue
+    /// (a burst spawned here). It may be queued on this CPU (see `cede_cpu`). Not for work
+    /// in its own queues alone (a wake of one of its fibers, a pinned task): only it can
+    /// run that, wherever it waits, and a peer that woke it has no share to lose.
+    fn roused_for_work(&self, peer: &WorkerShared) -> bool {
+        peer.sleep.is_roused() && (!self.shared.injector.is_empty() || !self.me().local.is_empty())
     }
 
     /// Publishes the CPU this thread runs on, if it changed, and returns it (`None` if the
@@ -1299,27 +1349,69 @@ impl Worker {
             if v == self.index {
                 continue;
             }
-            let victim = &workers[v].local;
-            let available = victim.len();
-            let Some(first) = pop_local(victim) else {
-                continue;
-            };
-            let mut taken = 1;
-            if available > 1 {
-                // Half of the rest comes here below.
-                self.local_maybe.set(true);
+            if let Some(first) = self.steal_from(v) {
+                return Some(ScheduleTask::New(first));
             }
-            for _ in 0..available / 2 {
-                let Some(job) = victim.pop() else { break };
-                taken += 1;
-                if let Err(job) = self.me().local.push(job) {
-                    self.shared.injector.push(job);
-                }
-            }
-            self.stats().steals.add(taken);
-            return Some(ScheduleTask::New(first));
         }
         None
+    }
+
+    /// Takes a task from peer `v`'s stealable queue and half of the rest into this worker's.
+    #[inline]
+    fn steal_from(&self, v: usize) -> Option<JobRef> {
+        let victim = &self.shared.workers[v].local;
+        let available = victim.len();
+        let first = pop_local(victim)?;
+        let mut taken = 1;
+        if available > 1 {
+            // Half of the rest comes here below.
+            self.local_maybe.set(true);
+        }
+        for _ in 0..available / 2 {
+            let Some(job) = victim.pop() else { break };
+            taken += 1;
+            if let Err(job) = self.me().local.push(job) {
+                self.shared.injector.push(job);
+            }
+        }
+        self.stats().steals.add(taken);
+        Some(first)
+    }
+
+    /// A busy worker's share of a peer's burst: while this worker's own stealable queue is
+    /// empty, it takes half of the unstarted tasks queued on a peer that runs more fibers
+    /// than it does (and more than a small group's `FEW_FIBERS`). An idle worker steals
+    /// anyway; this is for one kept busy by a few fibers of its own, which otherwise
+    /// looked at its peers only once they were done, while the peer started the rest of
+    /// the burst itself, and started fibers never move (in `ping_pong_mpsc`'s shape, 200
+    /// pairs spawned by one fiber ended 354 / 48 and 387 / 14 fibers apart).
+    fn rebalance(&self) {
+        // A worker that ran dry lately looks at its peers when it does again; so does one
+        // without ready fibers, soon. Only one that has kept busy for a while reads its
+        // peers' queues and gauges here: those lines move with every spawn and start of
+        // theirs (every 16 passes, it cost `ping_pong`, whose workers run dry all the time,
+        // 3–5%).
+        let tick = self.tick.get();
+        if tick.wrapping_sub(self.dry_tick.get()) < REBALANCE_AFTER
+            || self.ready.borrow().is_empty()
+            || !self.me().local.is_empty()
+        {
+            return;
+        }
+        let mine = self.registry.borrow().len() as u64;
+        for (v, peer) in self.shared.workers.iter().enumerate() {
+            // The queue first: its lines move only with its pushes and pops, where the
+            // gauge shares a line with counters its worker writes at every pass.
+            if v != self.index && peer.local.len() > 1 && {
+                let theirs = peer.stats.0.fibers.get();
+                theirs > FEW_FIBERS && theirs > mine + 1
+            } {
+                if let Some(first) = self.steal_from(v) {
+                    self.push_local(first);
+                }
+                return;
+            }
+        }
     }
 
     /// Takes the task in a peer's `next` slot if that peer has been running one fiber for
