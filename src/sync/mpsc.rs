@@ -20,7 +20,8 @@
 //! crossbeam-channel between threads, the yardstick): the receiver of an unbounded
 //! channel takes the whole buffer in one go when it holds several messages (one lock per
 //! batch instead of per message, and less contention with the senders; the batch has a spin
-//! flag of its own, uncontended unless receivers share the `Receiver`), and a receiving
+//! flag of its own, uncontended unless receivers share the `Receiver`, and a `filled` hint
+//! so that a receive finding no batch takes no flag at all), and a receiving
 //! *thread* watches its queued node briefly before it parks (see `wait_queue`): a sender
 //! that comes meanwhile delivers straight into its slot and neither side makes a futex
 //! call (a fiber parks at once: that is only a context switch). Disconnection: the last sender (an
@@ -193,6 +194,11 @@ pub struct Receiver<T> {
 /// most; a single receiver pays one atomic swap and a store, half of a mutex's cost.
 struct Batch<T> {
     busy: std::sync::atomic::AtomicBool,
+    /// Whether `queue` may hold messages: set by a refill, cleared by the pop that empties
+    /// it, both under `busy`. A receiver that reads it clear skips the flag; one that holds
+    /// the channel's lock cannot read it clear while a refill left messages (refills happen
+    /// under that lock too).
+    filled: std::sync::atomic::AtomicBool,
     queue: std::cell::UnsafeCell<VecDeque<T>>,
 }
 
@@ -204,6 +210,7 @@ impl<T> Batch<T> {
     fn new() -> Self {
         Batch {
             busy: std::sync::atomic::AtomicBool::new(false),
+            filled: std::sync::atomic::AtomicBool::new(false),
             queue: std::cell::UnsafeCell::new(VecDeque::new()),
         }
     }
@@ -226,7 +233,17 @@ impl<T> Batch<T> {
     }
 
     fn pop(&self) -> Option<T> {
-        self.with(VecDeque::pop_front)
+        use std::sync::atomic::Ordering as O;
+        if !self.filled.load(O::Relaxed) {
+            return None;
+        }
+        self.with(|q| {
+            let msg = q.pop_front();
+            if q.is_empty() {
+                self.filled.store(false, O::Relaxed);
+            }
+            msg
+        })
     }
 }
 
@@ -504,7 +521,13 @@ impl<T> Receiver<T> {
             // hold): the shared buffer keeps the batch's allocation for the senders.
             return self.batch.with(|batch| {
                 std::mem::swap(&mut st.buffer, batch);
-                batch.pop_front()
+                let msg = batch.pop_front();
+                if !batch.is_empty() {
+                    self.batch
+                        .filled
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                msg
             });
         }
         take_message(st)

@@ -29,7 +29,8 @@
 //! Its `Unparker` exists only once the fiber has switched out (docs/design.md, "Principles"), so the
 //! park registration publishes it: write the unparker into the node, then compare-and-swap
 //! `WAITING → PUBLISHED`. A waker holding the lock unlinks the node, writes the token and
-//! swaps the state to `WOKEN`:
+//! swaps the state to `WOKEN` (a plain store when it reads `PUBLISHED`: from there on only
+//! wakers, under the lock, write the state):
 //! - if it saw `PUBLISHED`, it takes the unparker (still under the lock) and unparks after
 //!   unlocking;
 //! - if it saw `WAITING`, the registration has not run yet; its compare-and-swap then fails
@@ -153,8 +154,11 @@ impl Drop for Wakeups {
         if let Some(u) = self.first.take() {
             u.unpark_owned();
         }
-        for u in self.rest.drain(..) {
-            u.unpark_owned();
+        // Most wake-ups are single: skip building a drain of an empty vector.
+        if !self.rest.is_empty() {
+            for u in std::mem::take(&mut self.rest) {
+                u.unpark_owned();
+            }
         }
     }
 }
@@ -359,10 +363,19 @@ impl<D: Copy> WaitList<D> {
         let data = node.data;
         // SAFETY: only a waker writes the token, under the lock, before WOKEN.
         node.token.with_mut(|t| unsafe { *t = token });
-        // AcqRel: Release hands the token (and whatever this waker did under the lock) to the
-        // waiter, which reads WOKEN with Acquire; Acquire makes the unparker it published
-        // visible when we see PUBLISHED.
-        if node.state.swap(WOKEN, Ordering::AcqRel) == PUBLISHED {
+        // Release hands the token (and whatever this waker did under the lock) to the waiter,
+        // which reads WOKEN with Acquire; Acquire makes the unparker it published visible
+        // when we see PUBLISHED. A published node's state is written only by wakers, under
+        // the lock we hold (the waiter's one write is WAITING → PUBLISHED), so once we see
+        // PUBLISHED a plain store does what the swap would, without a locked instruction:
+        // the usual case, a waiter parked a while ago.
+        let before = if node.state.load(Ordering::Acquire) == PUBLISHED {
+            node.state.store(WOKEN, Ordering::Release);
+            PUBLISHED
+        } else {
+            node.state.swap(WOKEN, Ordering::AcqRel)
+        };
+        if before == PUBLISHED {
             // SAFETY: the waiter is parked and can only resume through this unparker or by a
             // timeout/cancellation, which must take the lock we hold first; so the node is
             // still alive and its unparker ours to take.
