@@ -187,9 +187,11 @@ const IO_POLL_INTERVAL: u32 = 61;
 /// How long a peer worker on this worker's CPU may wait for it, awake and with tasks queued,
 /// before this worker yields the CPU (see `Worker::cede_cpu`).
 const CEDE_AFTER_NS: u64 = 250_000;
-/// How long a peer woken from its sleep may go without running, while work it could take
-/// waits, before this worker makes room on its CPU for it. A wake-up on an idle CPU takes
-/// 2–15 µs here; much longer means it is queued behind a busy thread, likely this one.
+/// How long a peer woken from its sleep may go without running, while unstarted tasks it
+/// could take wait on this worker's queue, before this worker makes room on its CPU for it.
+/// A wake-up on an idle CPU takes 2–15 µs here; much longer means it is queued behind a
+/// busy thread, likely this one. (For outside submissions, `CEDE_AFTER_NS`: at 50 µs,
+/// `spawn_remote` read 15–35% slower.)
 const ROUSED_AFTER_NS: u64 = 50_000;
 /// At most this many `sched_yield`s in a row per cede, each of which came straight back
 /// (see `cede_to`).
@@ -1143,7 +1145,9 @@ impl Worker {
             self.publish_gauges();
         }
         if self.shared.workers.len() > 1 {
-            self.rebalance();
+            if tick.wrapping_sub(self.dry_tick.get()) >= REBALANCE_AFTER {
+                self.rebalance();
+            }
             self.cede_cpu();
         }
     }
@@ -1209,7 +1213,10 @@ impl Worker {
             };
             return false;
         }
-        let after = if roused {
+        // A burst spawned here is started by this worker at every other pass while the
+        // woken peer waits: it gets a short wait. Outside submissions keep the long one;
+        // any idle worker may take them, and a yield may give this CPU to their submitter.
+        let after = if roused && !self.me().local.is_empty() {
             ROUSED_AFTER_NS
         } else {
             CEDE_AFTER_NS
@@ -1230,6 +1237,12 @@ impl Worker {
     /// on (see `sys::hop`); whether it moved. The thread keeps its CPU set, so the kernel
     /// may move it again as it sees fit.
     fn hop_to_free_cpu(&self) -> bool {
+        // A CPU without a worker may run the thread that submits from outside: while its
+        // submissions wait, leave that CPU to it (moving there made `spawn_remote`, whose
+        // main thread submits 10 000 tasks, 20–25% slower).
+        if !self.shared.injector.is_empty() {
+            return false;
+        }
         let workers = &self.shared.workers;
         let taken = |cpu| {
             workers.iter().enumerate().any(|(j, w)| {
@@ -1385,17 +1398,17 @@ impl Worker {
     /// looked at its peers only once they were done, while the peer started the rest of
     /// the burst itself, and started fibers never move (in `ping_pong_mpsc`'s shape, 200
     /// pairs spawned by one fiber ended 354 / 48 and 387 / 14 fibers apart).
+    ///
+    /// Called only by a worker that has not run dry for `REBALANCE_AFTER` passes: one that
+    /// did lately looks at its peers when it does again, and so does one without ready
+    /// fibers, soon. Only one that has kept busy for a while reads its peers' queues and
+    /// gauges here: those lines move with every spawn and start of theirs (every 16 passes,
+    /// it cost `ping_pong`, whose workers run dry all the time, 3–5%). Out of line, since
+    /// it is rarely called: inlined into the loop, it cost `spawn_many` 5–7%.
+    #[cold]
+    #[inline(never)]
     fn rebalance(&self) {
-        // A worker that ran dry lately looks at its peers when it does again; so does one
-        // without ready fibers, soon. Only one that has kept busy for a while reads its
-        // peers' queues and gauges here: those lines move with every spawn and start of
-        // theirs (every 16 passes, it cost `ping_pong`, whose workers run dry all the time,
-        // 3–5%).
-        let tick = self.tick.get();
-        if tick.wrapping_sub(self.dry_tick.get()) < REBALANCE_AFTER
-            || self.ready.borrow().is_empty()
-            || !self.me().local.is_empty()
-        {
+        if self.ready.borrow().is_empty() || !self.me().local.is_empty() {
             return;
         }
         let mine = self.registry.borrow().len() as u64;
