@@ -1163,9 +1163,10 @@ impl Worker {
     /// progress for `CEDE_AFTER_NS`, moves its own thread to an allowed CPU that no awake
     /// worker uses, if there is one (`hop_to_free_cpu`); otherwise it calls `sched_yield`
     /// until the peer runs (`cede_to`), once per wait, and that peer does the same in turn.
-    /// It yields, too, to a peer woken from its sleep whose thread has not run for
-    /// `ROUSED_AFTER_NS`, wherever it last ran, while work that peer could take waits:
-    /// outside submissions, or a burst of tasks spawned on this worker. The kernel may
+    /// It yields, too, to a peer woken from its sleep whose thread has not run since,
+    /// wherever it last ran, while work that peer could take waits: for `CEDE_AFTER_NS`
+    /// while outside submissions wait, for `ROUSED_AFTER_NS` while a burst of tasks
+    /// spawned on this worker waits on its stealable queue. The kernel may
     /// have queued it on this CPU, and it can publish neither that nor the work (not in its
     /// queues); left waiting, it would see this worker start all of it, and started fibers
     /// never move. (Not otherwise: a peer woken elsewhere, behind some other thread, gains
@@ -1196,8 +1197,9 @@ impl Worker {
     ///
     /// A peer that runs here waits for this very CPU: this worker moves to a CPU none of the
     /// workers uses if it may (`hop_to_free_cpu`), so that both run from now on, and takes
-    /// turns with it otherwise. A woken one may wait anywhere; only a yield is tried, which
-    /// costs little where it does not help, where a move could land on the peer's CPU.
+    /// turns with it otherwise. A woken one may wait on any CPU: only a yield is tried,
+    /// which costs a system call where it does not help, where a move could land on the
+    /// very CPU the peer waits for.
     #[cold]
     #[inline(never)]
     fn cede_if_waiting(&self, j: usize, peer: &WorkerShared, here: bool) -> bool {
@@ -1403,8 +1405,10 @@ impl Worker {
     /// did lately looks at its peers when it does again, and so does one without ready
     /// fibers, soon. Only one that has kept busy for a while reads its peers' queues and
     /// gauges here: those lines move with every spawn and start of theirs (every 16 passes,
-    /// it cost `ping_pong`, whose workers run dry all the time, 3–5%). Out of line, since
-    /// it is rarely called: inlined into the loop, it cost `spawn_many` 5–7%.
+    /// it cost `ping_pong`, whose workers run dry all the time, 3–5%). Out of line: it is
+    /// rarely called. (`spawn_many`, which never gets this far, read 3–5% slower in
+    /// alternating runs with the call in the loop, as much with an empty body: the loop's
+    /// code layout, as far as measured.)
     #[cold]
     #[inline(never)]
     fn rebalance(&self) {
