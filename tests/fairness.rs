@@ -797,65 +797,6 @@ fn set_cpus_of(tid: libc::pid_t, cpus: &[usize]) {
     }
 }
 
-/// Two workers the kernel keeps on one CPU while another one is free, both busy: rather
-/// than take turns on it (see `workers_sharing_one_cpu_cede_it_to_each_other`), the one
-/// whose peer has waited moves its own thread to the free CPU, and keeps its CPU set. Both
-/// are first pinned to one CPU, then allowed every CPU again, and stay busy. Left to the
-/// kernel of the 2-vCPU VM fibra is developed on, they took 27–70 turns each (10–20 ms)
-/// before it moved one of them; with the move, one or two.
-#[test]
-fn workers_packed_on_one_cpu_move_apart_and_keep_their_cpu_sets() {
-    let _serial = serial();
-    with_deadline(|| {
-        let all = allowed_cpus();
-        let sched = started(2);
-        pin_workers(&sched, [all[0], all[0]]);
-        let stop = Arc::new(AtomicBool::new(false));
-        let busy = keep_workers_ready(&sched, &stop);
-        for w in 0..2 {
-            let every = all.clone();
-            finish(
-                sched
-                    .submit(move || set_thread_cpus(&every), Some(w))
-                    .unwrap(),
-            );
-        }
-        let cpu_of = |w| {
-            let here = || {
-                // SAFETY: sched_getcpu has no preconditions.
-                unsafe { libc::sched_getcpu() }
-            };
-            finish(sched.submit(here, Some(w)).unwrap())
-        };
-        let until = Instant::now() + Duration::from_secs(5);
-        let apart = loop {
-            let cpus = [cpu_of(0), cpu_of(1)];
-            if cpus[0] != cpus[1] || Instant::now() > until {
-                break cpus;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let turns: u64 = cedes(&sched).iter().sum();
-        let sets = [0, 1].map(|w| finish(sched.submit(allowed_cpus, Some(w)).unwrap()));
-        stop.store(true, Ordering::Relaxed);
-        for h in busy {
-            finish(h);
-        }
-        eprintln!("CPUs {apart:?}, cedes until then {turns}");
-        assert_eq!(sets, [all.clone(), all.clone()], "both keep every CPU");
-        if all.len() >= 2 {
-            assert_ne!(apart[0], apart[1], "the workers stayed on one CPU for 5 s");
-            assert!(
-                turns <= 8,
-                "the workers took {turns} turns on one CPU first"
-            );
-        } else {
-            eprintln!("one CPU allowed: nothing to move to");
-        }
-        sched.stop();
-    });
-}
-
 /// Submits `fibers` tasks running `body` from this plain thread, all before the first join,
 /// and counts them by the worker `body` returns (the one it started on).
 fn burst_from_outside(

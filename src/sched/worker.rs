@@ -1152,7 +1152,7 @@ impl Worker {
         }
     }
 
-    /// Gives this thread's CPU to a peer worker that waits for it.
+    /// Yields this thread's CPU to a peer worker that waits for it.
     ///
     /// A started fiber never moves, so while the kernel keeps a worker thread off its CPU,
     /// that worker's fibers wait, however idle the others are. When two workers share one
@@ -1160,49 +1160,41 @@ impl Worker {
     /// processes; or a kernel that packs threads onto few CPUs), the kernel alternates them
     /// in slices of a few milliseconds, and the waiting one's fibers see that as latency.
     /// So a worker that finds a peer on its own CPU, awake, with tasks waiting and no
-    /// progress for `CEDE_AFTER_NS`, moves its own thread to an allowed CPU that no awake
-    /// worker uses, if there is one (`hop_to_free_cpu`); otherwise it calls `sched_yield`
-    /// until the peer runs (`cede_to`), once per wait, and that peer does the same in turn.
-    /// It yields, too, to a peer woken from its sleep whose thread has not run since,
-    /// wherever it last ran, while work that peer could take waits: for `CEDE_AFTER_NS`
-    /// while outside submissions wait, for `ROUSED_AFTER_NS` while a burst of tasks
-    /// spawned on this worker waits on its stealable queue. The kernel may
-    /// have queued it on this CPU, and it can publish neither that nor the work (not in its
-    /// queues); left waiting, it would see this worker start all of it, and started fibers
-    /// never move. (Not otherwise: a peer woken elsewhere, behind some other thread, gains
-    /// nothing from this worker's yield, which may hand this CPU to that other thread; nor
-    /// for the work in its own queues, which only it can run.) Workers busy on separate CPUs
-    /// never cede, and pay a `sched_getcpu` (a few ns through rseq) and two cached loads
-    /// per peer: a peer's CPU is in a line it rewrites only when it moves, its sleep state
-    /// in one written only by sleeps and wakes. See docs/design.md, "Sharing a CPU".
+    /// progress for `CEDE_AFTER_NS`, calls `sched_yield` until the peer runs (`cede_to`),
+    /// once per wait; that peer does the same in turn. So it does for a peer woken from its
+    /// sleep whose thread has not run since, wherever it last ran, while work that peer
+    /// could take waits: for `CEDE_AFTER_NS` while outside submissions wait, for
+    /// `ROUSED_AFTER_NS` while a burst of tasks spawned on this worker waits on its
+    /// stealable queue. The kernel may have queued it on this CPU, and it can publish
+    /// neither that nor the work (not in its queues); left waiting, it would see this
+    /// worker start all of it, and started fibers never move. (Not otherwise: a peer woken
+    /// elsewhere, behind some other thread, gains nothing from this worker's yield, which
+    /// may hand this CPU to that other thread; nor for the work in its own queues, which
+    /// only it can run.) Workers busy on separate CPUs never cede, and pay a `sched_getcpu`
+    /// (a few ns through rseq) and two cached loads per peer: a peer's CPU is in a line it
+    /// rewrites only when it moves, its sleep state in one written only by sleeps and
+    /// wakes. See docs/design.md, "Sharing a CPU".
     fn cede_cpu(&self) {
         let Some(cpu) = self.publish_cpu() else {
             return;
         };
         for (j, peer) in self.shared.workers.iter().enumerate() {
-            if j == self.index {
-                continue;
-            }
-            let here = peer.cpu.0.load(Ordering::Relaxed) == cpu;
-            if (here || self.roused_for_work(peer)) && self.cede_if_waiting(j, peer, here) {
+            if j != self.index
+                && (peer.cpu.0.load(Ordering::Relaxed) == cpu || self.roused_for_work(peer))
+                && self.cede_if_waiting(j, peer)
+            {
                 return;
             }
         }
     }
 
-    /// `cede_cpu` for peer `j`, which shares this worker's CPU (`here`) or was woken and has
-    /// not run yet: cedes it if the peer waits for it (see there); whether it did. A peer's
-    /// wait starts when this worker first sees it with no new progress: every pass of a
-    /// worker's loop, the one after a wake-up included, moves its progress on.
-    ///
-    /// A peer that runs here waits for this very CPU: this worker moves to a CPU none of the
-    /// workers uses if it may (`hop_to_free_cpu`), so that both run from now on, and takes
-    /// turns with it otherwise. A woken one may wait on any CPU: only a yield is tried,
-    /// which costs a system call where it does not help, where a move could land on the
-    /// very CPU the peer waits for.
+    /// `cede_cpu` for peer `j`, which shares this worker's CPU or was woken and has not run
+    /// yet: cedes it if the peer waits for it (see there); whether it did. A peer's wait
+    /// starts when this worker first sees it with no new progress: every pass of a worker's
+    /// loop, the one after a wake-up included, moves its progress on.
     #[cold]
     #[inline(never)]
-    fn cede_if_waiting(&self, j: usize, peer: &WorkerShared, here: bool) -> bool {
+    fn cede_if_waiting(&self, j: usize, peer: &WorkerShared) -> bool {
         let now = crate::sys::mono_ns();
         let progress = peer.progress();
         let roused = self.roused_for_work(peer);
@@ -1229,36 +1221,8 @@ impl Worker {
         // Once per wait: a peer that has not moved after `cede_to` waits elsewhere.
         s.ceded = true;
         self.stats().cedes.add(1);
-        if !(here && self.hop_to_free_cpu()) {
-            cede_to(peer, progress);
-        }
+        cede_to(peer, progress);
         true
-    }
-
-    /// Moves this thread to an allowed CPU that no awake worker of this scheduler last ran
-    /// on (see `sys::hop`); whether it moved. The thread keeps its CPU set, so the kernel
-    /// may move it again as it sees fit.
-    fn hop_to_free_cpu(&self) -> bool {
-        // A CPU without a worker may run the thread that submits from outside: while its
-        // submissions wait, leave that CPU to it (moving there made `spawn_remote`, whose
-        // main thread submits 10 000 tasks, 20–25% slower).
-        if !self.shared.injector.is_empty() {
-            return false;
-        }
-        let workers = &self.shared.workers;
-        let taken = |cpu| {
-            workers.iter().enumerate().any(|(j, w)| {
-                w.cpu.0.load(Ordering::Relaxed) == cpu
-                    && (j == self.index || !w.sleep.is_sleeping())
-            })
-        };
-        match crate::sys::hop(self.index, taken) {
-            Some(cpu) => {
-                self.me().cpu.0.store(cpu, Ordering::Relaxed);
-                true
-            }
-            None => false,
-        }
     }
 
     /// Whether `peer` was woken from its sleep and has not run since, while work it could

@@ -169,28 +169,6 @@ impl Drop for CpuHold {
     }
 }
 
-/// Moves the calling thread to a CPU it may run on for which `taken` says no, keeping its
-/// CPU set as it was: it is held on that CPU just long enough for the kernel to move it
-/// there (a hold set on the calling thread takes effect before the call returns), then
-/// given its set back. Returns the CPU it now runs on, or `None` where no such CPU is
-/// allowed or the hold was refused. Tries the allowed CPUs from `start` on, so that
-/// callers can spread over them.
-///
-/// For a worker that finds a busy peer sharing its CPU while another CPU is free (see
-/// docs/design.md, "Sharing a CPU"): it must not run a fiber meanwhile, since a thread
-/// spawned during the hold would keep the single CPU.
-pub(crate) fn hop(start: usize, taken: impl Fn(u32) -> bool) -> Option<u32> {
-    let allowed = current_affinity()?;
-    let n = libc::CPU_SETSIZE as usize;
-    let target = (0..n).map(|k| (start + k) % n).find(|&c| {
-        // SAFETY: `c` is below CPU_SETSIZE, so the bit is within the set.
-        let may = unsafe { libc::CPU_ISSET(c, &allowed) };
-        may && !taken(c as u32)
-    })?;
-    drop(CpuHold::on(target as u32)?);
-    current_cpu()
-}
-
 /// The calling thread's CPU set, or `None` if the kernel does not tell.
 fn current_affinity() -> Option<libc::cpu_set_t> {
     // SAFETY: an all-zero `cpu_set_t` is the empty set, a valid value.
@@ -238,26 +216,6 @@ mod tests {
             assert_eq!(allowed(), vec![cpu as usize]);
             assert_eq!(here(), cpu);
             drop(hold);
-            assert_eq!(allowed(), before);
-        });
-    }
-
-    #[test]
-    fn a_hop_moves_the_thread_off_the_taken_cpus_and_keeps_its_set() {
-        on_own_thread(|| {
-            let before = allowed();
-            let cpu = here();
-            let moved = hop(0, |c| c == cpu);
-            assert_eq!(allowed(), before, "the CPU set is given back");
-            if before.len() < 2 {
-                assert_eq!(moved, None, "one CPU: nowhere to go");
-                return;
-            }
-            let to = moved.expect("another allowed CPU");
-            assert_ne!(to, cpu);
-            assert!(before.contains(&(to as usize)));
-            // Every CPU taken: nothing changes.
-            assert_eq!(hop(0, |_| true), None);
             assert_eq!(allowed(), before);
         });
     }
