@@ -1179,9 +1179,12 @@ impl Worker {
             return;
         };
         for (j, peer) in self.shared.workers.iter().enumerate() {
-            if j != self.index
-                && (peer.cpu.0.load(Ordering::Relaxed) == cpu || self.roused_for_work(peer))
-                && self.cede_if_waiting(j, peer)
+            if j == self.index {
+                continue;
+            }
+            let roused = self.roused_wait(peer);
+            if (peer.cpu.0.load(Ordering::Relaxed) == cpu || roused.is_some())
+                && self.cede_if_waiting(j, peer, roused)
             {
                 return;
             }
@@ -1189,17 +1192,17 @@ impl Worker {
     }
 
     /// `cede_cpu` for peer `j`, which shares this worker's CPU or was woken and has not run
-    /// yet: cedes it if the peer waits for it (see there); whether it did. A peer's wait
-    /// starts when this worker first sees it with no new progress: every pass of a worker's
-    /// loop, the one after a wake-up included, moves its progress on.
+    /// yet (`roused`: how long it may wait, see `roused_wait`): cedes it if the peer waits
+    /// for it (see there); whether it did. A peer's wait starts when this worker first sees
+    /// it with no new progress: every pass of a worker's loop, the one after a wake-up
+    /// included, moves its progress on.
     #[cold]
     #[inline(never)]
-    fn cede_if_waiting(&self, j: usize, peer: &WorkerShared) -> bool {
+    fn cede_if_waiting(&self, j: usize, peer: &WorkerShared, roused: Option<u64>) -> bool {
         let now = crate::sys::mono_ns();
         let progress = peer.progress();
-        let roused = self.roused_for_work(peer);
         let s = &mut self.peers_seen.borrow_mut()[j];
-        if s.progress != progress || peer.is_quiet() || (peer.waiting() == 0 && !roused) {
+        if s.progress != progress || peer.is_quiet() || (peer.waiting() == 0 && roused.is_none()) {
             *s = PeerSeen {
                 progress,
                 since: now,
@@ -1207,14 +1210,7 @@ impl Worker {
             };
             return false;
         }
-        // A burst spawned here is started by this worker at every other pass while the
-        // woken peer waits: it gets a short wait. Outside submissions keep the long one;
-        // any idle worker may take them, and a yield may give this CPU to their submitter.
-        let after = if roused && !self.me().local.is_empty() {
-            ROUSED_AFTER_NS
-        } else {
-            CEDE_AFTER_NS
-        };
+        let after = roused.unwrap_or(CEDE_AFTER_NS);
         if s.ceded || now.saturating_sub(s.since) < after {
             return false;
         }
@@ -1225,13 +1221,25 @@ impl Worker {
         true
     }
 
-    /// Whether `peer` was woken from its sleep and has not run since, while work it could
-    /// take waits: outside submissions, or unstarted tasks on this worker's stealable queue
-    /// (a burst spawned here). It may be queued on this CPU (see `cede_cpu`). Not for work
-    /// in its own queues alone (a wake of one of its fibers, a pinned task): only it can
-    /// run that, wherever it waits, and a peer that woke it has no share to lose.
-    fn roused_for_work(&self, peer: &WorkerShared) -> bool {
-        peer.sleep.is_roused() && (!self.shared.injector.is_empty() || !self.me().local.is_empty())
+    /// If `peer` was woken from its sleep and has not run since while work it could take
+    /// waits, how long it may go on waiting before this worker yields to it (it may be
+    /// queued on this CPU, see `cede_cpu`): `ROUSED_AFTER_NS` while unstarted tasks wait on
+    /// this worker's stealable queue (a burst spawned here, which this worker starts at
+    /// every other pass meanwhile), else `CEDE_AFTER_NS` while outside submissions wait
+    /// (any idle worker may take those, and a yield may give this CPU to their submitter).
+    /// `None` otherwise, work in its own queues alone included (a wake of one of its fibers,
+    /// a pinned task): only it can run that, wherever it waits, and a peer that woke it has
+    /// no share to lose.
+    fn roused_wait(&self, peer: &WorkerShared) -> Option<u64> {
+        if !peer.sleep.is_roused() {
+            None
+        } else if !self.me().local.is_empty() {
+            Some(ROUSED_AFTER_NS)
+        } else if !self.shared.injector.is_empty() {
+            Some(CEDE_AFTER_NS)
+        } else {
+            None
+        }
     }
 
     /// Publishes the CPU this thread runs on, if it changed, and returns it (`None` if the
