@@ -781,8 +781,9 @@ fn yield_until(
 
 /// Restricts thread `tid` of this process (0: the calling thread) to `cpus`.
 fn set_cpus_of(tid: libc::pid_t, cpus: &[usize]) {
-    // SAFETY: as above; the set lives across the call, which only reads it, and every CPU
-    // the kernel listed is below CPU_SETSIZE. `tid` names a thread of this process.
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; every CPU the kernel listed is
+    // below CPU_SETSIZE, so `CPU_SET` stays within it; the set lives across the call, which
+    // only reads it; `tid` names a thread of this process (or 0, the calling thread).
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &cpu in cpus {
