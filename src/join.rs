@@ -49,12 +49,37 @@ where
 {
     #[inline(always)]
     pub(crate) fn new(f: F, header: Header) -> TaskArc<Self> {
-        TaskArc::new(JoinCell {
+        let cell = TaskArc::new(Self::value(f, header));
+        Self::known(&cell);
+        cell
+    }
+
+    /// A new cell, with two references to it: one for a `JoinHandle`, one for the run
+    /// queues.
+    #[inline(always)]
+    pub(crate) fn new_pair(f: F, header: Header) -> (TaskArc<Self>, JobRef) {
+        let (cell, job) = TaskArc::new_pair(Self::value(f, header));
+        Self::known(&cell);
+        (cell, as_job(job))
+    }
+
+    #[inline(always)]
+    fn value(f: F, header: Header) -> Self {
+        JoinCell {
             header,
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
             callbacks: parking_lot::Mutex::new(Some(Vec::new())),
-        })
+        }
+    }
+
+    /// Tells a new cell's header where the cell is (see `Header::set_cell`).
+    #[inline(always)]
+    fn known(cell: &TaskArc<Self>) {
+        let this: NonNull<Inner<dyn Job>> = TaskArc::<Self>::cell_ptr(cell);
+        // SAFETY: `this` is the cell around this header (unsized to `dyn Job`, which reads
+        // the header first), and the cell has not left our caller yet.
+        unsafe { cell.header.set_cell(this) };
     }
 
     /// Stores the result, runs the continuations, then wakes the joiners. Only the first

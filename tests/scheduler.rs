@@ -17,7 +17,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use common::{finish, panic_message, started, wait_until, with_deadline, Slot, LIMIT};
+use common::{finish, panic_message, started, wait_until, with_deadline, Counted, Slot, LIMIT};
 use fibra::{current_worker, park, Fiber, Scheduler, SubmitError, Unparker};
 
 fn thread_name() -> Option<String> {
@@ -153,6 +153,72 @@ fn every_task_runs_exactly_once() {
             .map(|i| (i, runs[i].load(Ordering::Relaxed)))
             .collect();
         assert!(wrong.is_empty(), "(task, times run): {wrong:?}");
+    });
+}
+
+/// Every task's closure and result are dropped exactly once, whether its handle is joined or
+/// dropped first, for tasks spawned from a fiber (through the `next` slot, the stealable
+/// queue and, past its capacity, the injector) and from a plain thread: a task's cell holds
+/// one reference for its handle and one for the run queues from the start, and the `next`
+/// slot keeps its reference as a bare pointer while it holds the task.
+#[test]
+fn every_spawn_path_frees_the_closure_and_the_result_once() {
+    const BURST: usize = 2_000;
+    with_deadline(|| {
+        let sched = Arc::new(started(2));
+        let (captured, results) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        // A detached task's result is dropped with its cell, a joined one's by `join`.
+        let task = || {
+            let (c, r) = (Counted(captured.clone()), results.clone());
+            move || {
+                let _keep = c;
+                Counted(r)
+            }
+        };
+        // From a plain thread: half joined, half detached.
+        let mut joined = Vec::new();
+        for i in 0..BURST {
+            let h = sched.submit(task(), None).expect("submit");
+            if i % 2 == 0 {
+                joined.push(h);
+            }
+        }
+        for h in joined {
+            drop(finish(h));
+        }
+        // From a fiber, in one burst (no suspension between the spawns): the same halves.
+        let s = sched.clone();
+        let tasks: Vec<_> = (0..BURST).map(|_| task()).collect();
+        let spawned = sched
+            .submit(
+                move || {
+                    let mut joined = Vec::new();
+                    for (i, t) in tasks.into_iter().enumerate() {
+                        let h = s.submit(t, None).expect("submit");
+                        if i % 2 == 0 {
+                            joined.push(h);
+                        }
+                    }
+                    for h in joined {
+                        drop(h.join().expect("task"));
+                    }
+                },
+                None,
+            )
+            .expect("submit");
+        finish(spawned);
+        wait_until("every detached task's cell to be freed", || {
+            results.load(Ordering::SeqCst) == 2 * BURST
+        });
+        assert_eq!(
+            captured.load(Ordering::SeqCst),
+            2 * BURST,
+            "closures dropped once"
+        );
+        // Nothing is dropped twice afterwards (a stray reference would show here).
+        Arc::into_inner(sched).expect("the only reference").stop();
+        assert_eq!(captured.load(Ordering::SeqCst), 2 * BURST);
+        assert_eq!(results.load(Ordering::SeqCst), 2 * BURST);
     });
 }
 

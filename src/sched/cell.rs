@@ -57,19 +57,35 @@ impl<U> TaskArc<U> {
     /// Moves `value` into a new cell.
     #[inline]
     pub(crate) fn new(value: U) -> TaskArc<U> {
+        let [this] = Self::new_refs(value);
+        this
+    }
+
+    /// Moves `value` into a new cell and returns two references to it: `new` and a
+    /// `clone`, without the clone's atomic increment (a spawn needs one for its handle and
+    /// one for the run queue).
+    #[inline]
+    pub(crate) fn new_pair(value: U) -> (TaskArc<U>, TaskArc<U>) {
+        let [a, b] = Self::new_refs(value);
+        (a, b)
+    }
+
+    /// A new cell holding `value`, with its count started at `N`: the `N` references.
+    #[inline(always)]
+    fn new_refs<const N: usize>(value: U) -> [TaskArc<U>; N] {
         let layout = Layout::new::<Inner<U>>();
         let block = blocks::alloc(layout).cast::<Inner<U>>();
         // SAFETY: `block` is a fresh allocation that fits `layout` (see `blocks::alloc`).
         unsafe {
             block.as_ptr().write(Inner {
-                refs: AtomicUsize::new(1),
+                refs: AtomicUsize::new(N),
                 value,
             })
         };
-        TaskArc {
+        [(); N].map(|()| TaskArc {
             ptr: block,
             _owns: PhantomData,
-        }
+        })
     }
 
     /// A new reference to the cell that holds `value`.
@@ -126,6 +142,32 @@ impl<U: ?Sized> TaskArc<U> {
     pub(crate) fn as_ptr(this: &Self) -> *const U {
         // SAFETY: a place projection inside the live cell.
         unsafe { &raw const (*this.ptr.as_ptr()).value }
+    }
+
+    /// The cell's address, for as long as some reference lives; no reference is taken.
+    #[inline(always)]
+    pub(crate) fn cell_ptr(this: &Self) -> NonNull<Inner<U>> {
+        this.ptr
+    }
+
+    /// Gives up this reference without dropping it: it lives on in the returned pointer,
+    /// until [`TaskArc::from_raw`] takes it back.
+    #[inline(always)]
+    pub(crate) fn into_raw(this: Self) -> NonNull<Inner<U>> {
+        ManuallyDrop::new(this).ptr
+    }
+
+    /// Takes back a reference that [`TaskArc::into_raw`] gave up.
+    ///
+    /// # Safety
+    /// `ptr` came from `into_raw` (of a `TaskArc<U>`, or of one that unsizes to it), and
+    /// the reference it stands for is taken back once.
+    #[inline(always)]
+    pub(crate) unsafe fn from_raw(ptr: NonNull<Inner<U>>) -> TaskArc<U> {
+        TaskArc {
+            ptr,
+            _owns: PhantomData,
+        }
     }
 
     /// Whether the two point to the same cell.

@@ -652,11 +652,11 @@ where
     if !shared.admit() {
         return Err(SubmitError::Stopped(f));
     }
-    let cell = JoinCell::new(
+    let (cell, job) = JoinCell::new_pair(
         f,
         Header::new(name, stack_size, thread, std::panic::Location::caller()),
     );
-    shared.schedule_new(task::as_job(cell.clone()));
+    shared.schedule_new(job);
     Ok(JoinHandle::new(cell))
 }
 

@@ -17,7 +17,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::Location;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -76,6 +76,83 @@ pub(crate) type JobRef = TaskArc<dyn Job>;
 pub(crate) fn as_job<J: Job>(cell: TaskArc<J>) -> JobRef {
     // SAFETY: the identity unsizing coercion.
     unsafe { cell.unsize(|p| -> NonNull<Inner<dyn Job>> { p }) }
+}
+
+/// A slot that holds one unstarted task: a worker's `next` (the LIFO slot). Its owner puts a
+/// task in and gets the one it displaces back; the owner or any thief takes the task out.
+/// Each is one atomic swap of a thin pointer (a task's header), where a one-place
+/// `ArrayQueue` took three locked instructions to displace (a fence, a compare-and-swap
+/// and a swap) on every spawn from a fiber.
+///
+/// A non-null pointer in the slot stands for one reference to the task's cell, given up by
+/// [`TaskSlot::replace`] and taken back by whoever swaps it out.
+///
+/// On a cache line of its own: idle peers poll it, and the owner writes it at every spawn.
+#[repr(align(128))]
+pub(crate) struct TaskSlot(AtomicPtr<Header>);
+
+impl TaskSlot {
+    pub(crate) const fn new() -> TaskSlot {
+        TaskSlot(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    /// Puts `job` in the slot; returns the task it displaced.
+    #[inline]
+    pub(crate) fn replace(&self, job: JobRef) -> Option<JobRef> {
+        let header = std::ptr::from_ref(job.header()).cast_mut();
+        let _ = TaskArc::into_raw(job);
+        // Release: whoever swaps the task out sees its cell as written before (the
+        // closure, the header). Acquire: the same for the task displaced.
+        let old = self.0.swap(header, Ordering::AcqRel);
+        // SAFETY: a pointer swapped out of the slot is ours to take back (see the type).
+        unsafe { Self::job(old) }
+    }
+
+    /// Takes the task out, if there is one.
+    #[inline]
+    pub(crate) fn take(&self) -> Option<JobRef> {
+        if self.is_empty() {
+            return None;
+        }
+        // Acquire: pairs with `replace`'s Release.
+        let old = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
+        // SAFETY: as in `replace`.
+        unsafe { Self::job(old) }
+    }
+
+    /// Whether the slot is empty (racy unless only the caller fills it and nobody takes).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.load(Ordering::Relaxed).is_null()
+    }
+
+    /// 0 or 1.
+    pub(crate) fn len(&self) -> usize {
+        usize::from(!self.is_empty())
+    }
+
+    /// The task whose header `header` points to, from the reference the slot held.
+    ///
+    /// # Safety
+    /// `header` is null or was swapped out of a slot (so it stands for one reference, now the
+    /// caller's).
+    #[inline(always)]
+    unsafe fn job(header: *mut Header) -> Option<JobRef> {
+        let header = NonNull::new(header)?;
+        // SAFETY: the reference the slot held keeps the cell, and so the header, alive;
+        // `this` was written before the cell was shared, so before it reached the slot.
+        let cell = unsafe { *header.as_ref().this.get() };
+        let cell = cell.expect("a queued task's header knows its cell");
+        // SAFETY: the pointer stands for one reference (per the caller), given up by
+        // `replace` through `into_raw`; it is taken back here once.
+        Some(unsafe { TaskArc::from_raw(cell) })
+    }
+}
+
+impl Drop for TaskSlot {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
 }
 
 /// What the run queues carry: sylar's `ScheduleTask` (fiber or job). Unstarted tasks
@@ -269,6 +346,10 @@ pub(crate) struct Header {
     pub(crate) pinned: Option<usize>,
     /// Where the task was submitted, for `Scheduler::dump`.
     pub(crate) location: &'static Location<'static>,
+    /// The cell this header is in, as the run queues see it: written once, by
+    /// `JoinCell::new` before the cell is shared, so that a [`TaskSlot`] can hold a task as
+    /// one thin pointer (to this header) and make a [`JobRef`] of it again.
+    this: UnsafeCell<Option<NonNull<Inner<dyn Job>>>>,
     /// The fiber's span, entered while it runs; a child of the span current where it was
     /// submitted.
     #[cfg(feature = "tracing")]
@@ -314,6 +395,7 @@ impl Header {
             stack_size,
             pinned,
             location,
+            this: UnsafeCell::new(None),
             #[cfg(feature = "tracing")]
             span: tracing::info_span!("fiber", id = id.as_u64(), name = name.as_deref()),
             park: ParkWord::new(),
@@ -342,6 +424,17 @@ impl Header {
                 keep_alive: None,
             }),
         }
+    }
+
+    /// Records the cell this header is in (see `this`).
+    ///
+    /// # Safety
+    /// `cell` is the cell whose value starts with this header, and no other thread can reach
+    /// the cell yet.
+    #[inline(always)]
+    pub(crate) unsafe fn set_cell(&self, cell: NonNull<Inner<dyn Job>>) {
+        // SAFETY: per the caller, nothing else reads or writes `this` now.
+        unsafe { *self.this.get() = Some(cell) };
     }
 
     /// Whether the result has been published.
@@ -454,5 +547,83 @@ mod layout {
             "a switch's fields span {} bytes",
             end - first
         );
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod slot {
+    use super::*;
+    use crate::join::JoinCell;
+    use std::collections::HashSet;
+    use std::sync::atomic::AtomicBool;
+
+    fn task(f: impl FnOnce() + Send + 'static) -> JobRef {
+        let (_handle, job) = JoinCell::new_pair(f, Header::new(None, 0, None, Location::caller()));
+        job
+    }
+
+    #[test]
+    fn a_slot_hands_back_what_it_displaced_and_gives_up_what_it_holds() {
+        let slot = TaskSlot::new();
+        assert!(slot.is_empty() && slot.take().is_none());
+        let (a, b) = (task(|| {}), task(|| {}));
+        let (a_id, b_id) = (a.header().id, b.header().id);
+        assert!(slot.replace(a).is_none());
+        assert_eq!(slot.len(), 1);
+        let displaced = slot.replace(b).expect("a was there");
+        assert_eq!(displaced.header().id, a_id);
+        assert_eq!(slot.take().expect("b is there").header().id, b_id);
+        assert!(slot.is_empty() && slot.take().is_none());
+    }
+
+    #[test]
+    fn a_dropped_slot_drops_the_task_it_holds() {
+        let token = Arc::new(());
+        let held = token.clone();
+        {
+            let slot = TaskSlot::new();
+            assert!(slot.replace(task(move || drop(held))).is_none());
+            assert_eq!(
+                Arc::strong_count(&token),
+                2,
+                "the closure is in the slot's task"
+            );
+        }
+        assert_eq!(
+            Arc::strong_count(&token),
+            1,
+            "the slot's reference was the last"
+        );
+    }
+
+    /// The owner keeps displacing while a thief keeps taking: every task comes out exactly
+    /// once, displaced, stolen or left over.
+    #[test]
+    fn owner_and_thief_get_every_task_once() {
+        const TASKS: usize = 20_000;
+        let slot = Arc::new(TaskSlot::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let thief = {
+            let (slot, stop) = (slot.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut stolen = Vec::new();
+                while !stop.load(Ordering::Acquire) {
+                    stolen.extend(slot.take().map(|j| j.header().id));
+                }
+                stolen
+            })
+        };
+        let mut ids = HashSet::new();
+        let mut out = Vec::new();
+        for _ in 0..TASKS {
+            let job = task(|| {});
+            ids.insert(job.header().id);
+            out.extend(slot.replace(job).map(|j| j.header().id));
+        }
+        stop.store(true, Ordering::Release);
+        out.extend(thief.join().expect("thief"));
+        out.extend(slot.take().map(|j| j.header().id));
+        assert_eq!(out.len(), TASKS, "each task once");
+        assert_eq!(out.into_iter().collect::<HashSet<_>>(), ids);
     }
 }

@@ -11,7 +11,8 @@
 //!   on one worker instead of bouncing between cores. At most `MAX_NEXT_STREAK` tasks in a
 //!   row come from it, so it cannot starve the other queues. A spinning peer takes it only
 //!   when this worker has run one fiber for `NEXT_STEAL_AFTER` (its spawner keeps running;
-//!   see `push_next` and docs/design.md, "Fairness").
+//!   see `push_next` and docs/design.md, "Fairness"). A `TaskSlot`: one atomic swap to put
+//!   a task in (getting the displaced one back) or take it out.
 //! - `local` — unstarted tasks submitted from this worker's fibers (what `next` displaced).
 //!   A bounded lock-free queue (`ArrayQueue`) so idle peers can steal from it; on overflow
 //!   half moves to the injector.
@@ -68,7 +69,7 @@ use crate::sched::cell::TaskArc;
 use crate::sched::idle::{Idlers, WorkerSleep};
 use crate::sched::live::LiveCount;
 use crate::sched::task::{
-    Cancel, Ended, Home, Job, JobRef, ParkState, Placement, ScheduleTask, Start,
+    Cancel, Ended, Home, Job, JobRef, ParkState, Placement, ScheduleTask, Start, TaskSlot,
 };
 use crate::sched::timers::TimerWheel;
 use crate::sched::watchdog::{self, MonitorCtl, Watch};
@@ -231,8 +232,8 @@ pub(crate) struct Config {
 pub(crate) struct WorkerShared {
     pub(crate) inbox: SegQueue<ScheduleTask>,
     pub(crate) local: ArrayQueue<JobRef>,
-    /// The LIFO slot (capacity 1).
-    pub(crate) next: ArrayQueue<JobRef>,
+    /// The LIFO slot.
+    pub(crate) next: TaskSlot,
     pub(crate) sleep: WorkerSleep,
     /// The worker's tick, published at every pass of its loop: a spinning peer that sees it
     /// unchanged for `NEXT_STEAL_AFTER` knows the worker is stuck in one fiber, and may take
@@ -434,7 +435,7 @@ impl Shared {
                 .map(|_| WorkerShared {
                     inbox: SegQueue::new(),
                     local: ArrayQueue::new(LOCAL_CAPACITY),
-                    next: ArrayQueue::new(1),
+                    next: TaskSlot::new(),
                     sleep: WorkerSleep::new(),
                     progress: Padded(AtomicU32::new(0)),
                     cpu: Padded(AtomicU32::new(u32::MAX)),
@@ -1100,7 +1101,14 @@ impl Worker {
     /// Pops this worker's `next` slot, unless it is known empty.
     #[inline]
     fn pop_next(&self) -> Option<JobRef> {
-        pop_own(&self.next_maybe, &self.me().next)
+        if !self.next_maybe.get() {
+            return None;
+        }
+        let job = self.me().next.take();
+        if job.is_none() {
+            self.next_maybe.set(false);
+        }
+        job
     }
 
     /// Pops this worker's stealable queue, unless it is known empty.
@@ -1415,7 +1423,7 @@ impl Worker {
                     return None;
                 }
                 *watch = None;
-                let taken = pop_local(&w.next).map(ScheduleTask::New);
+                let taken = w.next.take().map(ScheduleTask::New);
                 self.stats().steals.add(u64::from(taken.is_some()));
                 return taken;
             }
@@ -1516,7 +1524,7 @@ impl Worker {
             let now = sh.now_ns();
             let (progress, at) = if now_progress == progress {
                 if now >= at + grace {
-                    let taken = pop_local(&w.next);
+                    let taken = w.next.take();
                     slot.close();
                     return match taken {
                         Some(job) => Help::Taken(ScheduleTask::New(job)),
@@ -1557,7 +1565,7 @@ impl Worker {
             burst.dealt = 0;
         }
         self.next_maybe.set(true);
-        let Some(displaced) = self.me().next.force_push(job) else {
+        let Some(displaced) = self.me().next.replace(job) else {
             burst.peers.extend(self.ask_help());
             return;
         };
@@ -2127,7 +2135,7 @@ impl Worker {
         self.me()
             .local
             .pop()
-            .or_else(|| self.me().next.pop())
+            .or_else(|| self.me().next.take())
             .or_else(|| self.shared.injector.pop())
     }
 
