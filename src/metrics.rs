@@ -329,7 +329,8 @@ impl WorkerMetrics {
         self.steals
     }
 
-    /// Unstarted tasks this worker took from the shared injector (outside submissions).
+    /// Unstarted tasks this worker took from the shared injector (outside submissions, and
+    /// the overflow of full stealable queues).
     pub fn injected(&self) -> u64 {
         self.injected
     }

@@ -4,6 +4,7 @@
 
 pub(crate) mod cell;
 mod idle;
+mod injector;
 mod live;
 #[cfg(all(test, loom))]
 mod loom_model;

@@ -15,7 +15,7 @@
 //!   a task in (getting the displaced one back) or take it out.
 //! - `local` — unstarted tasks submitted from this worker's fibers (what `next` displaced).
 //!   A bounded lock-free queue (`ArrayQueue`) so idle peers can steal from it; on overflow
-//!   half moves to the injector.
+//!   half moves to the injector, in one go (see `injector`).
 //! - `inbox` — anything other threads send this worker: wakes of its parked fibers and tasks
 //!   pinned to it (`SegQueue`, any thread pushes). Nothing ever scans for pinned entries.
 //!
@@ -67,6 +67,7 @@ use crate::metrics::WorkerStats;
 use crate::park::Unparker;
 use crate::sched::cell::TaskArc;
 use crate::sched::idle::{Idlers, WorkerSleep};
+use crate::sched::injector::Injector;
 use crate::sched::live::LiveCount;
 use crate::sched::task::{
     Cancel, Ended, Home, Job, JobRef, ParkState, Placement, ScheduleTask, Start, TaskSlot,
@@ -406,7 +407,7 @@ impl WakerCount {
 pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) workers: Box<[WorkerShared]>,
-    pub(crate) injector: SegQueue<JobRef>,
+    pub(crate) injector: Injector,
     pub(crate) phase: PhaseWord,
     /// Tasks admitted and not yet done, on a line per worker (see `live.rs`).
     live: LiveCount,
@@ -445,7 +446,7 @@ impl Shared {
                     watch: Watch::new(),
                 })
                 .collect(),
-            injector: SegQueue::new(),
+            injector: Injector::new(),
             phase: PhaseWord::new(),
             live: LiveCount::new(n),
             idle: Idlers::new(n),
@@ -701,7 +702,7 @@ pub(crate) fn cancel_started(job: JobRef) {
 /// A push racing with the look is found on the next pass; sleeping is guarded separately by
 /// the idle protocol's fences.
 #[inline]
-fn pop<T>(q: &SegQueue<T>) -> Option<T> {
+pub(super) fn pop<T>(q: &SegQueue<T>) -> Option<T> {
     if q.is_empty() {
         None
     } else {
@@ -800,6 +801,12 @@ pub(crate) struct Worker {
     /// This worker may have queued a task in its `next` slot / stealable queue since it last
     /// found them empty (only it pushes there; peers only take), so an empty look is skipped.
     next_maybe: Cell<bool>,
+    /// Whether this worker's last take from the injector looked at the overflow first (it
+    /// alternates, see `Injector::pop`).
+    spill_first: Cell<bool>,
+    /// Where `push_local` gathers the half it moves to the injector (kept for its
+    /// allocation).
+    spill_buf: RefCell<Vec<JobRef>>,
     local_maybe: Cell<bool>,
     /// What this worker saw of each peer (see `cede_cpu`).
     peers_seen: RefCell<Box<[PeerSeen]>>,
@@ -905,6 +912,8 @@ impl Worker {
             dry_tick: Cell::new(0),
             yielded: Cell::new(false),
             next_maybe: Cell::new(false),
+            spill_first: Cell::new(false),
+            spill_buf: RefCell::new(Vec::new()),
             local_maybe: Cell::new(false),
             peers_seen,
             burst: RefCell::new(Burst::default()),
@@ -1261,11 +1270,14 @@ impl Worker {
         Some(cpu)
     }
 
-    /// Takes a task submitted from outside. If more wait, gets another idle worker looking
-    /// (unless one spins already): a worker woken for the first of a batch must not end up
-    /// starting them all, since a started fiber never moves (Go's spinning-M handoff).
+    /// Takes a task submitted from outside, or one that a full stealable queue moved out
+    /// (see `Injector`). If more wait, gets another idle worker looking (unless one spins
+    /// already): a worker woken for the first of a batch must not end up starting them all,
+    /// since a started fiber never moves (Go's spinning-M handoff).
     fn take_injected(&self) -> Option<JobRef> {
-        let job = pop(&self.shared.injector)?;
+        let spill_first = !self.spill_first.get();
+        self.spill_first.set(spill_first);
+        let job = self.shared.injector.pop(spill_first)?;
         self.stats().injected.add(1);
         if !self.shared.injector.is_empty() {
             self.shared.notify_one();
@@ -1601,14 +1613,12 @@ impl Worker {
     fn push_local(&self, job: JobRef) {
         self.local_maybe.set(true);
         if let Err(job) = self.me().local.push(job) {
-            // Full: move half to the injector so peers can help, like Go's runqputslow.
-            for _ in 0..LOCAL_CAPACITY / 2 {
-                match self.me().local.pop() {
-                    Some(j) => self.shared.injector.push(j),
-                    None => break,
-                }
-            }
-            self.shared.injector.push(job);
+            // Full: move half to the injector, in one go, so peers can help (Go's
+            // runqputslow).
+            let mut batch = self.spill_buf.borrow_mut();
+            batch.extend(std::iter::from_fn(|| self.me().local.pop()).take(LOCAL_CAPACITY / 2));
+            batch.push(job);
+            self.shared.injector.spill(&mut batch);
         }
     }
 
@@ -2136,7 +2146,7 @@ impl Worker {
             .local
             .pop()
             .or_else(|| self.me().next.take())
-            .or_else(|| self.shared.injector.pop())
+            .or_else(|| self.shared.injector.pop(false))
     }
 
     /// Fails every queued unstarted task this worker can reach (their continuations run in
