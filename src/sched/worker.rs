@@ -78,6 +78,7 @@ use crate::stack::{FiberStack, StackPool};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -581,6 +582,55 @@ impl Drop for Shared {
         }
         while CANCELLERS.load(Ordering::SeqCst) != 0 {
             std::thread::yield_now();
+        }
+    }
+}
+
+/// The worker's reference to the fiber it switches to.
+enum Held {
+    /// The reference a run queue held (and that moves on to `ready`, an `Unparker` or
+    /// `finish`).
+    Own(JobRef),
+    /// A new task's first run: the registry's reference, aliased without a count. A
+    /// reference of its own is cloned only if the fiber suspends; a task that ends in its
+    /// first run (most short ones) has its count touched once, by the registry's drop,
+    /// instead of three times (a clone for the registry, and two drops).
+    Registered(ManuallyDrop<JobRef>),
+}
+
+impl Held {
+    /// An alias of `job`'s reference.
+    ///
+    /// # Safety
+    /// `job` goes into the registry before the alias is used, and stays there until `finish`
+    /// has made its last use of the alias (it keeps the unregistered reference to the end).
+    #[inline(always)]
+    unsafe fn registered(job: &JobRef) -> Held {
+        // SAFETY: an alias that is never dropped (`ManuallyDrop`), so it takes back nothing;
+        // per the caller, the cell outlives it.
+        Held::Registered(ManuallyDrop::new(unsafe {
+            TaskArc::from_raw(TaskArc::cell_ptr(job))
+        }))
+    }
+
+    /// A reference of the worker's own: the one it holds, or a new one.
+    #[inline(always)]
+    fn into_owned(self) -> JobRef {
+        match self {
+            Held::Own(job) => job,
+            Held::Registered(alias) => JobRef::clone(&alias),
+        }
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = JobRef;
+
+    #[inline(always)]
+    fn deref(&self) -> &JobRef {
+        match self {
+            Held::Own(job) => job,
+            Held::Registered(alias) => alias,
         }
     }
 }
@@ -1786,7 +1836,7 @@ impl Worker {
     fn run_task(&self, task: ScheduleTask) {
         match task {
             ScheduleTask::New(job) => self.start(job),
-            ScheduleTask::Fiber(job) => self.resume(job),
+            ScheduleTask::Fiber(job) => self.resume(Held::Own(job)),
             ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
             ScheduleTask::Dump(req) => self.answer_dump(req),
         }
@@ -1954,21 +2004,25 @@ impl Worker {
                 unsafe { *ended = (*job_ptr).run(start) };
             })
         });
-        {
+        let held = {
             let mut registry = self.registry.borrow_mut();
             let home = self.home(&*job);
             home.fiber = Some(coro);
             home.slot = registry.len();
-            registry.push(job.clone());
+            // SAFETY: the registry holds `job`'s reference from here until `finish`, which
+            // outlives every use of the alias (see `Held`).
+            let held = unsafe { Held::registered(&job) };
+            registry.push(job);
             self.stats().fibers.set(registry.len() as u64);
-        }
-        self.resume(job);
+            held
+        };
+        self.resume(held);
     }
 
     /// Switches to a fiber homed here and acts on what it asks when it comes back.
     #[inline(always)]
-    fn resume(&self, job: JobRef) {
-        let home = self.home(&*job);
+    fn resume(&self, job: Held) {
+        let home = self.home(&**job);
         if let Some(id) = home.timer.take() {
             // Woken before its deadline: the timer can never fire for this park.
             let mut timers = self.timers.borrow_mut();
@@ -2005,12 +2059,12 @@ impl Worker {
         drop(span);
         match result {
             corosensei::CoroutineResult::Yield(Suspend::Yield) => {
-                self.ready.borrow_mut().push_back(job);
+                self.ready.borrow_mut().push_back(job.into_owned());
                 self.yielded.set(true);
                 self.stats().yields.add(1);
             }
             corosensei::CoroutineResult::Yield(Suspend::Park(register, deadline)) => {
-                self.publish_park(job, register, deadline);
+                self.publish_park(job.into_owned(), register, deadline);
             }
             corosensei::CoroutineResult::Return(outcome) => self.finish(job, outcome),
         }
@@ -2095,8 +2149,8 @@ impl Worker {
 
     /// A fiber ended: recycle its stack, forget it, count it out.
     #[inline(never)]
-    fn finish(&self, job: JobRef, outcome: Outcome) {
-        let home = self.home(&*job);
+    fn finish(&self, job: Held, outcome: Outcome) {
+        let home = self.home(&**job);
         let (coro, ended) = (home.fiber.take(), home.ended);
         if let Some(coro) = coro {
             self.stacks.borrow_mut().give(coro.into_stack());
@@ -2104,7 +2158,8 @@ impl Worker {
         // Nobody may still be reading the header from another thread when we drop our
         // references below (see `Watch::peek`).
         self.me().watch.retire(&self.stats().current);
-        drop(self.unregister(&job));
+        // Kept to the end: `job` may be an alias of it.
+        let registered = self.unregister(&job);
         self.stats().finished.add(1);
         self.stats().returned.add(1);
         // The task's body publishes its own result and catches every unwind; the fiber root
@@ -2126,6 +2181,8 @@ impl Worker {
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
         }
         self.shared.task_done(Some(self.index));
+        drop(job);
+        drop(registered);
     }
 
     /// Pops every queued unstarted task this worker can reach: its own queues and the
