@@ -90,6 +90,20 @@ unsafe impl corosensei::stack::Stack for FiberStack {
 }
 
 impl FiberStack {
+    /// Starts loading the line a new fiber writes first (its initial frame, at the top),
+    /// and its page's translation: the pool calls it on the stack it will hand out next, so
+    /// that the next start does not stall on a stack last touched long ago (a chain of 2 000
+    /// live fibers cycles through 2 000 pages, beyond the TLB). A hint: it never faults.
+    #[inline(always)]
+    pub(crate) fn prefetch_top(&self) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>((self.base - 64) as *const i8);
+        }
+    }
+
     /// Usable bytes above the guard.
     pub(crate) fn size(&self) -> usize {
         self.base - self.limit - self.guard
@@ -190,6 +204,9 @@ impl StackPool {
     pub(crate) fn take(&mut self, size: usize) -> io::Result<FiberStack> {
         let list = self.class(size);
         if let Some(stack) = list.pop() {
+            if let Some(next) = list.last() {
+                next.prefetch_top();
+            }
             return Ok(stack);
         }
         slab::alloc(size, REFILL, list)?;
