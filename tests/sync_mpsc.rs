@@ -306,3 +306,58 @@ fn a_thread_receives_from_fibers_through_the_owning_iterator() {
         sched.stop();
     });
 }
+
+/// Far more threads than cores, plus fibers, all on one channel: a holder of the channel's
+/// internal lock is often preempted, and its waiters must get it back to it (the lock's
+/// waiters spin, then yield their threads) without losing or duplicating a message. A
+/// bounded channel of 4 keeps senders blocking and waking too.
+#[test]
+fn oversubscribed_threads_and_fibers_share_one_channel() {
+    with_deadline(|| {
+        const THREADS: u64 = 16;
+        const FIBERS: u64 = 16;
+        const PER: u64 = 2_000;
+        let sched = started(2);
+        let (tx, rx) = mpsc::sync_channel::<u64>(4);
+        let consumer =
+            thread::spawn(move || rx.iter().fold((0u64, 0u64), |(n, s), v| (n + 1, s + v)));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    for i in 0..PER {
+                        tx.send(t * PER + i).expect("receiver alive");
+                    }
+                })
+            })
+            .collect();
+        let fibers: Vec<_> = (THREADS..THREADS + FIBERS)
+            .map(|t| {
+                let tx = tx.clone();
+                sched
+                    .submit(
+                        move || {
+                            for i in 0..PER {
+                                tx.send(t * PER + i).expect("receiver alive");
+                            }
+                        },
+                        None,
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        drop(tx);
+        for t in threads {
+            t.join().expect("sender thread");
+        }
+        for f in fibers {
+            finish(f);
+        }
+        let all = (THREADS + FIBERS) * PER;
+        assert_eq!(
+            consumer.join().expect("consumer"),
+            (all, all * (all - 1) / 2)
+        );
+        sched.stop();
+    });
+}

@@ -20,8 +20,8 @@
 //!   it and nobody starves.
 //! - **One waiting mechanism.** Everything waits through [`crate::park`] /
 //!   [`crate::park_timeout`] and wakes through [`crate::Unparker`]: a woken fiber resumes on
-//!   its own worker. Internal state is guarded by short `parking_lot` critical sections that
-//!   are never held across a park.
+//!   its own worker. Internal state is guarded by short critical sections under a spin lock
+//!   (`wait_queue::Lock`) that are never held across a park.
 //! - **Timeouts are never early**, and a wake that races with a deadline wins (a lock or
 //!   a message it carried is not lost).
 //! - **Cancellation-safe.** A fiber cancelled by [`Scheduler::stop_timeout`] while it waits

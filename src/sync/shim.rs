@@ -1,7 +1,7 @@
 //! The few building blocks `fibra::sync` is made of, gathered here so the model checker can
 //! swap them (tokio's `loom` shim, in small).
 //!
-//! In a normal build these are std's atomics and `Arc`, `parking_lot::Mutex` for the short
+//! In a normal build these are std's atomics and `Arc`, a spin lock (`RawLock`) for the short
 //! internal critical sections, a thin `UnsafeCell`, and the crate's one waiting primitive
 //! ([`crate::park`]). Under `RUSTFLAGS="--cfg loom"` (see `ci/loom.sh`) they are loom's
 //! instrumented equivalents, and `park` is modelled on `loom::thread::park` with the same
@@ -69,20 +69,103 @@ mod imp {
         }
     }
 
-    /// The internal lock: `parking_lot::Mutex`, held for a few instructions and never across
-    /// a park.
-    pub(crate) struct RawLock<T>(parking_lot::Mutex<T>);
+    /// The internal lock: a test-and-test-and-set spin lock, held for a few instructions and
+    /// never across a park (so a holder is off the CPU only if the kernel preempts it).
+    ///
+    /// Unlocking is a plain release store, where a lock whose waiters may sleep must use a
+    /// locked instruction to learn whether any do; a send and a receive each take this lock
+    /// once, so that is two locked instructions fewer per round trip of a channel. A waiter
+    /// spins with a growing pause, then yields its thread until the lock is free: only a
+    /// preempted holder keeps it waiting long, and yielding is how it gets the CPU back.
+    pub(crate) struct RawLock<T> {
+        locked: std::sync::atomic::AtomicBool,
+        value: std::cell::UnsafeCell<T>,
+    }
 
-    pub(crate) type RawGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+    // SAFETY: the value is reached only through a guard, and one guard exists at a time (the
+    // flag), so sharing the lock shares `T` between threads one at a time: `T: Send`.
+    unsafe impl<T: Send> Sync for RawLock<T> {}
+    // SAFETY: as for Sync.
+    unsafe impl<T: Send> Send for RawLock<T> {}
+
+    /// Access to a [`RawLock`]'s value; dropping it unlocks.
+    pub(crate) struct RawGuard<'a, T> {
+        lock: &'a RawLock<T>,
+        /// Unlocked on the thread that locked it, as `MutexGuard`s are: not `Send`.
+        _not_send: std::marker::PhantomData<*const ()>,
+    }
 
     impl<T> RawLock<T> {
         pub(crate) const fn new(value: T) -> RawLock<T> {
-            RawLock(parking_lot::Mutex::new(value))
+            RawLock {
+                locked: std::sync::atomic::AtomicBool::new(false),
+                value: std::cell::UnsafeCell::new(value),
+            }
         }
 
         #[inline]
         pub(crate) fn lock(&self) -> RawGuard<'_, T> {
-            self.0.lock()
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                self.lock_contended();
+            }
+            RawGuard {
+                lock: self,
+                _not_send: std::marker::PhantomData,
+            }
+        }
+
+        #[cold]
+        fn lock_contended(&self) {
+            let mut step = 0u32;
+            loop {
+                while self.locked.load(Ordering::Relaxed) {
+                    if step < 7 {
+                        for _ in 0..1u32 << step {
+                            std::hint::spin_loop();
+                        }
+                        step += 1;
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                if self
+                    .locked
+                    .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+        }
+    }
+
+    impl<T> std::ops::Deref for RawGuard<'_, T> {
+        type Target = T;
+
+        #[inline(always)]
+        fn deref(&self) -> &T {
+            // SAFETY: the guard holds the lock, so no `&mut` to the value exists elsewhere.
+            unsafe { &*self.lock.value.get() }
+        }
+    }
+
+    impl<T> std::ops::DerefMut for RawGuard<'_, T> {
+        #[inline(always)]
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: the guard holds the lock, and `&mut self` makes this the only access.
+            unsafe { &mut *self.lock.value.get() }
+        }
+    }
+
+    impl<T> Drop for RawGuard<'_, T> {
+        #[inline(always)]
+        fn drop(&mut self) {
+            // Release: what the holder did happens before the next locker's Acquire.
+            self.lock.locked.store(false, Ordering::Release);
         }
     }
 }

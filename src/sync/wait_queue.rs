@@ -1,8 +1,8 @@
 //! The FIFO wait queue that every blocking primitive of `fibra::sync` waits in.
 //!
 //! # Pieces
-//! - [`Lock<S>`] holds a primitive's state `S` behind the internal lock (`parking_lot::Mutex`,
-//!   held for a few instructions and never across a park). Its [`Guard`] collects the
+//! - [`Lock<S>`] holds a primitive's state `S` behind the internal lock (a spin lock,
+//!   `shim::RawLock`, held for a few instructions and never across a park). Its [`Guard`] collects the
 //!   wake-ups decided under the lock ([`Wakeups`]) and performs them after unlocking, so a
 //!   woken waiter never bumps into a lock its waker still holds.
 //! - [`WaitList<D>`] is an intrusive, doubly linked FIFO of waiters stored inside `S`. Each
@@ -72,8 +72,9 @@ impl<S> Lock<S> {
         }
     }
 
-    /// Takes the lock. Spins briefly, then blocks the thread: only ever held for a few
-    /// instructions, never across a park, so this does not stall a worker in practice.
+    /// Takes the lock. Spins, then yields the thread until it is free: only ever held for a
+    /// few instructions, never across a park, so this does not stall a worker in practice
+    /// (only a holder preempted by the kernel keeps it waiting).
     #[inline]
     pub(crate) fn lock(&self) -> Guard<'_, S> {
         Guard {
