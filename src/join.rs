@@ -3,6 +3,7 @@
 use crate::fiber::{Cancelled, FiberId};
 use crate::sched::cell::{Inner, TaskArc};
 use crate::sched::task::{as_job, Ended, Header, Job, JobRef, Start};
+use crate::sys::spin::SpinLock;
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -24,7 +25,7 @@ pub(crate) struct JoinCell<F, T> {
     result: UnsafeCell<Option<Result<T, JoinError>>>,
     /// Continuations not run yet; `None` once the result is published (later ones run at
     /// once, on the thread that registers them).
-    callbacks: parking_lot::Mutex<Option<Vec<Callback<T>>>>,
+    callbacks: SpinLock<Option<Vec<Callback<T>>>>,
 }
 
 // SAFETY: a JoinCell moves between threads in a `TaskArc`; it owns an `F` and a `T`, both Send.
@@ -69,7 +70,7 @@ where
             header,
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
-            callbacks: parking_lot::Mutex::new(Some(Vec::new())),
+            callbacks: SpinLock::new(Some(Vec::new())),
         }
     }
 

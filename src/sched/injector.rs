@@ -17,8 +17,8 @@
 
 use super::task::JobRef;
 use super::worker::pop;
+use crate::sys::spin::SpinLock;
 use crossbeam_queue::SegQueue;
-use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -26,7 +26,7 @@ pub(crate) struct Injector {
     /// Tasks submitted from outside the scheduler.
     tasks: SegQueue<JobRef>,
     /// The overflow of full stealable queues, oldest first.
-    spill: Mutex<VecDeque<JobRef>>,
+    spill: SpinLock<VecDeque<JobRef>>,
     /// How many tasks `spill` holds: written under its lock, read without (an empty look
     /// takes no lock).
     spilled: AtomicUsize,
@@ -36,7 +36,7 @@ impl Injector {
     pub(crate) fn new() -> Injector {
         Injector {
             tasks: SegQueue::new(),
-            spill: Mutex::new(VecDeque::new()),
+            spill: SpinLock::new(VecDeque::new()),
             spilled: AtomicUsize::new(0),
         }
     }

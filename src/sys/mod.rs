@@ -3,6 +3,7 @@
 //! Everything here is safe to call; the `unsafe` stays inside.
 
 pub(crate) mod futex;
+pub(crate) mod spin;
 
 /// The size of a memory page, read once.
 pub(crate) fn page_size() -> usize {
