@@ -188,7 +188,7 @@ pub(crate) fn metrics(sh: &Shared) -> Metrics {
                 ready: st.ready.get() as usize,
                 inbox: w.inbox.len(),
                 local: w.local.len(),
-                next: w.next.len(),
+                next: w.next.0.len(),
                 timers: st.timers.get() as usize,
                 stacks_cached: st.stacks_cached.get() as usize,
             }

@@ -86,9 +86,6 @@ pub(crate) fn as_job<J: Job>(cell: TaskArc<J>) -> JobRef {
 ///
 /// A non-null pointer in the slot stands for one reference to the task's cell, given up by
 /// [`TaskSlot::replace`] and taken back by whoever swaps it out.
-///
-/// On a cache line of its own: idle peers poll it, and the owner writes it at every spawn.
-#[repr(align(128))]
 pub(crate) struct TaskSlot(AtomicPtr<Header>);
 
 impl TaskSlot {

@@ -234,8 +234,9 @@ pub(crate) struct Config {
 pub(crate) struct WorkerShared {
     pub(crate) inbox: SegQueue<ScheduleTask>,
     pub(crate) local: ArrayQueue<JobRef>,
-    /// The LIFO slot.
-    pub(crate) next: TaskSlot,
+    /// The LIFO slot, on a cache line of its own: idle peers poll it, and the owner writes
+    /// it at every spawn.
+    pub(crate) next: Padded<TaskSlot>,
     pub(crate) sleep: WorkerSleep,
     /// The worker's tick, published at every pass of its loop: a spinning peer that sees it
     /// unchanged for `NEXT_STEAL_AFTER` knows the worker is stuck in one fiber, and may take
@@ -264,7 +265,7 @@ impl WorkerShared {
     /// Tasks waiting to run on this worker: ready fibers (as of its last pass), its inbox,
     /// its stealable queue and `next` slot.
     pub(crate) fn waiting(&self) -> usize {
-        self.stats.0.ready.get() as usize + self.inbox.len() + self.local.len() + self.next.len()
+        self.stats.0.ready.get() as usize + self.inbox.len() + self.local.len() + self.next.0.len()
     }
 
     /// The fiber this worker runs (or ran last): see `Watch::peek`.
@@ -437,7 +438,7 @@ impl Shared {
                 .map(|_| WorkerShared {
                     inbox: SegQueue::new(),
                     local: ArrayQueue::new(LOCAL_CAPACITY),
-                    next: TaskSlot::new(),
+                    next: Padded(TaskSlot::new()),
                     sleep: WorkerSleep::new(),
                     progress: Padded(AtomicU32::new(0)),
                     cpu: Padded(AtomicU32::new(u32::MAX)),
@@ -773,11 +774,11 @@ fn pop_local<T>(q: &ArrayQueue<T>) -> Option<T> {
 /// Pops a queue of this worker's that only it pushes to, unless `maybe` says it has found it
 /// empty since its last push; clears `maybe` when it finds it empty.
 #[inline]
-fn pop_own<T>(maybe: &Cell<bool>, q: &ArrayQueue<T>) -> Option<T> {
+fn pop_own<T>(maybe: &Cell<bool>, pop: impl FnOnce() -> Option<T>) -> Option<T> {
     if !maybe.get() {
         return None;
     }
-    let item = pop_local(q);
+    let item = pop();
     if item.is_none() {
         maybe.set(false);
     }
@@ -1160,20 +1161,13 @@ impl Worker {
     /// Pops this worker's `next` slot, unless it is known empty.
     #[inline]
     fn pop_next(&self) -> Option<JobRef> {
-        if !self.next_maybe.get() {
-            return None;
-        }
-        let job = self.me().next.take();
-        if job.is_none() {
-            self.next_maybe.set(false);
-        }
-        job
+        pop_own(&self.next_maybe, || self.me().next.0.take())
     }
 
     /// Pops this worker's stealable queue, unless it is known empty.
     #[inline]
     fn pop_own_local(&self) -> Option<JobRef> {
-        pop_own(&self.local_maybe, &self.me().local)
+        pop_own(&self.local_maybe, || pop_local(&self.me().local))
     }
 
     /// Whether no peer has fewer live fibers than this worker, less one (as each last
@@ -1480,12 +1474,12 @@ impl Worker {
         let workers = &self.shared.workers;
         if let Some((v, progress, since)) = *watch {
             let w = &workers[v];
-            if !w.next.is_empty() && w.progress.0.load(Ordering::Relaxed) == progress {
+            if !w.next.0.is_empty() && w.progress.0.load(Ordering::Relaxed) == progress {
                 if since.elapsed() < NEXT_STEAL_AFTER {
                     return None;
                 }
                 *watch = None;
-                let taken = w.next.take().map(ScheduleTask::New);
+                let taken = w.next.0.take().map(ScheduleTask::New);
                 self.stats().steals.add(u64::from(taken.is_some()));
                 return taken;
             }
@@ -1496,7 +1490,7 @@ impl Worker {
         for k in 0..n {
             let v = (start + k) % n;
             let w = &workers[v];
-            if v != self.index && !w.next.is_empty() {
+            if v != self.index && !w.next.0.is_empty() {
                 *watch = Some((v, w.progress.0.load(Ordering::Relaxed), Instant::now()));
                 break;
             }
@@ -1533,7 +1527,7 @@ impl Worker {
     /// its announcement. Returns when to answer it, and the peer.
     fn ask_help_for_peer(&self) -> Option<(Instant, usize)> {
         for (v, w) in self.shared.workers.iter().enumerate() {
-            if v != self.index && !w.next.is_empty() && w.help.claim() {
+            if v != self.index && !w.next.0.is_empty() && w.help.claim() {
                 w.help
                     .open(w.progress.0.load(Ordering::Relaxed), self.shared.now_ns());
                 return Some((Instant::now() + NEXT_STEAL_AFTER, v));
@@ -1576,7 +1570,7 @@ impl Worker {
             let Some((progress, at)) = (v != self.index).then(|| slot.take()).flatten() else {
                 continue;
             };
-            if w.next.is_empty() && w.is_quiet() {
+            if w.next.0.is_empty() && w.is_quiet() {
                 // The asker sleeps with nothing to hand out: nothing to watch. (Its loop
                 // moves its progress at every wake-up, so watching it would look busy.)
                 slot.close();
@@ -1586,7 +1580,7 @@ impl Worker {
             let now = sh.now_ns();
             let (progress, at) = if now_progress == progress {
                 if now >= at + grace {
-                    let taken = w.next.take();
+                    let taken = w.next.0.take();
                     slot.close();
                     return match taken {
                         Some(job) => Help::Taken(ScheduleTask::New(job)),
@@ -1627,7 +1621,7 @@ impl Worker {
             burst.dealt = 0;
         }
         self.next_maybe.set(true);
-        let Some(displaced) = self.me().next.replace(job) else {
+        let Some(displaced) = self.me().next.0.replace(job) else {
             burst.peers.extend(self.ask_help());
             return;
         };
@@ -1678,7 +1672,7 @@ impl Worker {
         !self.me().inbox.is_empty()
             || !self.ready.borrow().is_empty()
             || !sh.injector.is_empty()
-            || !self.me().next.is_empty()
+            || !self.me().next.0.is_empty()
             || sh.workers.iter().any(|w| !w.local.is_empty())
             || self
                 .timers
@@ -2202,7 +2196,7 @@ impl Worker {
         self.me()
             .local
             .pop()
-            .or_else(|| self.me().next.take())
+            .or_else(|| self.me().next.0.take())
             .or_else(|| self.shared.injector.pop(false))
     }
 
