@@ -11,13 +11,17 @@
 //! generation g". Unparking twice, late, or after the fiber moved on does nothing.
 
 use crate::dump::WaitOn;
-use crate::fiber::{current_meta, suspend, Suspend};
+use crate::fiber::{current_meta, suspend, ParkRequest, Suspend};
 use crate::sched::task::JobRef;
 use crate::sched::worker::Shared;
 use crate::sys::futex;
 use std::fmt;
+use std::mem::ManuallyDrop;
+use std::num::NonZeroUsize;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::task::RawWakerVTable;
 use std::time::Instant;
 
 /// How a [`park_timeout`] ended.
@@ -31,92 +35,213 @@ pub enum ParkResult {
 
 /// A handle that wakes one particular [`park`] call. `Send + Sync`, cheap to clone;
 /// [`unpark`](Unparker::unpark) is idempotent.
-#[derive(Clone)]
+///
+/// Two words, so that it travels in registers through the wait queues: `ptr` is what it
+/// wakes, with its kind in the two low bits (every target is at least 4-aligned), and
+/// `word` the park's generation (or the worker's index, or a waker's data pointer). It owns
+/// one reference to its target (the task, the thread's slot, the scheduler, the waker).
 pub struct Unparker {
-    target: Target,
+    ptr: NonNull<u8>,
+    word: u64,
 }
 
-#[derive(Clone)]
+/// The kinds of target, in `ptr`'s low bits.
+/// A parked fiber: `ptr` is its task's header (`task::into_header`), `word` the generation.
+const FIBER: usize = 0;
+/// A blocked thread: `ptr` is its `Arc<ThreadSlot>` (`Arc::into_raw`), `word` the generation.
+const THREAD: usize = 1;
+/// A worker's loop rather than a fiber: a thread driving `use_caller`'s worker 0 inside
+/// `block_on` waits for its task this way. `ptr` is the `Arc<Shared>`, `word` the index.
+const WORKER: usize = 2;
+/// An async task: a future waiting on a fibra primitive registers its waker where a parked
+/// fiber would register its unparker. `ptr` is the waker's vtable, `word` its data pointer
+/// (its provenance exposed).
+const WAKER: usize = 3;
+const KIND: usize = 3;
+
+const _: () = assert!(
+    align_of::<crate::sched::task::Header>() > KIND
+        && align_of::<ThreadSlot>() > KIND
+        && align_of::<Shared>() > KIND
+        && align_of::<RawWakerVTable>() > KIND
+);
+
+// SAFETY: an `Unparker` owns a `JobRef`, an `Arc<ThreadSlot>`, an `Arc<Shared>` or a
+// `Waker`, each of which is `Send` and `Sync`; it only ever reaches them through `&`.
+unsafe impl Send for Unparker {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Unparker {}
+
+/// What an `Unparker` owns, taken apart.
 enum Target {
-    Fiber {
-        job: JobRef,
-        gen: u64,
-    },
-    Thread {
-        slot: Arc<ThreadSlot>,
-        gen: u32,
-    },
-    /// Wakes a worker's loop rather than a fiber: a thread driving `use_caller`'s worker 0
-    /// inside `block_on` waits for its task this way.
-    Worker {
-        shared: Arc<Shared>,
-        index: usize,
-    },
-    /// Wakes an async task: a future waiting on a fibra primitive registers its waker where
-    /// a parked fiber would register its unparker.
+    Fiber(JobRef, u64),
+    Thread(Arc<ThreadSlot>, u32),
+    Worker(Arc<Shared>, usize),
     Waker(std::task::Waker),
 }
 
 impl Unparker {
-    pub(crate) fn for_fiber(job: JobRef, gen: u64) -> Unparker {
+    #[inline(always)]
+    fn make<T>(target: NonNull<T>, kind: usize, word: u64) -> Unparker {
         Unparker {
-            target: Target::Fiber { job, gen },
+            ptr: target.cast::<u8>().map_addr(|a| a | kind),
+            word,
         }
+    }
+
+    #[inline(always)]
+    fn kind(&self) -> usize {
+        self.ptr.addr().get() & KIND
+    }
+
+    #[inline(always)]
+    fn target<T>(&self) -> NonNull<T> {
+        // The target is non-null and its low bits are zero, so clearing them leaves it
+        // non-null.
+        self.ptr
+            .map_addr(|a| NonZeroUsize::new(a.get() & !KIND).expect("a non-null target"))
+            .cast()
+    }
+
+    #[inline(always)]
+    pub(crate) fn for_fiber(job: JobRef, gen: u64) -> Unparker {
+        Unparker::make(crate::sched::task::into_header(job), FIBER, gen)
     }
 
     /// An unparker that wakes `waker`'s task (see `crate::future`).
     pub(crate) fn from_waker(waker: std::task::Waker) -> Unparker {
-        Unparker {
-            target: Target::Waker(waker),
-        }
+        let waker = ManuallyDrop::new(waker);
+        Unparker::make(
+            NonNull::from(waker.vtable()),
+            WAKER,
+            waker.data().expose_provenance() as u64,
+        )
     }
 
     pub(crate) fn for_worker(shared: Arc<Shared>, index: usize) -> Unparker {
-        Unparker {
-            target: Target::Worker { shared, index },
+        let shared = NonNull::new(Arc::into_raw(shared).cast_mut()).expect("non-null");
+        Unparker::make(shared, WORKER, index as u64)
+    }
+
+    fn for_thread(slot: Arc<ThreadSlot>, gen: u32) -> Unparker {
+        let slot = NonNull::new(Arc::into_raw(slot).cast_mut()).expect("non-null");
+        Unparker::make(slot, THREAD, u64::from(gen))
+    }
+
+    /// Takes the unparker apart into what it owns.
+    #[inline(always)]
+    fn into_target(self) -> Target {
+        let this = ManuallyDrop::new(self);
+        // In every arm: `ptr` was made by the constructor of its kind from a reference given
+        // up there (`into_header`, `Arc::into_raw`, a forgotten `Waker`), and `this` is
+        // forgotten, so that reference is taken back exactly once, here.
+        match this.kind() {
+            FIBER => {
+                // SAFETY: see above; `for_fiber` made it with `into_header`.
+                let job = unsafe { crate::sched::task::from_header(this.target()) };
+                Target::Fiber(job, this.word)
+            }
+            THREAD => {
+                // SAFETY: see above; `for_thread` made it with `Arc::into_raw`.
+                let slot = unsafe { Arc::from_raw(this.target::<ThreadSlot>().as_ptr()) };
+                Target::Thread(slot, this.word as u32)
+            }
+            WORKER => {
+                // SAFETY: see above; `for_worker` made it with `Arc::into_raw`.
+                let shared = unsafe { Arc::from_raw(this.target::<Shared>().as_ptr()) };
+                Target::Worker(shared, this.word as usize)
+            }
+            _ => {
+                let data = std::ptr::with_exposed_provenance(this.word as usize);
+                // SAFETY: see above; `from_waker` kept the waker's data pointer (exposed)
+                // and its vtable, a `&'static`, and forgot the waker.
+                let w = unsafe {
+                    std::task::Waker::new(data, this.target::<RawWakerVTable>().as_ref())
+                };
+                Target::Waker(w)
+            }
         }
+    }
+
+    /// Runs `f` on what the unparker owns, borrowed: it is taken apart and put back
+    /// unchanged (nothing is dropped or cloned, whatever `f` does or panics with).
+    #[inline(always)]
+    fn with_target<R>(&self, f: impl FnOnce(&Target) -> R) -> R {
+        // SAFETY: the bitwise copy is taken apart into a second owner of the same
+        // references, which is never dropped (`ManuallyDrop`): `self` remains their owner.
+        let copy = ManuallyDrop::new(
+            Unparker {
+                ptr: self.ptr,
+                word: self.word,
+            }
+            .into_target(),
+        );
+        f(&copy)
     }
 
     /// Wakes the parked fiber (on its home worker) or thread. Does nothing if it was already
     /// woken, timed out, or has moved on to another park.
     pub fn unpark(&self) {
-        match &self.target {
-            Target::Fiber { job, gen } => crate::sched::unpark_fiber(job, *gen),
-            Target::Thread { slot, gen } => slot.unpark(*gen),
-            Target::Worker { shared, index } => shared.workers[*index].sleep.wake(),
+        self.with_target(|t| match t {
+            Target::Fiber(job, gen) => crate::sched::unpark_fiber(job, *gen),
+            Target::Thread(slot, gen) => slot.unpark(*gen),
+            Target::Worker(shared, index) => shared.workers[*index].sleep.wake(),
             Target::Waker(w) => w.wake_by_ref(),
-        }
+        });
     }
 
     /// [`unpark`](Unparker::unpark), consuming the unparker: a fiber is queued with the
     /// unparker's own reference to it instead of a new one.
+    #[inline]
     pub(crate) fn unpark_owned(self) {
-        match self.target {
-            Target::Fiber { job, gen } => crate::sched::unpark_fiber_owned(job, gen),
+        match self.into_target() {
+            Target::Fiber(job, gen) => crate::sched::unpark_fiber_owned(job, gen),
+            Target::Thread(slot, gen) => slot.unpark(gen),
+            Target::Worker(shared, index) => shared.workers[index].sleep.wake(),
             Target::Waker(w) => w.wake(),
-            _ => self.unpark(),
         }
+    }
+}
+
+impl Clone for Unparker {
+    fn clone(&self) -> Unparker {
+        self.with_target(|t| match t {
+            Target::Fiber(job, gen) => Unparker::for_fiber(job.clone(), *gen),
+            Target::Thread(slot, gen) => Unparker::for_thread(slot.clone(), *gen),
+            Target::Worker(shared, index) => Unparker::for_worker(shared.clone(), *index),
+            Target::Waker(w) => Unparker::from_waker(w.clone()),
+        })
+    }
+}
+
+impl Drop for Unparker {
+    fn drop(&mut self) {
+        drop(
+            Unparker {
+                ptr: self.ptr,
+                word: self.word,
+            }
+            .into_target(),
+        );
     }
 }
 
 impl fmt::Debug for Unparker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.target {
-            Target::Fiber { job, gen } => f
+        self.with_target(|t| match t {
+            Target::Fiber(job, gen) => f
                 .debug_struct("Unparker")
                 .field("fiber", &job.header().id)
                 .field("generation", gen)
                 .finish(),
-            Target::Worker { index, .. } => {
-                f.debug_struct("Unparker").field("worker", index).finish()
-            }
-            Target::Thread { gen, .. } => f
+            Target::Worker(_, index) => f.debug_struct("Unparker").field("worker", index).finish(),
+            Target::Thread(_, gen) => f
                 .debug_struct("Unparker")
                 .field("thread", &"..")
                 .field("generation", gen)
                 .finish(),
             Target::Waker(w) => f.debug_struct("Unparker").field("waker", w).finish(),
-        }
+        })
     }
 }
 
@@ -151,6 +276,7 @@ pub fn park_timeout(deadline: Instant, register: impl FnOnce(Unparker)) -> ParkR
 
 /// [`park_timeout`] without a deadline when `deadline` is `None`; `on` says what the fiber
 /// waits for (for `Scheduler::dump`).
+#[inline(always)]
 pub(crate) fn park_until(
     deadline: Option<Instant>,
     on: WaitOn,
@@ -171,7 +297,11 @@ pub(crate) fn park_until(
             // it exactly once, before the fiber can be resumed.
             let erased: *mut (dyn FnMut(Unparker) + 'static) =
                 unsafe { std::mem::transmute(erased) };
-            if suspend(meta, Suspend::Park(erased, deadline)) {
+            let mut request = ParkRequest {
+                register: erased,
+                deadline,
+            };
+            if suspend(meta, Suspend::Park(NonNull::from(&mut request))) {
                 ParkResult::TimedOut
             } else {
                 ParkResult::Unparked
@@ -243,12 +373,7 @@ fn block_thread(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> P
     let notified = (gen << STATE_BITS) | NOTIFIED;
     slot.word.store(parked, Ordering::Relaxed);
     let _next = NextGeneration { slot: &slot, gen };
-    register(Unparker {
-        target: Target::Thread {
-            slot: slot.clone(),
-            gen,
-        },
-    });
+    register(Unparker::for_thread(slot.clone(), gen));
     loop {
         let w = slot.word.load(Ordering::Acquire);
         if w == notified {
@@ -274,5 +399,113 @@ fn block_thread(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> P
             }
         };
         futex::wait(&slot.word, w, timeout);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Wake, Waker};
+    use std::time::Duration;
+
+    struct CountWakes(AtomicUsize);
+
+    impl Wake for CountWakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A waker's unparker owns one waker: cloning and dropping it clone and drop wakers,
+    /// `unpark` wakes through a borrow, `unpark_owned` consumes it; nothing leaks.
+    #[test]
+    fn a_waker_unparker_owns_exactly_one_waker() {
+        let count = Arc::new(CountWakes(AtomicUsize::new(0)));
+        let u = Unparker::from_waker(Waker::from(count.clone()));
+        assert_eq!(Arc::strong_count(&count), 2);
+        let u2 = u.clone();
+        assert_eq!(Arc::strong_count(&count), 3);
+        assert!(format!("{u2:?}").contains("waker"));
+        u2.unpark();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(Arc::strong_count(&count), 3);
+        u2.unpark_owned();
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(Arc::strong_count(&count), 2);
+        drop(u);
+        assert_eq!(Arc::strong_count(&count), 1);
+        // A waker whose data pointer is null (the no-op waker's) survives the round trip.
+        let noop = Unparker::from_waker(Waker::noop().clone());
+        noop.clone().unpark_owned();
+        noop.unpark();
+    }
+
+    /// A thread's unparker (and its clones) hold the thread's slot; all of them released,
+    /// the slot is back to the thread's own reference, and a stale clone does nothing.
+    #[test]
+    fn a_thread_unparker_releases_its_slot() {
+        let before = SLOT.with(Arc::strong_count);
+        let mut stale = None;
+        let mut waker = None;
+        park(|u| {
+            assert!(format!("{u:?}").contains("thread"));
+            stale = Some(u.clone());
+            let u2 = u.clone();
+            drop(u);
+            waker = Some(std::thread::spawn(move || u2.unpark_owned()));
+        });
+        // The waker releases its unparker just after the unpark.
+        waker.expect("registered").join().unwrap();
+        let stale = stale.expect("registered");
+        assert_eq!(SLOT.with(Arc::strong_count), before + 1);
+        // A new park: the stale unparker cannot end it.
+        stale.unpark();
+        let r = park_timeout(Instant::now() + Duration::from_millis(20), |_| {});
+        assert_eq!(r, ParkResult::TimedOut);
+        drop(stale);
+        assert_eq!(SLOT.with(Arc::strong_count), before);
+    }
+
+    /// A fiber's unparker holds one reference to its task: with every clone dropped (one of
+    /// them used), the detached task's cell, and the result in it, are freed.
+    #[test]
+    fn a_fiber_unparker_holds_its_task_until_dropped() {
+        struct Dropped(Arc<AtomicUsize>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let sched = crate::Scheduler::builder().threads(1).build().unwrap();
+        sched.start();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = drops.clone();
+        let h = sched
+            .submit(
+                move || {
+                    park(|u| tx.send(u).unwrap());
+                    Dropped(d)
+                },
+                None,
+            )
+            .unwrap();
+        drop(h);
+        let u = rx.recv().unwrap();
+        assert!(format!("{u:?}").contains("fiber"));
+        let clones = [u.clone(), u.clone()];
+        u.unpark_owned();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The result lives in the cell as long as a clone holds the task.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        drop(clones);
+        while drops.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the task's cell was never freed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sched.stop();
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 }

@@ -21,6 +21,7 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -32,20 +33,27 @@ pub(crate) enum Resume {
     TimedOut,
     /// Unwind: the fiber is being cancelled (`stop_timeout`, or a dropped standalone fiber).
     Cancel,
-    /// The park registration closure panicked; the panic continues in the fiber.
-    Panic(Box<dyn Any + Send>),
+    /// The park registration closure panicked; the panic continues in the fiber. Boxed
+    /// once more so that a `Resume` is two words and passes through the switch in
+    /// registers (a panic here is rare; every resumption pays for the size).
+    Panic(Box<Box<dyn Any + Send>>),
 }
 
 /// What a fiber asks of its resumer when it suspends.
 pub(crate) enum Suspend {
     /// Requeue me at the back of my worker's queue.
     Yield,
-    /// Call this registration closure (it lives on my suspended stack) with my `Unparker`;
-    /// wake me at the deadline if nobody else does first.
-    Park(
-        *mut (dyn FnMut(Unparker) + 'static),
-        Option<std::time::Instant>,
-    ),
+    /// Do what this request (it lives on my suspended stack) says: call its registration
+    /// closure with my `Unparker`, wake me at its deadline if nobody else does first. One
+    /// thin pointer, so that the request travels through the switch in a register.
+    Park(NonNull<ParkRequest>),
+}
+
+/// A park's request to its worker, on the parking fiber's stack (see `park::park_until`).
+pub(crate) struct ParkRequest {
+    /// The registration closure, also on that stack; its lifetime is erased.
+    pub(crate) register: *mut (dyn FnMut(Unparker) + 'static),
+    pub(crate) deadline: Option<std::time::Instant>,
 }
 
 /// How a fiber's root function ended.
@@ -283,7 +291,7 @@ pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
             meta.cancelled.set(true);
             std::panic::resume_unwind(Box::new(Cancelled))
         }
-        Resume::Panic(p) => std::panic::resume_unwind(p),
+        Resume::Panic(p) => std::panic::resume_unwind(*p),
     }
 }
 
@@ -300,7 +308,7 @@ pub(crate) fn fiber_root<F: FnOnce()>(
     match first {
         Resume::Run | Resume::TimedOut => {}
         Resume::Cancel => return Outcome::Cancelled,
-        Resume::Panic(p) => return Outcome::Panicked(p),
+        Resume::Panic(p) => return Outcome::Panicked(*p),
     }
     match std::panic::catch_unwind(AssertUnwindSafe(body)) {
         Ok(()) => Outcome::Done,

@@ -96,8 +96,7 @@ impl TaskSlot {
     /// Puts `job` in the slot; returns the task it displaced.
     #[inline]
     pub(crate) fn replace(&self, job: JobRef) -> Option<JobRef> {
-        let header = std::ptr::from_ref(job.header()).cast_mut();
-        let _ = TaskArc::into_raw(job);
+        let header = into_header(job).as_ptr();
         // Release: whoever swaps the task out sees its cell as written before (the
         // closure, the header). Acquire: the same for the task displaced.
         let old = self.0.swap(header, Ordering::AcqRel);
@@ -135,15 +134,34 @@ impl TaskSlot {
     /// caller's).
     #[inline(always)]
     unsafe fn job(header: *mut Header) -> Option<JobRef> {
-        let header = NonNull::new(header)?;
-        // SAFETY: the reference the slot held keeps the cell, and so the header, alive;
-        // `this` was written before the cell was shared, so before it reached the slot.
-        let cell = unsafe { *header.as_ref().this.get() };
-        let cell = cell.expect("a queued task's header knows its cell");
-        // SAFETY: the pointer stands for one reference (per the caller), given up by
-        // `replace` through `into_raw`; it is taken back here once.
-        Some(unsafe { TaskArc::from_raw(cell) })
+        // SAFETY: per the caller; the slot's pointers come from `into_header`.
+        NonNull::new(header).map(|h| unsafe { from_header(h) })
     }
+}
+
+/// Gives up a task reference as one thin pointer, to its header (a [`TaskSlot`], an
+/// `Unparker`), until [`from_header`] takes it back.
+#[inline(always)]
+pub(crate) fn into_header(job: JobRef) -> NonNull<Header> {
+    let header = NonNull::from(job.header());
+    let _ = TaskArc::into_raw(job);
+    header
+}
+
+/// Takes back the reference that [`into_header`] gave up.
+///
+/// # Safety
+/// `header` came from `into_header`, and the reference it stands for is taken back once.
+#[inline(always)]
+pub(crate) unsafe fn from_header(header: NonNull<Header>) -> JobRef {
+    // SAFETY: the reference `header` stands for keeps the cell, and so the header, alive;
+    // `this` was written before the cell was shared (`JoinCell::new`, the only maker of
+    // tasks), so before `into_header` could see it.
+    let cell = unsafe { *header.as_ref().this.get() };
+    let cell = cell.expect("a shared task's header knows its cell");
+    // SAFETY: the pointer stands for one reference (per the caller), given up by
+    // `into_header` through `into_raw`; it is taken back here once.
+    unsafe { TaskArc::from_raw(cell) }
 }
 
 impl Drop for TaskSlot {

@@ -2030,7 +2030,7 @@ impl Worker {
         }
         home.meta.budget.set(crate::coop::BUDGET);
         let input = if let Some(p) = home.pending_panic.take() {
-            Resume::Panic(p)
+            Resume::Panic(Box::new(p))
         } else if home.cancel == Cancel::Requested {
             home.cancel = Cancel::Delivered;
             Resume::Cancel
@@ -2057,8 +2057,11 @@ impl Worker {
                 self.yielded.set(true);
                 self.stats().yields.add(1);
             }
-            corosensei::CoroutineResult::Yield(Suspend::Park(register, deadline)) => {
-                self.publish_park(job.into_owned(), register, deadline);
+            corosensei::CoroutineResult::Yield(Suspend::Park(request)) => {
+                // SAFETY: the request lives on the suspended fiber's stack, which stays
+                // valid and untouched until the fiber resumes, after `publish_park`.
+                let request = unsafe { request.as_ref() };
+                self.publish_park(job.into_owned(), request.register, request.deadline);
             }
             corosensei::CoroutineResult::Return(outcome) => self.finish(job, outcome),
         }
