@@ -8,7 +8,10 @@
 //!
 //! An `Unparker` wakes exactly the park it was made for: each park has a generation, and an
 //! `unpark` only succeeds with a compare-and-swap from "parked, generation g" to "notified,
-//! generation g". Unparking twice, late, or after the fiber moved on does nothing.
+//! generation g". Unparking twice, late, or after the fiber moved on does nothing. (A park
+//! whose unparker is its only one, `fibra::sync`'s, is won with a plain store when it is
+//! used on the fiber's own worker, where no other waker can run at the same time: see
+//! `park_alone`.)
 
 use crate::dump::WaitOn;
 use crate::fiber::{current_meta, suspend, ParkRequest, Suspend};
@@ -46,7 +49,8 @@ pub struct Unparker {
 }
 
 /// The kinds of target, in `ptr`'s low bits.
-/// A parked fiber: `ptr` is its task's header (`task::into_header`), `word` the generation.
+/// A parked fiber: `ptr` is its task's header (`task::into_header`), `word` the generation,
+/// with `ALONE` set if this is the park's only unparker (see [`park_alone`]).
 const FIBER: usize = 0;
 /// A blocked thread: `ptr` is its `Arc<ThreadSlot>` (`Arc::into_raw`), `word` the generation.
 const THREAD: usize = 1;
@@ -58,6 +62,8 @@ const WORKER: usize = 2;
 /// (its provenance exposed).
 const WAKER: usize = 3;
 const KIND: usize = 3;
+/// In a fiber's `word`: generations stay below 2^62 (the park word shifts them by two).
+const ALONE: u64 = 1 << 63;
 
 const _: () = assert!(
     align_of::<crate::sched::task::Header>() > KIND
@@ -74,7 +80,8 @@ unsafe impl Sync for Unparker {}
 
 /// What an `Unparker` owns, taken apart.
 enum Target {
-    Fiber(JobRef, u64),
+    /// The task, the generation, and whether this is the park's only unparker.
+    Fiber(JobRef, u64, bool),
     Thread(Arc<ThreadSlot>, u32),
     Worker(Arc<Shared>, usize),
     Waker(std::task::Waker),
@@ -103,9 +110,11 @@ impl Unparker {
             .cast()
     }
 
+    /// `alone`: the park's only unparker, which is never cloned (see [`park_alone`]).
     #[inline(always)]
-    pub(crate) fn for_fiber(job: JobRef, gen: u64) -> Unparker {
-        Unparker::make(crate::sched::task::into_header(job), FIBER, gen)
+    pub(crate) fn for_fiber(job: JobRef, gen: u64, alone: bool) -> Unparker {
+        let word = if alone { gen | ALONE } else { gen };
+        Unparker::make(crate::sched::task::into_header(job), FIBER, word)
     }
 
     /// An unparker that wakes `waker`'s task (see `crate::future`).
@@ -139,7 +148,7 @@ impl Unparker {
             FIBER => {
                 // SAFETY: see above; `for_fiber` made it with `into_header`.
                 let job = unsafe { crate::sched::task::from_header(this.target()) };
-                Target::Fiber(job, this.word)
+                Target::Fiber(job, this.word & !ALONE, this.word & ALONE != 0)
             }
             THREAD => {
                 // SAFETY: see above; `for_thread` made it with `Arc::into_raw`.
@@ -183,7 +192,7 @@ impl Unparker {
     /// woken, timed out, or has moved on to another park.
     pub fn unpark(&self) {
         self.with_target(|t| match t {
-            Target::Fiber(job, gen) => crate::sched::unpark_fiber(job, *gen),
+            Target::Fiber(job, gen, _) => crate::sched::unpark_fiber(job, *gen),
             Target::Thread(slot, gen) => slot.unpark(*gen),
             Target::Worker(shared, index) => shared.workers[*index].sleep.wake(),
             Target::Waker(w) => w.wake_by_ref(),
@@ -195,7 +204,8 @@ impl Unparker {
     #[inline]
     pub(crate) fn unpark_owned(self) {
         match self.into_target() {
-            Target::Fiber(job, gen) => crate::sched::unpark_fiber_owned(job, gen),
+            Target::Fiber(job, gen, true) => crate::sched::unpark_fiber_alone(job, gen),
+            Target::Fiber(job, gen, false) => crate::sched::unpark_fiber_owned(job, gen),
             Target::Thread(slot, gen) => slot.unpark(gen),
             Target::Worker(shared, index) => shared.workers[index].sleep.wake(),
             Target::Waker(w) => w.wake(),
@@ -206,7 +216,10 @@ impl Unparker {
 impl Clone for Unparker {
     fn clone(&self) -> Unparker {
         self.with_target(|t| match t {
-            Target::Fiber(job, gen) => Unparker::for_fiber(job.clone(), *gen),
+            Target::Fiber(job, gen, alone) => {
+                debug_assert!(!alone, "the only unparker of a park is never cloned");
+                Unparker::for_fiber(job.clone(), *gen, false)
+            }
             Target::Thread(slot, gen) => Unparker::for_thread(slot.clone(), *gen),
             Target::Worker(shared, index) => Unparker::for_worker(shared.clone(), *index),
             Target::Waker(w) => Unparker::from_waker(w.clone()),
@@ -229,7 +242,7 @@ impl Drop for Unparker {
 impl fmt::Debug for Unparker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.with_target(|t| match t {
-            Target::Fiber(job, gen) => f
+            Target::Fiber(job, gen, _) => f
                 .debug_struct("Unparker")
                 .field("fiber", &job.header().id)
                 .field("generation", gen)
@@ -282,6 +295,31 @@ pub(crate) fn park_until(
     on: WaitOn,
     register: impl FnOnce(Unparker),
 ) -> ParkResult {
+    park_with(deadline, on, false, register)
+}
+
+/// [`park_until`] for a caller whose `register` keeps the `Unparker` to itself: it is never
+/// cloned, and it is the only one of this park (`fibra::sync`'s wait queues and oneshots,
+/// which hand it to one waker under their own synchronization). A fiber's other wakers —
+/// its timer, a cancellation — all run on its home worker, so when the unparker is used
+/// there too, nothing else can race for the wake and it is won with a plain store
+/// (`ParkWord::notify_alone`) instead of a compare-and-swap.
+#[inline(always)]
+pub(crate) fn park_alone(
+    deadline: Option<Instant>,
+    on: WaitOn,
+    register: impl FnOnce(Unparker),
+) -> ParkResult {
+    park_with(deadline, on, true, register)
+}
+
+#[inline(always)]
+fn park_with(
+    deadline: Option<Instant>,
+    on: WaitOn,
+    alone: bool,
+    register: impl FnOnce(Unparker),
+) -> ParkResult {
     match current_meta() {
         Some(meta) if meta.worker.is_some() => {
             meta.wait.set(on);
@@ -300,6 +338,7 @@ pub(crate) fn park_until(
             let mut request = ParkRequest {
                 register: erased,
                 deadline,
+                alone,
             };
             if suspend(meta, Suspend::Park(NonNull::from(&mut request))) {
                 ParkResult::TimedOut
@@ -410,6 +449,15 @@ mod tests {
     use std::time::Duration;
 
     struct CountWakes(AtomicUsize);
+
+    /// Two words, sent and shared between threads; `None` costs nothing.
+    #[test]
+    fn an_unparker_is_two_words_and_send_and_sync() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Unparker>();
+        assert!(size_of::<Unparker>() <= 2 * size_of::<u64>());
+        assert_eq!(size_of::<Option<Unparker>>(), size_of::<Unparker>());
+    }
 
     impl Wake for CountWakes {
         fn wake(self: Arc<Self>) {

@@ -361,3 +361,107 @@ fn oversubscribed_threads_and_fibers_share_one_channel() {
         sched.stop();
     });
 }
+
+/// A message that adds its value to a sink when dropped, received or not: the sink's total
+/// shows every message was dropped exactly once (none lost, none duplicated).
+struct Counted {
+    v: u64,
+    sink: Arc<AtomicUsize>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.sink.fetch_add(self.v as usize, Ordering::SeqCst);
+    }
+}
+
+/// Wakes from the receivers' own worker (won with a plain store: the park's only unparker,
+/// used on the fiber's home worker) and from another worker (a compare-and-swap) race each
+/// other, the receivers' short deadlines and their cancellation from a plain thread. Every
+/// message is dropped exactly once, received or left in its channel, and each receiver ends
+/// either by disconnection or cancelled.
+#[test]
+fn local_and_remote_wakes_race_deadlines_and_cancellations() {
+    with_deadline(|| {
+        const RX: usize = 48;
+        const ROUNDS: usize = 150;
+        let sched = started(2);
+        let sink = Arc::new(AtomicUsize::new(0));
+        let received = Arc::new(AtomicUsize::new(0));
+        let mut txs = Vec::new();
+        let mut receivers = Vec::new();
+        for i in 0..RX {
+            let (tx, rx) = mpsc::channel::<Counted>();
+            txs.push(tx);
+            let received = received.clone();
+            let patience = Duration::from_micros(20 + (i as u64 * 37) % 300);
+            let h = sched
+                .submit(
+                    move || loop {
+                        match rx.recv_timeout(patience) {
+                            Ok(m) => {
+                                received.fetch_add(1, Ordering::SeqCst);
+                                drop(m);
+                            }
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => return current_worker(),
+                        }
+                    },
+                    Some(0),
+                )
+                .expect("submit");
+            receivers.push(h);
+        }
+        // One sender on the receivers' worker, one on the other; the values of each are
+        // distinct: (sender, round, receiver) + 1.
+        let senders: Vec<_> = (0..2usize)
+            .map(|s| {
+                let (txs, sink) = (txs.clone(), sink.clone());
+                sched
+                    .submit(
+                        move || {
+                            for round in 0..ROUNDS {
+                                for (i, tx) in txs.iter().enumerate() {
+                                    let v = ((s * ROUNDS + round) * RX + i + 1) as u64;
+                                    // A gone receiver hands the message back; it drops here.
+                                    let _ = tx.send(Counted {
+                                        v,
+                                        sink: sink.clone(),
+                                    });
+                                    if i % 8 == 0 {
+                                        fibra::Fiber::yield_now();
+                                    }
+                                }
+                            }
+                        },
+                        Some(s),
+                    )
+                    .expect("submit")
+            })
+            .collect();
+        drop(txs);
+        // Cancel every fourth receiver while the senders run.
+        for h in receivers.iter().step_by(4) {
+            thread::sleep(Duration::from_micros(300));
+            h.cancel();
+        }
+        for s in senders {
+            finish(s);
+        }
+        let mut cancelled = 0;
+        for h in receivers {
+            match h.join() {
+                Ok(worker) => assert_eq!(worker, Some(0), "a fiber never moves"),
+                Err(e) => {
+                    assert!(e.is_cancelled(), "{e}");
+                    cancelled += 1;
+                }
+            }
+        }
+        sched.stop();
+        let n = (2 * ROUNDS * RX) as u64;
+        assert_eq!(sink.load(Ordering::SeqCst) as u64, n * (n + 1) / 2);
+        assert!(received.load(Ordering::SeqCst) > 0);
+        assert!(cancelled <= RX.div_ceil(4));
+    });
+}

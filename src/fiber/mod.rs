@@ -54,6 +54,8 @@ pub(crate) struct ParkRequest {
     /// The registration closure, also on that stack; its lifetime is erased.
     pub(crate) register: *mut (dyn FnMut(Unparker) + 'static),
     pub(crate) deadline: Option<std::time::Instant>,
+    /// The unparker will be the park's only one (`park::park_alone`).
+    pub(crate) alone: bool,
 }
 
 /// How a fiber's root function ended.

@@ -17,7 +17,7 @@ pub(crate) mod worker;
 pub use watchdog::DEFAULT_WATCHDOG;
 
 pub use worker::current_worker;
-pub(crate) use worker::{cancel_started, unpark_fiber, unpark_fiber_owned};
+pub(crate) use worker::{cancel_started, unpark_fiber, unpark_fiber_alone, unpark_fiber_owned};
 
 use crate::error::{Error, SubmitError};
 use crate::fiber;

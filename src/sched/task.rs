@@ -254,6 +254,22 @@ impl ParkWord {
         gen
     }
 
+    /// [`ParkWord::notify`] by the only waker that can act now: the home worker's thread,
+    /// holding a park's only unparker (`park::park_alone`), while every other waker of the
+    /// park runs on that thread too. A plain load and store: nothing else writes the word
+    /// meanwhile (a stale unparker's compare-and-swap fails without writing).
+    #[inline]
+    pub(crate) fn notify_alone(&self, gen: u64) -> bool {
+        let parked = (gen << STATE_BITS) | PARKED;
+        // Relaxed: the fiber resumes on this thread, after this store in program order.
+        if self.0.load(Ordering::Relaxed) != parked {
+            return false;
+        }
+        self.0
+            .store((gen << STATE_BITS) | NOTIFIED, Ordering::Relaxed);
+        true
+    }
+
     /// A waker's move from "parked in generation `gen`" to `Notified`. True for exactly one
     /// of the racing wakers, which must then queue the fiber on its home worker.
     #[inline]

@@ -61,7 +61,9 @@
 //! started), so `catching` and `finally` continuations may wait like any fiber code.
 
 use crate::dump::{DumpRequest, Entry, Status};
-use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, Yielder};
+use crate::fiber::{
+    self, fiber_root, Coro, FiberMeta, Outcome, ParkRequest, Resume, Suspend, Yielder,
+};
 use crate::join::JoinError;
 use crate::metrics::WorkerStats;
 use crate::park::Unparker;
@@ -695,6 +697,29 @@ pub(crate) fn unpark_fiber_owned(job: JobRef, gen: u64) {
     if job.header().park.notify(gen) {
         queue_woken(job);
     }
+}
+
+/// [`unpark_fiber_owned`] with the park's only unparker (`park::park_alone`). Called on the
+/// fiber's home worker, it wins the wake with a plain store: every other waker of this park
+/// (the fiber's timer, a cancellation) runs on that worker too, so none runs meanwhile.
+pub(crate) fn unpark_fiber_alone(job: JobRef, gen: u64) {
+    let h = job.header();
+    // SAFETY: the placement was written before the fiber first parked, and our unparker was
+    // made after that and reached us through the park's registration, which orders the
+    // write before this read. Only the pointer is compared; nothing behind it is read.
+    let p = unsafe { &*h.placement.get() };
+    let w = CURRENT_WORKER.with(|c| c.get());
+    // SAFETY: see `Shared::local_worker`.
+    if let Some(w) = unsafe { w.as_ref() } {
+        if w.index == p.worker && std::ptr::eq(Arc::as_ptr(&w.shared), p.sched) {
+            if h.park.notify_alone(gen) {
+                w.ready.borrow_mut().push_back(job);
+                w.stats().local_wakes.add(1);
+            }
+            return;
+        }
+    }
+    unpark_fiber_owned(job, gen);
 }
 
 /// Queues a fiber whose `park.notify` the caller won: on its home worker's `ready` when
@@ -2061,7 +2086,7 @@ impl Worker {
                 // SAFETY: the request lives on the suspended fiber's stack, which stays
                 // valid and untouched until the fiber resumes, after `publish_park`.
                 let request = unsafe { request.as_ref() };
-                self.publish_park(job.into_owned(), request.register, request.deadline);
+                self.publish_park(job.into_owned(), request);
             }
             corosensei::CoroutineResult::Return(outcome) => self.finish(job, outcome),
         }
@@ -2069,12 +2094,8 @@ impl Worker {
 
     /// The worker half of `park`: publish the fiber now that it is off the CPU.
     #[inline(never)]
-    fn publish_park(
-        &self,
-        job: JobRef,
-        register: *mut (dyn FnMut(Unparker) + 'static),
-        deadline: Option<Instant>,
-    ) {
+    fn publish_park(&self, job: JobRef, request: &ParkRequest) {
+        let (register, deadline) = (request.register, request.deadline);
         let gen = job.header().park.publish_parked();
         if self.stats().stuck_since.load(Ordering::Relaxed) != 0 {
             // The watchdog saw this worker inside one fiber for a while: the coarse clock,
@@ -2097,7 +2118,7 @@ impl Worker {
         // The unparker takes this reference (a wake then queues it as it is); the registry
         // keeps the fiber alive meanwhile, and gives it back should `register` panic.
         let slot = home.slot;
-        let unparker = Unparker::for_fiber(job, gen);
+        let unparker = Unparker::for_fiber(job, gen, request.alone);
         // SAFETY: the closure lives on the suspended fiber's stack (see `park_until`) and is
         // called exactly once, here, before the fiber can resume.
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*register)(unparker) }));

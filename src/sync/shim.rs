@@ -19,14 +19,16 @@ mod imp {
     use std::time::Instant;
 
     /// Suspends the calling fiber (or blocks the thread) until the `Unparker` given to
-    /// `register` fires, or until `deadline`. See [`crate::park_timeout`].
+    /// `register` fires, or until `deadline`. See [`crate::park_timeout`]. The unparker
+    /// must stay the park's only one: `register` keeps it, never clones it, and hands it
+    /// to at most one waker (see `crate::park::park_alone`).
     #[inline]
     pub(crate) fn park(
         deadline: Option<Instant>,
         on: crate::dump::WaitOn,
         register: impl FnOnce(Unparker),
     ) -> ParkResult {
-        crate::park::park_until(deadline, on, register)
+        crate::park::park_alone(deadline, on, register)
     }
 
     /// Whether a waiter may spin briefly before parking: only a thread, whose park is a
