@@ -177,6 +177,8 @@ const FEW_FIBERS: u64 = 8;
 const REBALANCE_AFTER: u32 = 128;
 /// How many tasks in a row a worker takes from its `next` slot before looking elsewhere.
 const MAX_NEXT_STREAK: u32 = 3;
+/// At most this many cache lines of a task's cell are prefetched when it starts.
+const CELL_LINES: usize = 12;
 /// An idle worker takes the task in a peer's `next` slot only once the peer has run the
 /// same fiber for this long since the task was put there: a spawner that suspends soon (a
 /// chain of spawns, a spawn-and-join, a ping-pong pair) runs its task itself, with its data
@@ -1955,6 +1957,15 @@ impl Worker {
 
     /// Gives an unstarted task a fiber homed on this worker and runs it.
     fn start(&self, job: JobRef) {
+        // A task is often made on another thread (a spawner, a peer whose queue it came
+        // from) or long ago, so its cell (about 8 lines, most of them the header) is in
+        // another core's cache or out of this one's. Ask for all of it at once rather than a
+        // line at each first touch, one miss after another. (The size comes from the
+        // vtable; the line before the value holds the counts.) For a cell made here just
+        // before, these are hits, a few cycles.
+        let value: *const dyn Job = TaskArc::as_ptr(&job);
+        let len = std::mem::size_of_val::<dyn Job>(&*job);
+        crate::sys::prefetch(value.cast::<u8>().wrapping_sub(64), len + 64, CELL_LINES);
         if self.phase.get() >= Phase::Discarding {
             self.start_failed(job, JoinError::cancelled());
             return;
