@@ -48,9 +48,11 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    /// A new cell for `f`, with the header `header` makes (built in the cell, see
+    /// `TaskArc::new`).
     #[inline(always)]
-    pub(crate) fn new(f: F, header: Header) -> TaskArc<Self> {
-        let cell = TaskArc::new(Self::value(f, header));
+    pub(crate) fn new(f: F, header: impl FnOnce() -> Header) -> TaskArc<Self> {
+        let cell = TaskArc::new(|| Self::value(f, header()));
         Self::known(&cell);
         cell
     }
@@ -58,8 +60,8 @@ where
     /// A new cell, with two references to it: one for a `JoinHandle`, one for the run
     /// queues.
     #[inline(always)]
-    pub(crate) fn new_pair(f: F, header: Header) -> (TaskArc<Self>, JobRef) {
-        let (cell, job) = TaskArc::new_pair(Self::value(f, header));
+    pub(crate) fn new_pair(f: F, header: impl FnOnce() -> Header) -> (TaskArc<Self>, JobRef) {
+        let (cell, job) = TaskArc::new_pair(|| Self::value(f, header()));
         Self::known(&cell);
         (cell, as_job(job))
     }

@@ -143,15 +143,8 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    JoinCell::new(
-        f,
-        Header::new(
-            None,
-            DEFAULT_STACK_SIZE,
-            None,
-            std::panic::Location::caller(),
-        ),
-    )
+    let location = std::panic::Location::caller();
+    JoinCell::new(f, || Header::new(None, DEFAULT_STACK_SIZE, None, location))
 }
 
 /// A handle whose task was refused (its executor has shut down): reports cancelled.

@@ -54,34 +54,46 @@ unsafe impl<U: ?Sized + Send + Sync> Sync for TaskArc<U> {}
 impl<U: ?Sized> Unpin for TaskArc<U> {}
 
 impl<U> TaskArc<U> {
-    /// Moves `value` into a new cell.
-    #[inline]
-    pub(crate) fn new(value: U) -> TaskArc<U> {
-        let [this] = Self::new_refs(value);
+    /// Moves the value `make` returns into a new cell.
+    #[inline(always)]
+    pub(crate) fn new(make: impl FnOnce() -> U) -> TaskArc<U> {
+        let [this] = Self::new_refs(make);
         this
     }
 
-    /// Moves `value` into a new cell and returns two references to it: `new` and a
-    /// `clone`, without the clone's atomic increment (a spawn needs one for its handle and
-    /// one for the run queue).
-    #[inline]
-    pub(crate) fn new_pair(value: U) -> (TaskArc<U>, TaskArc<U>) {
-        let [a, b] = Self::new_refs(value);
+    /// Moves the value `make` returns into a new cell and returns two references to it:
+    /// `new` and a `clone`, without the clone's atomic increment (a spawn needs one for its
+    /// handle and one for the run queue).
+    #[inline(always)]
+    pub(crate) fn new_pair(make: impl FnOnce() -> U) -> (TaskArc<U>, TaskArc<U>) {
+        let [a, b] = Self::new_refs(make);
         (a, b)
     }
 
-    /// A new cell holding `value`, with its count started at `N`: the `N` references.
+    /// A new cell holding what `make` returns, with its count started at `N`: the `N`
+    /// references. `make` runs once the block is allocated, so that the value (a task's
+    /// 400-byte header, say) can be built where it will live instead of being built on the
+    /// stack and copied there.
     #[inline(always)]
-    fn new_refs<const N: usize>(value: U) -> [TaskArc<U>; N] {
+    fn new_refs<const N: usize>(make: impl FnOnce() -> U) -> [TaskArc<U>; N] {
         let layout = Layout::new::<Inner<U>>();
         let block = blocks::alloc(layout).cast::<Inner<U>>();
+        // Gives the block back if `make` panics.
+        struct Unused(NonNull<u8>, Layout);
+        impl Drop for Unused {
+            fn drop(&mut self) {
+                blocks::free(self.0, self.1);
+            }
+        }
+        let unused = Unused(block.cast(), layout);
         // SAFETY: `block` is a fresh allocation that fits `layout` (see `blocks::alloc`).
         unsafe {
             block.as_ptr().write(Inner {
                 refs: AtomicUsize::new(N),
-                value,
+                value: make(),
             })
         };
+        std::mem::forget(unused);
         [(); N].map(|()| TaskArc {
             ptr: block,
             _owns: PhantomData,
@@ -469,7 +481,7 @@ mod tests {
     #[test]
     fn clones_share_one_value_dropped_once() {
         let drops = Arc::new(AtomicUsize::new(0));
-        let a = TaskArc::new(Counted(drops.clone(), [7; 100]));
+        let a = TaskArc::new(|| Counted(drops.clone(), [7; 100]));
         let b = a.clone();
         // SAFETY: the identity coercion.
         let c: TaskArc<dyn Speak> =
@@ -494,9 +506,28 @@ mod tests {
                 panic!("boom in drop");
             }
         }
-        let a = TaskArc::new(Boom);
+        let a = TaskArc::new(|| Boom);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(a)));
         assert!(r.is_err());
+    }
+
+    /// A value that panics while it is being made gives its block back: the next cell of
+    /// that size on this thread gets the same block (this thread's cache hands out the
+    /// block it got last).
+    #[test]
+    fn a_panic_while_making_the_value_gives_the_block_back() {
+        let first = TaskArc::new(|| [1u8; 600]);
+        let addr = TaskArc::as_ptr(&first) as usize;
+        drop(first);
+        let r = std::panic::catch_unwind(|| TaskArc::<[u8; 600]>::new(|| panic!("no value")));
+        assert!(r.is_err());
+        let again = TaskArc::new(|| [2u8; 600]);
+        assert_eq!(
+            TaskArc::as_ptr(&again) as usize,
+            addr,
+            "the block was given back"
+        );
+        assert_eq!(again[599], 2);
     }
 
     #[test]
@@ -511,10 +542,10 @@ mod tests {
         // Big and over-aligned cells work all the same, through the global allocator.
         #[repr(align(128))]
         struct Aligned(u8);
-        let a = TaskArc::new(Aligned(3));
+        let a = TaskArc::new(|| Aligned(3));
         assert_eq!(TaskArc::as_ptr(&a) as usize % 128, 0);
         assert_eq!(a.0, 3);
-        let big = TaskArc::new([5u8; 4096]);
+        let big = TaskArc::new(|| [5u8; 4096]);
         assert_eq!(big[4095], 5);
     }
 
@@ -535,7 +566,7 @@ mod tests {
         // The first `BULK_BYTES` come from the global allocator, the rest from slabs.
         let n = slabs::BULK_BYTES / 960 + 10 * (slabs::SLAB / 960);
         for round in 0..4 {
-            let cells: Vec<_> = (0..n).map(|i| TaskArc::new([i as u8; 900])).collect();
+            let cells: Vec<_> = (0..n).map(|i| TaskArc::new(|| [i as u8; 900])).collect();
             // Every cell is its own memory: no block was handed out twice.
             let addrs: std::collections::HashSet<usize> =
                 cells.iter().map(|c| TaskArc::as_ptr(c) as usize).collect();
@@ -626,10 +657,12 @@ mod tests {
         let class = private_class(layout);
         let n = slabs::BULK_BYTES / 896 + 300;
         slabs::FAIL_MAP.store(class + 1, Ordering::SeqCst);
-        let from_malloc: Vec<_> = (0..n).map(|i| TaskArc::new([i as u8; 850])).collect();
+        let from_malloc: Vec<_> = (0..n).map(|i| TaskArc::new(|| [i as u8; 850])).collect();
         assert_eq!(slabs::count(class), 0, "no slab could be mapped");
         slabs::FAIL_MAP.store(0, Ordering::SeqCst);
-        let from_slabs: Vec<_> = (0..300).map(|i| TaskArc::new([!(i as u8); 850])).collect();
+        let from_slabs: Vec<_> = (0..300)
+            .map(|i| TaskArc::new(|| [!(i as u8); 850]))
+            .collect();
         assert_eq!(slabs::count(class), 1);
         for (i, a) in from_malloc.iter().enumerate() {
             assert!(a.iter().all(|&x| x == i as u8));
@@ -648,7 +681,7 @@ mod tests {
         })
         .join()
         .unwrap();
-        let again: Vec<_> = (0..n).map(|i| TaskArc::new([i as u8; 850])).collect();
+        let again: Vec<_> = (0..n).map(|i| TaskArc::new(|| [i as u8; 850])).collect();
         assert!(again.iter().enumerate().all(|(i, c)| c[849] == i as u8));
         drop(again);
         assert_eq!(slabs::count(class), 1);
@@ -673,7 +706,7 @@ mod tests {
         });
         let mut previous: Vec<usize> = Vec::new();
         for round in 0..20 {
-            let batch: Vec<_> = (0..N).map(|i| TaskArc::new([i as u8; 800])).collect();
+            let batch: Vec<_> = (0..N).map(|i| TaskArc::new(|| [i as u8; 800])).collect();
             let addrs: Vec<usize> = batch.iter().map(|c| TaskArc::as_ptr(c) as usize).collect();
             if round > 0 {
                 // All of the previous round's blocks but those the freer keeps (and this

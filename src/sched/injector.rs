@@ -99,7 +99,7 @@ mod tests {
     use std::panic::Location;
 
     fn task() -> JobRef {
-        JoinCell::new_pair(|| {}, Header::new(None, 0, None, Location::caller())).1
+        JoinCell::new_pair(|| {}, || Header::new(None, 0, None, Location::caller())).1
     }
 
     fn id(job: &JobRef) -> crate::FiberId {

@@ -653,10 +653,9 @@ where
     if !shared.admit() {
         return Err(SubmitError::Stopped(f));
     }
-    let (cell, job) = JoinCell::new_pair(
-        f,
-        Header::new(name, stack_size, thread, std::panic::Location::caller()),
-    );
+    // Outside the closure, which would be the caller of `caller` otherwise.
+    let location = std::panic::Location::caller();
+    let (cell, job) = JoinCell::new_pair(f, || Header::new(name, stack_size, thread, location));
     shared.schedule_new(job);
     Ok(JoinHandle::new(cell))
 }
@@ -669,10 +668,9 @@ pub(crate) fn submit_admitted(
     f: Box<dyn FnOnce() + Send>,
     location: &'static std::panic::Location<'static>,
 ) {
-    let cell = JoinCell::new(
-        f,
-        Header::new(None, shared.config.stack_size, None, location),
-    );
+    let cell = JoinCell::new(f, || {
+        Header::new(None, shared.config.stack_size, None, location)
+    });
     shared.schedule_new(task::as_job(cell));
 }
 

@@ -589,7 +589,8 @@ mod slot {
     use std::sync::atomic::AtomicBool;
 
     fn task(f: impl FnOnce() + Send + 'static) -> JobRef {
-        let (_handle, job) = JoinCell::new_pair(f, Header::new(None, 0, None, Location::caller()));
+        let (_handle, job) =
+            JoinCell::new_pair(f, || Header::new(None, 0, None, Location::caller()));
         job
     }
 
