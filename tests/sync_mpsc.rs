@@ -364,12 +364,12 @@ fn oversubscribed_threads_and_fibers_share_one_channel() {
 
 /// A message that adds its value to a sink when dropped, received or not: the sink's total
 /// shows every message was dropped exactly once (none lost, none duplicated).
-struct Counted {
+struct Summed {
     v: u64,
     sink: Arc<AtomicUsize>,
 }
 
-impl Drop for Counted {
+impl Drop for Summed {
     fn drop(&mut self) {
         self.sink.fetch_add(self.v as usize, Ordering::SeqCst);
     }
@@ -391,7 +391,7 @@ fn local_and_remote_wakes_race_deadlines_and_cancellations() {
         let mut txs = Vec::new();
         let mut receivers = Vec::new();
         for i in 0..RX {
-            let (tx, rx) = mpsc::channel::<Counted>();
+            let (tx, rx) = mpsc::channel::<Summed>();
             txs.push(tx);
             let received = received.clone();
             let patience = Duration::from_micros(20 + (i as u64 * 37) % 300);
@@ -424,7 +424,7 @@ fn local_and_remote_wakes_race_deadlines_and_cancellations() {
                                 for (i, tx) in txs.iter().enumerate() {
                                     let v = ((s * ROUNDS + round) * RX + i + 1) as u64;
                                     // A gone receiver hands the message back; it drops here.
-                                    let _ = tx.send(Counted {
+                                    let _ = tx.send(Summed {
                                         v,
                                         sink: sink.clone(),
                                     });

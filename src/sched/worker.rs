@@ -718,8 +718,7 @@ pub(crate) fn unpark_fiber_alone(job: JobRef, gen: u64) {
     if let Some(w) = unsafe { w.as_ref() } {
         if w.index == p.worker && std::ptr::eq(Arc::as_ptr(&w.shared), p.sched) {
             if h.park.notify_alone(gen) {
-                w.ready.borrow_mut().push_back(job);
-                w.stats().local_wakes.add(1);
+                w.push_woken(job);
             }
             return;
         }
@@ -739,8 +738,7 @@ fn queue_woken(job: JobRef) {
     };
     if let Some(w) = sched.local_worker() {
         if w.index == worker {
-            w.ready.borrow_mut().push_back(job);
-            w.stats().local_wakes.add(1);
+            w.push_woken(job);
             return;
         }
     }
@@ -1404,8 +1402,7 @@ impl Worker {
                 // Start bringing the stack in now, so that resuming the batch does not wait
                 // for one miss after another.
                 crate::stack::prefetch_near(home.meta.suspended_at.get());
-                self.ready.borrow_mut().push_back(job);
-                self.stats().local_wakes.add(1);
+                self.push_woken(job);
                 woken += 1;
             }
         }
@@ -2182,9 +2179,15 @@ impl Worker {
     /// Wakes a fiber of this worker from this worker (cancellation, failed registration).
     fn wake_own(&self, job: &JobRef, gen: u64) {
         if job.header().park.notify(gen) {
-            self.ready.borrow_mut().push_back(job.clone());
-            self.stats().local_wakes.add(1);
+            self.push_woken(job.clone());
         }
+    }
+
+    /// Queues a fiber of this worker woken on this worker (whoever won its wake).
+    #[inline]
+    fn push_woken(&self, job: JobRef) {
+        self.ready.borrow_mut().push_back(job);
+        self.stats().local_wakes.add(1);
     }
 
     /// Takes a fiber out of the registry.

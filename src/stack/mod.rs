@@ -96,12 +96,7 @@ impl FiberStack {
     /// live fibers cycles through 2 000 pages, beyond the TLB). A hint: it never faults.
     #[inline(always)]
     pub(crate) fn prefetch_top(&self) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>((self.base - 64) as *const i8);
-        }
+        crate::sys::prefetch(std::ptr::without_provenance(self.base - 64), 64, 1);
     }
 
     /// Usable bytes above the guard.
@@ -299,19 +294,11 @@ const PREFETCH_ABOVE: usize = 12;
 /// "Timers").
 #[inline]
 pub(crate) fn prefetch_near(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
     if addr != 0 {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let first = addr.wrapping_sub(PREFETCH_BELOW * 64);
-        for line in 0..PREFETCH_BELOW + PREFETCH_ABOVE {
-            let p = first.wrapping_add(line * 64) as *const i8;
-            // SAFETY: a prefetch is a hint: it reads nothing the program sees, changes no
-            // memory and never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
-        }
+        let lines = PREFETCH_BELOW + PREFETCH_ABOVE;
+        let first = std::ptr::without_provenance(addr.wrapping_sub(PREFETCH_BELOW * 64));
+        crate::sys::prefetch(first, lines * 64, lines);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
 }
 
 #[cfg(test)]
