@@ -800,3 +800,86 @@ fn error_types_display_like_tokio() {
     ];
     assert_eq!(errors.len(), 4);
 }
+
+/// A value that counts the live copies of itself: `Clone` adds one, `Drop` takes one away.
+struct Counted(Arc<AtomicUsize>);
+
+impl Clone for Counted {
+    fn clone(&self) -> Counted {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Counted(self.0.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Each message is shared by its receivers through one count of references: receivers
+/// pinned on both workers and on plain threads take their references at the same time,
+/// release them from their own threads, lag behind a small ring (the sender releases the
+/// references of those that never took an overwritten message), and leave with messages
+/// taken but not returned. Every copy made is dropped exactly once, and none is left over.
+#[test]
+fn receivers_on_every_thread_release_each_message_exactly_once() {
+    with_deadline(|| {
+        const MESSAGES: usize = 20_000;
+        let sched = started(2);
+        let live = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = broadcast::channel::<Counted>(8);
+        // Receiver k leaves after k * 1 500 messages (never, for k = 0).
+        let run = |k: usize, mut rx: broadcast::Receiver<Counted>| {
+            let mut seen = 0;
+            loop {
+                match rx.recv() {
+                    Ok(v) => {
+                        seen += 1;
+                        drop(v);
+                    }
+                    Err(RecvError::Lagged(n)) => seen += n as usize,
+                    Err(RecvError::Closed) => return,
+                }
+                if k > 0 && seen >= k * 1_500 {
+                    return;
+                }
+            }
+        };
+        let mut fibers = Vec::new();
+        let mut threads = Vec::new();
+        let receivers: Vec<_> = std::iter::once(rx)
+            .chain((1..12).map(|_| tx.subscribe()))
+            .collect();
+        for (k, rx) in receivers.into_iter().enumerate() {
+            if k % 3 == 2 {
+                threads.push(thread::spawn(move || run(k, rx)));
+            } else {
+                let h = sched.submit(move || run(k, rx), Some(k % 2));
+                fibers.push(h.expect("submit"));
+            }
+        }
+        for i in 0..MESSAGES {
+            live.fetch_add(1, Ordering::Relaxed);
+            if tx.send(Counted(live.clone())).is_err() {
+                unreachable!("receiver 0 never leaves");
+            }
+            if i % 256 == 255 {
+                thread::yield_now();
+            }
+        }
+        drop(tx);
+        for f in fibers {
+            finish(f);
+        }
+        for t in threads {
+            t.join().expect("thread receiver");
+        }
+        assert_eq!(
+            live.load(Ordering::Relaxed),
+            0,
+            "every copy dropped exactly once"
+        );
+        sched.stop();
+    });
+}

@@ -15,12 +15,18 @@
 //! message still there (tokio's rule; tokio rounds the capacity up to a power of two, this
 //! channel keeps exactly `capacity`).
 //!
-//! A message is stored once, in an `Arc`, with the number of receivers yet to see it. A
-//! receiver takes references under the lock and clones the values after releasing it (so a
-//! `Clone` impl may use this very channel, and one that panics leaves the channel as it
-//! was, minus that receiver's copy); the last receiver to see a message moves it out
-//! without cloning when nobody else holds it. Overwritten and fully received values, and
-//! those a dropped receiver no longer needs, are dropped after the lock is released.
+//! A message is stored once, in a block counting one reference per receiver that will see
+//! it, set by `send` to the number of receivers (a plain write: nobody else can see the
+//! block yet). The ring's entry holds the references of the receivers that have not taken
+//! it yet (`rem`); a receiver takes its own under the lock — moving it out of the entry, no
+//! atomic operation — and clones the value after releasing the lock (so a `Clone` impl may
+//! use this very channel, and one that panics leaves the channel as it was, minus that
+//! receiver's copy). Releasing a reference is one atomic decrement; the last one drops the
+//! value, and a receiver holding the only reference left moves the value out without
+//! cloning. An `Arc` per message cost each receiver an increment *and* a decrement on the
+//! message's count: with receivers on several cores, those two contended operations were
+//! half of all receive time. Overwritten and fully received values, and those a dropped
+//! receiver no longer needs, are dropped after the lock is released.
 //!
 //! A receiver takes up to 16 waiting messages' references per lock and hands them out one
 //! per receive before it takes the lock again: taking the lock and releasing it were half of
@@ -35,13 +41,13 @@
 //! behind. The last sender's drop wakes them all to see the channel closed.
 
 use super::deadline_after;
-use super::shim::{Arc, AtomicU64, Ordering};
+use super::shim::{Arc, AtomicU64, AtomicUsize, Ordering};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
 use crate::dump::WaitOn;
 use std::collections::VecDeque;
 use std::error::Error;
 use std::fmt;
-use std::sync::Arc as Shared;
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 /// Tokens: a message was sent; the last sender is gone. A woken receiver looks for itself.
@@ -87,12 +93,7 @@ const TAKE_AT_ONCE: usize = 16;
 /// If `capacity` is 0 (as tokio's).
 pub fn channel<T: Clone>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     assert!(capacity > 0, "broadcast channel capacity cannot be zero");
-    let ring = (0..capacity)
-        .map(|_| Entry {
-            rem: 0,
-            value: None,
-        })
-        .collect();
+    let ring = (0..capacity).map(|_| Entry { rem: 0, msg: None }).collect();
     let chan = Arc::new(Chan {
         state: Lock::new(State {
             ring,
@@ -127,9 +128,141 @@ struct State<T> {
 }
 
 struct Entry<T> {
-    /// Receivers yet to see this message; it is dropped when none is left.
+    /// Receivers yet to take this message: the references to `msg` this entry holds.
     rem: usize,
-    value: Option<Shared<T>>,
+    /// `None` once `rem` is 0.
+    msg: Option<MsgRef<T>>,
+}
+
+impl<T> Entry<T> {
+    /// Moves one of the entry's references out, for a receiver that takes the message or no
+    /// longer needs it (`rem` > 0).
+    fn take_ref(&mut self) -> MsgRef<T> {
+        self.rem -= 1;
+        let msg = self
+            .msg
+            .as_ref()
+            .expect("a message still to be taken has its value");
+        // SAFETY: the entry holds `rem + 1` references (before the decrement above) and
+        // gives one of them away; `msg` itself goes with the last.
+        let r = unsafe { msg.alias() };
+        if self.rem == 0 {
+            // The last reference: `r` is `msg`'s, and the entry must not release it again.
+            std::mem::forget(self.msg.take());
+        }
+        r
+    }
+}
+
+impl<T> Drop for Entry<T> {
+    /// Releases the references of receivers that never took the message (it was
+    /// overwritten, or the channel is gone).
+    fn drop(&mut self) {
+        if let Some(msg) = self.msg.take() {
+            // SAFETY: the entry holds `rem` references, all to be released here: `msg` is
+            // one of them and its drop releases it.
+            unsafe { msg.release_more(self.rem - 1) };
+            drop(msg);
+        }
+    }
+}
+
+/// A message and the number of references to it (see the module docs).
+struct Msg<T> {
+    refs: AtomicUsize,
+    value: T,
+}
+
+/// Owns one reference to a [`Msg`]; releasing the last drops the message.
+struct MsgRef<T>(NonNull<Msg<T>>);
+
+// SAFETY: a reference lets its owner read the value (`&T`, from any thread, possibly while
+// other owners read it on theirs: `T: Sync`) and drop or move it out when it is the last
+// (on the owner's thread: `T: Send`) — what `Arc<T>` allows under the same bounds.
+unsafe impl<T: Send + Sync> Send for MsgRef<T> {}
+// SAFETY: `&MsgRef` only reads the value: `T: Sync`, as for `Arc<T>`.
+unsafe impl<T: Send + Sync> Sync for MsgRef<T> {}
+
+impl<T> MsgRef<T> {
+    /// Shares a new message: the result owns all of its references (see
+    /// [`alias`](Self::alias)).
+    fn new(msg: Box<Msg<T>>) -> MsgRef<T> {
+        debug_assert!(msg.refs.load(Ordering::Relaxed) > 0);
+        MsgRef(NonNull::from(Box::leak(msg)))
+    }
+
+    fn msg(&self) -> &Msg<T> {
+        // SAFETY: the message lives while a reference to it is unreleased, and `self` is one.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// Another owner of one of the message's references.
+    ///
+    /// # Safety
+    /// The count includes a reference that nobody else owns, which the result now owns.
+    unsafe fn alias(&self) -> MsgRef<T> {
+        MsgRef(self.0)
+    }
+
+    /// Releases `n` more references, which the caller owns besides `self`'s (so this never
+    /// releases the last).
+    ///
+    /// # Safety
+    /// The caller owns those `n` references and uses none of them afterwards.
+    unsafe fn release_more(&self, n: usize) {
+        if n > 0 {
+            // Release: as in `drop`; `self`'s reference keeps the count above zero.
+            self.msg().refs.fetch_sub(n, Ordering::Release);
+        }
+    }
+
+    /// Releases this reference, unless it is the last: that one is given back, for the
+    /// caller to drop (with the value) when it may.
+    fn release_unless_last(self) -> Option<MsgRef<T>> {
+        let refs = &self.msg().refs;
+        let mut n = refs.load(Ordering::Relaxed);
+        loop {
+            if n == 1 {
+                return Some(self);
+            }
+            // Release: as in `drop` (never the last here, so no Acquire is needed).
+            match refs.compare_exchange_weak(n, n - 1, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => {
+                    std::mem::forget(self);
+                    return None;
+                }
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// The value: moved out if this is the only reference left, else cloned (and the
+    /// reference released). The reference is released even if `clone` panics.
+    fn into_value(self) -> T
+    where
+        T: Clone,
+    {
+        // Acquire: every other owner's use of the value (their clones) happened before
+        // their release; the count never grows, so 1 means nobody else can reach it.
+        if self.msg().refs.load(Ordering::Acquire) == 1 {
+            let ptr = self.0;
+            std::mem::forget(self);
+            // SAFETY: the last reference, ours: the block is ours to free, once.
+            return unsafe { Box::from_raw(ptr.as_ptr()) }.value;
+        }
+        T::clone(&self.msg().value)
+    }
+}
+
+impl<T> Drop for MsgRef<T> {
+    fn drop(&mut self) {
+        // AcqRel: Release publishes this owner's reads of the value to whoever drops it;
+        // Acquire (for the last) sees every other owner's before dropping.
+        if self.msg().refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: that was the last reference: nobody else can reach the block.
+            drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+        }
+    }
 }
 
 /// The sending half of a broadcast [`channel`]. Clone it for more senders; the channel
@@ -153,10 +286,9 @@ pub struct Receiver<T> {
     chan: Arc<Chan<T>>,
     /// The position this receiver takes from the ring next.
     next: u64,
-    /// Messages taken from the ring and not yet returned, oldest first, each with whether
-    /// this receiver was the last to see it. They are the positions `next - taken.len()` to
-    /// `next - 1`.
-    taken: VecDeque<(Shared<T>, bool)>,
+    /// Messages taken from the ring and not yet returned, oldest first: the positions
+    /// `next - taken.len()` to `next - 1`.
+    taken: VecDeque<MsgRef<T>>,
     /// Taken messages found overwritten and not yet reported in a `Lagged`.
     missed: u64,
 }
@@ -184,22 +316,27 @@ impl<T> Sender<T> {
     /// [`subscribe`](Sender::subscribe)).
     pub fn send(&self, value: T) -> Result<usize, SendError<T>> {
         crate::coop::spend();
-        // Allocated before taking the lock.
-        let value = Shared::new(value);
+        // Allocated before taking the lock; the count is set under it, before anyone else
+        // can see the message.
+        let block = Box::new(Msg {
+            refs: AtomicUsize::new(0),
+            value,
+        });
         let mut st = self.chan.state.lock();
         let receivers = st.receivers;
         if receivers == 0 {
             drop(st);
-            return Err(SendError(
-                Shared::into_inner(value).expect("not shared yet"),
-            ));
+            return Err(SendError(block.value));
         }
+        // Relaxed: the lock publishes it with the message.
+        block.refs.store(receivers, Ordering::Relaxed);
+        let msg = MsgRef::new(block);
         let i = index(st.ring.len() as u64, st.tail);
         let old = std::mem::replace(
             &mut st.ring[i],
             Entry {
                 rem: receivers,
-                value: Some(value),
+                msg: Some(msg),
             },
         );
         st.tail += 1;
@@ -382,22 +519,16 @@ impl<T: Clone> Receiver<T> {
         self.pop_taken().map(Ok)
     }
 
-    /// The oldest message taken, without the lag check: moved out if this receiver was the
-    /// last to see it and nobody else holds it any more, else cloned. Removed before it is
-    /// cloned, so a panicking `Clone` skips it.
+    /// The oldest message taken, without the lag check: moved out if nobody else holds it
+    /// any more, else cloned. Removed before it is cloned, so a panicking `Clone` skips it.
     fn pop_taken(&mut self) -> Option<T> {
-        let (value, last) = self.taken.pop_front()?;
-        Some(if last {
-            Shared::unwrap_or_clone(value)
-        } else {
-            T::clone(&value)
-        })
+        Some(self.taken.pop_front()?.into_value())
     }
 }
 
 /// Under the lock: moves up to [`TAKE_AT_ONCE`] messages from a receiver's position `next`
 /// on into its `taken` (empty on entry), or says how many it missed; moves `next` on.
-fn take<T>(next: &mut u64, taken: &mut VecDeque<(Shared<T>, bool)>, st: &mut State<T>) -> Found {
+fn take<T>(next: &mut u64, taken: &mut VecDeque<MsgRef<T>>, st: &mut State<T>) -> Found {
     debug_assert!(taken.is_empty());
     if *next == st.tail {
         return Found::Nothing;
@@ -414,14 +545,7 @@ fn take<T>(next: &mut u64, taken: &mut VecDeque<(Shared<T>, bool)>, st: &mut Sta
     for _ in 0..waiting.min(TAKE_AT_ONCE) {
         let entry = &mut st.ring[index(len, *next)];
         *next += 1;
-        entry.rem -= 1;
-        let last = entry.rem == 0;
-        let value = if last {
-            entry.value.take()
-        } else {
-            entry.value.clone()
-        };
-        taken.push_back((value.expect("a retained message has its value"), last));
+        taken.push_back(entry.take_ref());
     }
     Found::Messages
 }
@@ -455,11 +579,9 @@ impl<T> Drop for Receiver<T> {
         let start = self.next.max(st.tail.saturating_sub(len));
         let mut unneeded = Vec::new();
         for pos in start..st.tail {
-            let entry = &mut st.ring[index(len, pos)];
-            entry.rem -= 1;
-            if entry.rem == 0 {
-                unneeded.extend(entry.value.take());
-            }
+            let r = st.ring[index(len, pos)].take_ref();
+            // Only a last reference needs dropping outside the lock (it drops the value).
+            unneeded.extend(r.release_unless_last());
         }
         drop(st);
         // Dropped outside the lock: a message's destructor may use this very channel, or

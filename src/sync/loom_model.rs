@@ -419,6 +419,31 @@ fn broadcast_taken_message_overwritten_by_a_finished_send_is_missed() {
     });
 }
 
+/// A message is shared by one count of references, one per receiver: two receivers take
+/// theirs on their own threads (each takes both messages, returns one and leaves holding the
+/// other) while the sender overwrites both, releasing the references nobody took yet. Every
+/// value is dropped exactly once: loom reports a leaked or twice-dropped `Arc`, and the
+/// count of the token says no copy is left.
+#[test]
+fn broadcast_message_references_are_released_once_across_threads() {
+    loom::model(|| {
+        let (tx, mut a) = broadcast::channel::<Arc<()>>(2);
+        let mut b = tx.subscribe();
+        let token = Arc::new(());
+        tx.send(token.clone()).unwrap();
+        tx.send(token.clone()).unwrap();
+        let ta = thread::spawn(move || drop(a.recv()));
+        let tb = thread::spawn(move || drop(b.recv()));
+        // Fails, giving the value back, once both receivers have left.
+        drop(tx.send(token.clone()));
+        drop(tx.send(token.clone()));
+        ta.join().unwrap();
+        tb.join().unwrap();
+        drop(tx);
+        assert_eq!(Arc::strong_count(&token), 1);
+    });
+}
+
 #[test]
 fn broadcast_recv_timeout_races_send() {
     loom::model(|| {
