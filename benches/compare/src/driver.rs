@@ -160,6 +160,24 @@ pub fn build_go(out_dir: &Path) -> Result<PathBuf, String> {
     Ok(bin)
 }
 
+/// A go-bench built elsewhere (`FIBRA_COMPARE_GO_BENCH`), for a machine without the Go
+/// toolchain: checked to run (`-h` prints usage and exits) before any workload uses it.
+pub fn prebuilt_go(bin: &Path) -> Result<PathBuf, String> {
+    let out = Command::new(bin)
+        .arg("-h")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    if !text.contains("-w") {
+        return Err(format!(
+            "{} does not look like go-bench: {}",
+            bin.display(),
+            last_line(&text)
+        ));
+    }
+    Ok(bin.to_path_buf())
+}
+
 /// A `redis-server` child on a free loopback port, without persistence; killed when dropped.
 struct RedisServer {
     child: Child,
@@ -701,7 +719,8 @@ impl Drop for HttpServer {
 }
 
 /// Builds one of the fibra crate's examples with its features and this binary's profile (so
-/// into the same target directory) and returns its path; once per run, as redis_get starts
+/// into the same target directory) and returns its path (where there is no cargo, the one
+/// already built next to this binary); once per run, as redis_get starts
 /// its example once per repetition. Cargo keeps the fibra library built with and without
 /// `hook` side by side, so switching between them costs no rebuild.
 fn build_example(self_exe: &Path, example: Example) -> Result<PathBuf, String> {
@@ -722,18 +741,27 @@ fn build_example(self_exe: &Path, example: Example) -> Result<PathBuf, String> {
     if !cfg!(debug_assertions) {
         cmd.arg("--release");
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run cargo to build examples/{name}: {e}"))?;
+    let bin = self_exe.parent().map(|dir| dir.join("examples").join(name));
+    let out = match cmd.output() {
+        Ok(out) => out,
+        // No cargo here (a machine that was sent the built binaries): use the example built
+        // next to this binary, if it was sent too.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let bin = bin
+                .filter(|p| p.is_file())
+                .ok_or_else(|| format!("no cargo to build examples/{name}, and no built one"))?;
+            built.push((name, bin.clone()));
+            return Ok(bin);
+        }
+        Err(e) => return Err(format!("cannot run cargo to build examples/{name}: {e}")),
+    };
     if !out.status.success() {
         return Err(format!(
             "cargo build --example {name} failed: {}",
             last_line(&String::from_utf8_lossy(&out.stderr))
         ));
     }
-    let bin = self_exe
-        .parent()
-        .map(|dir| dir.join("examples").join(name))
+    let bin = bin
         .filter(|p| p.is_file())
         .ok_or_else(|| format!("built examples/{name} but cannot find it next to this binary"))?;
     built.push((name, bin.clone()));

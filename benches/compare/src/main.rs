@@ -30,7 +30,7 @@ use std::time::SystemTime;
 use cli::Args;
 use driver::Env;
 use report::{Meta, Row};
-use workloads::{Peer, WORKLOADS};
+use workloads::{Peer, Workload, WORKLOADS};
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
@@ -132,7 +132,11 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         threads: opts.threads,
         reps: opts.reps,
         self_exe: std::env::current_exe().expect("path of this executable"),
-        go: driver::build_go(&scratch),
+        go: match std::env::var_os("FIBRA_COMPARE_GO_BENCH") {
+            // A machine without the Go toolchain can run a go-bench built elsewhere.
+            Some(bin) => driver::prebuilt_go(Path::new(&bin)),
+            None => driver::build_go(&scratch),
+        },
         wrk: driver::which("wrk")
             .ok_or_else(|| "`wrk` is not on PATH (install with --install)".into()),
         redis_server: driver::which("redis-server")
@@ -143,11 +147,35 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         eprintln!("go: skipped: {why}");
     }
 
-    let mut rows: Vec<Row> = Vec::new();
-    for w in WORKLOADS
+    let selected: Vec<&Workload> = WORKLOADS
         .iter()
         .filter(|w| opts.only.as_ref().is_none_or(|o| w.selected(o)))
-    {
+        .collect();
+    let meta = |finished: usize| Meta {
+        date: report::utc(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        ),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "?".into()),
+        cpu_model: cpu_model(),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into()),
+        command: argv.join(" "),
+        threads: opts.threads,
+        reps: opts.reps,
+        tools: tool_versions(&env),
+        not_run: selected[finished..].iter().map(|w| w.name).collect(),
+    };
+    let md_path = report_dir.join("report.md");
+    let svg_path = report_dir.join("report.svg");
+
+    let mut rows: Vec<Row> = Vec::new();
+    for (i, &w) in selected.iter().enumerate() {
         let mut done = |run: &driver::PeerRun| {
             eprintln!(
                 "{:<16} {:<9} {}",
@@ -174,6 +202,10 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
             driver::run_workload(&env, w, &peers, &mut done)
         };
         rows.push(Row { workload: w, runs });
+        // A run stopped early (a time limit, a crash of this process) keeps what it measured.
+        if i + 1 < selected.len() {
+            let _ = write_report(&rows, &meta(i + 1), &md_path, &svg_path);
+        }
     }
 
     println!();
@@ -183,42 +215,27 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         println!("  {r}");
     }
 
-    let meta = Meta {
-        date: report::utc(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        ),
-        cpus: std::thread::available_parallelism()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|_| "?".into()),
-        cpu_model: cpu_model(),
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "?".into()),
-        command: argv.join(" "),
-        threads: opts.threads,
-        reps: opts.reps,
-        tools: tool_versions(&env),
-    };
-    let md_path = report_dir.join("report.md");
-    let svg_path = report_dir.join("report.svg");
-    let mut ok = true;
-    if let Err(e) = std::fs::write(&md_path, report::markdown(&rows, &meta)) {
-        eprintln!("cannot write {}: {e}", md_path.display());
-        ok = false;
-    }
-    if let Err(e) = plot::draw(&rows, &svg_path) {
-        eprintln!("cannot draw {}: {e}", svg_path.display());
-        ok = false;
-    }
+    let ok = write_report(&rows, &meta(selected.len()), &md_path, &svg_path);
     println!("\nwrote {} and {}", md_path.display(), svg_path.display());
     if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Writes `report.md` and `report.svg`; says on stderr what could not be written.
+fn write_report(rows: &[Row], meta: &Meta, md_path: &Path, svg_path: &Path) -> bool {
+    let mut ok = true;
+    if let Err(e) = std::fs::write(md_path, report::markdown(rows, meta)) {
+        eprintln!("cannot write {}: {e}", md_path.display());
+        ok = false;
+    }
+    if let Err(e) = plot::draw(rows, svg_path) {
+        eprintln!("cannot draw {}: {e}", svg_path.display());
+        ok = false;
+    }
+    ok
 }
 
 /// One progress line on stderr per finished cell.
@@ -299,6 +316,9 @@ fn tool_versions(env: &Env) -> Vec<String> {
         "Rust peers: versions pinned in the workspace Cargo.lock (tokio 1.x, may 0.3.x, redis 1.x)"
     )];
     match (&env.go, driver::which("go")) {
+        (Ok(bin), _) if std::env::var_os("FIBRA_COMPARE_GO_BENCH").is_some() => {
+            tools.push(format!("Go: prebuilt program {}", bin.display()))
+        }
         (Ok(_), Some(go)) => tools.push(format!("Go: {}", first_line(&go, "version"))),
         (Err(why), _) => tools.push(format!("Go: skipped ({why})")),
         _ => {}

@@ -203,6 +203,8 @@ pub struct Meta {
     pub threads: usize,
     pub reps: usize,
     pub tools: Vec<String>,
+    /// Workloads selected but not run yet: a report written while the run goes on.
+    pub not_run: Vec<&'static str>,
 }
 
 /// The whole `report.md`.
@@ -223,6 +225,13 @@ pub fn markdown(rows: &[Row], meta: &Meta) -> String {
     );
     for t in &meta.tools {
         let _ = writeln!(md, "- {t}");
+    }
+    if !meta.not_run.is_empty() {
+        let _ = writeln!(
+            md,
+            "- **partial**: written while the run went on; not run yet: {}",
+            meta.not_run.join(", ")
+        );
     }
     let _ = writeln!(md, "\n## Medians\n");
     let h = header(rows);
@@ -302,5 +311,28 @@ mod tests {
         assert_eq!(fmt_value(0.12345), "0.123");
         assert_eq!(fmt_value(0.0035), "0.00350");
         assert_eq!(fmt_value(0.0), "0");
+    }
+
+    #[test]
+    fn a_report_written_during_the_run_names_what_is_still_to_run() {
+        let mut meta = Meta {
+            date: utc(0),
+            cpus: "16".into(),
+            cpu_model: "cpu".into(),
+            kernel: "6.18".into(),
+            command: "fibra-compare".into(),
+            threads: 16,
+            reps: 3,
+            tools: Vec::new(),
+            not_run: vec!["skynet", "broadcast"],
+        };
+        let partial = markdown(&[], &meta);
+        assert!(partial.contains("**partial**"), "{partial}");
+        assert!(
+            partial.contains("not run yet: skynet, broadcast"),
+            "{partial}"
+        );
+        meta.not_run.clear();
+        assert!(!markdown(&[], &meta).contains("partial"));
     }
 }
