@@ -115,6 +115,11 @@ fn handles_dropped_by_a_thread_local_destructor() {
         for t in threads {
             t.join().unwrap();
         }
+        // A task's result is published before its worker drops its own references, so the
+        // worker may hold the last one (and drop the value) just after the handle is gone.
+        wait_until("every value dropped", || {
+            drops.load(Ordering::SeqCst) >= 400
+        });
         assert_eq!(drops.load(Ordering::SeqCst), 400);
         Arc::try_unwrap(sched).ok().unwrap().stop();
     });
