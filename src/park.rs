@@ -304,6 +304,8 @@ pub(crate) fn park_until(
 /// its timer, a cancellation — all run on its home worker, so when the unparker is used
 /// there too, nothing else can race for the wake and it is won with a plain store
 /// (`ParkWord::notify_alone`) instead of a compare-and-swap.
+// Under loom, `fibra::sync` parks with the model's `park` instead.
+#[cfg_attr(loom, allow(dead_code))]
 #[inline(always)]
 pub(crate) fn park_alone(
     deadline: Option<Instant>,
