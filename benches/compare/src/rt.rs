@@ -32,6 +32,11 @@ fn start(builder: fibra::Builder) -> Arc<fibra::Scheduler> {
 /// Stops the scheduler (drains everything and joins its workers) before the last handle is
 /// dropped, so that no fiber ever ends up running `Scheduler::drop` on a worker.
 pub fn fibra_stop(sched: Arc<fibra::Scheduler>) {
+    if std::env::var_os("FIBRA_COMPARE_METRICS").is_some() {
+        // What the scheduler did over the warm-up and the repetitions: per worker, parks,
+        // local and remote wakes, sleeps, steals (on stderr; stdout carries the figures).
+        eprintln!("{}", sched.metrics());
+    }
     sched.stop();
     drop(sched);
 }
