@@ -151,13 +151,9 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         .iter()
         .filter(|w| opts.only.as_ref().is_none_or(|o| w.selected(o)))
         .collect();
-    let meta = |finished: usize| Meta {
-        date: report::utc(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        ),
+    // What does not change during the run is read once (the tools' versions run programs).
+    let fixed = Meta {
+        date: String::new(),
         cpus: std::thread::available_parallelism()
             .map(|n| n.to_string())
             .unwrap_or_else(|_| "?".into()),
@@ -169,7 +165,17 @@ fn compare(opts: &cli::Options, argv: &[String]) -> ExitCode {
         threads: opts.threads,
         reps: opts.reps,
         tools: tool_versions(&env),
+        not_run: Vec::new(),
+    };
+    let meta = |finished: usize| Meta {
+        date: report::utc(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        ),
         not_run: selected[finished..].iter().map(|w| w.name).collect(),
+        ..fixed.clone()
     };
     let md_path = report_dir.join("report.md");
     let svg_path = report_dir.join("report.svg");

@@ -194,6 +194,7 @@ pub fn remarks(rows: &[Row]) -> Vec<String> {
 }
 
 /// The run's context, shown at the top of `report.md`.
+#[derive(Clone)]
 pub struct Meta {
     pub date: String,
     pub cpus: String,
