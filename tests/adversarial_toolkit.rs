@@ -626,7 +626,6 @@ fn many_selects_on_a_rarely_firing_channel_stay_fast() {
 
 /// A select send on one side of a rendezvous channel and a select recv on the other.
 #[test]
-#[ignore = "known gap: a waiting select does not offer its operation to a select on the other end of a rendezvous channel (see select!'s docs)"]
 fn select_send_meets_select_recv_on_a_rendezvous_channel() {
     with_deadline(|| {
         let sched = started(2);
@@ -679,7 +678,6 @@ fn select_send_meets_select_recv_on_a_rendezvous_channel() {
 /// Two selects, each offering to send on the other's rendezvous channel and to receive on
 /// its own: one exchange must happen.
 #[test]
-#[ignore = "known gap: a waiting select does not offer its operation to a select on the other end of a rendezvous channel (see select!'s docs)"]
 fn two_selects_sending_to_each_others_rendezvous_channels() {
     with_deadline(|| {
         let sched = started(2);

@@ -313,3 +313,282 @@ fn a_dynamic_select_over_many_channels() {
         sched.stop();
     });
 }
+
+/// Selects on both ends of rendezvous channels, many rounds: a waiting select offers its
+/// send, the other side takes it, and each round makes exactly one exchange (no round waits
+/// out its timeout, none makes two).
+#[test]
+fn selects_meet_on_rendezvous_channels_round_after_round() {
+    with_deadline(|| {
+        let sched = started(2);
+        const ROUNDS: u32 = 2000;
+        let (to_b, b_rx) = mpsc::sync_channel::<u32>(0);
+        let (to_a, a_rx) = mpsc::sync_channel::<u32>(0);
+        let side = |me: u32, tx: mpsc::SyncSender<u32>, rx: mpsc::Receiver<u32>| {
+            move || {
+                let (mut sent, mut received) = (Vec::new(), Vec::new());
+                for round in 0..ROUNDS {
+                    fibra::select! {
+                        send(tx, me * 1_000_000 + round) -> r => { r.unwrap(); sent.push(round) },
+                        recv(rx) -> m => received.push(m.unwrap()),
+                        default(LIMIT) => panic!("side {me}: round {round} found no partner"),
+                    }
+                }
+                (sent, received)
+            }
+        };
+        let check = |((a_sent, a_got), (b_sent, b_got)): Sides| {
+            // Every round, one side sent and the other received that very message.
+            assert_eq!(a_sent.len() + a_got.len(), ROUNDS as usize);
+            assert_eq!(a_sent.len(), b_got.len());
+            assert_eq!(b_sent.len(), a_got.len());
+            assert!(b_got.iter().zip(&a_sent).all(|(&m, &r)| m == 1_000_000 + r));
+            assert!(a_got.iter().zip(&b_sent).all(|(&m, &r)| m == 2_000_000 + r));
+        };
+        type Sides = ((Vec<u32>, Vec<u32>), (Vec<u32>, Vec<u32>));
+        let a = sched.spawn(side(1, to_b, a_rx));
+        let b = sched.spawn(side(2, to_a, b_rx));
+        check((finish(a), finish(b)));
+        // Plain threads, which wake and try truly at the same time.
+        let (to_b, b_rx) = mpsc::sync_channel::<u32>(0);
+        let (to_a, a_rx) = mpsc::sync_channel::<u32>(0);
+        let a = std::thread::spawn(side(1, to_b, a_rx));
+        let b = std::thread::spawn(side(2, to_a, b_rx));
+        check((a.join().unwrap(), b.join().unwrap()));
+        sched.stop();
+    });
+}
+
+/// Many selects sending and many selects receiving on one rendezvous mpmc channel, fibers
+/// and plain threads mixed, with short timeouts: every send that reported success was
+/// received exactly once, no timed-out send's message was received, and nothing was lost.
+#[test]
+fn offered_sends_are_received_once_and_timed_out_ones_never() {
+    with_deadline(|| {
+        let sched = started(2);
+        let (tx, rx) = mpmc::sync_channel::<u64>(0);
+        let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        let sender = |id: u64, tx: mpmc::SyncSender<u64>| {
+            move || {
+                let mut ok = Vec::new();
+                for i in 0..300u64 {
+                    let m = id << 32 | i;
+                    fibra::select! {
+                        send(tx, m) -> r => { r.unwrap(); ok.push(m) },
+                        default(Duration::from_micros(50 * (i % 4))) => {},
+                    }
+                }
+                ok
+            }
+        };
+        let receiver = |rx: mpmc::Receiver<u64>, got: Arc<std::sync::Mutex<Vec<u64>>>| {
+            move || loop {
+                fibra::select! {
+                    recv(rx) -> m => match m {
+                        Ok(m) => got.lock().unwrap().push(m),
+                        Err(_) => break,
+                    },
+                    default(Duration::from_micros(200)) => {},
+                }
+            }
+        };
+        for id in 0..4 {
+            senders.push(sched.spawn(sender(id, tx.clone())));
+            receivers.push(sched.spawn(receiver(rx.clone(), received.clone())));
+        }
+        // Two plain threads on each side too: they park on the same offers.
+        let threads: Vec<_> = (4..6)
+            .map(|id| std::thread::spawn(sender(id, tx.clone())))
+            .collect();
+        let thread_rx: Vec<_> = (0..2)
+            .map(|_| std::thread::spawn(receiver(rx.clone(), received.clone())))
+            .collect();
+        drop((tx, rx));
+        let mut sent: Vec<u64> = senders.into_iter().flat_map(finish).collect();
+        for t in threads {
+            sent.extend(t.join().unwrap());
+        }
+        for r in receivers {
+            finish(r);
+        }
+        for t in thread_rx {
+            t.join().unwrap();
+        }
+        let mut got = std::mem::take(&mut *received.lock().unwrap());
+        sent.sort_unstable();
+        got.sort_unstable();
+        assert!(!sent.is_empty(), "no send ever met a receiver");
+        assert_eq!(got, sent, "received ≠ reported sent");
+        sched.stop();
+    });
+}
+
+/// A select offering a rendezvous send while its other arm gets ready at the same moment:
+/// exactly one of the two completes, and the other's message stays where it was.
+#[test]
+fn an_offered_send_and_another_arm_never_both_complete() {
+    with_deadline(|| {
+        let sched = started(2);
+        let (mut sends, mut recvs) = (0, 0);
+        for round in 0..500u32 {
+            let (tx0, rx0) = mpsc::sync_channel::<u32>(0);
+            let (tx1, rx1) = mpsc::channel::<u32>();
+            let sel = sched.spawn(move || {
+                fibra::select! {
+                    send(tx0, round) -> r => { r.unwrap(); (0, rx1) },
+                    recv(rx1) -> m => { assert_eq!(m.unwrap(), round + 1); (1, rx1) },
+                    default(LIMIT) => panic!("round {round}: nothing completed"),
+                }
+            });
+            // The receive and the message on the other channel race with each other.
+            let taker = sched.spawn(move || rx0.recv_timeout(Duration::from_millis(20)).ok());
+            let feeder = sched.spawn(move || tx1.send(round + 1).unwrap());
+            finish(feeder);
+            let (arm, rx1) = finish(sel);
+            let took = finish(taker);
+            match arm {
+                0 => {
+                    sends += 1;
+                    assert_eq!(
+                        took,
+                        Some(round),
+                        "round {round}: send chosen, not received"
+                    );
+                    // The receive arm did not complete: its message is still there.
+                    assert_eq!(rx1.try_recv(), Ok(round + 1), "round {round}");
+                }
+                _ => {
+                    recvs += 1;
+                    assert_eq!(took, None, "round {round}: both arms completed");
+                }
+            }
+        }
+        eprintln!("send chosen {sends}×, receive {recvs}×");
+        sched.stop();
+    });
+}
+
+/// The message of a send that is offered and not taken goes back to the select: dropped
+/// exactly once when the select times out (outside the channel's lock: its destructor uses
+/// the channel), given back in the error when the receiver goes away meanwhile, and dropped
+/// once by a select cancelled while it offers.
+#[test]
+fn an_offered_message_is_given_back_or_dropped_exactly_once() {
+    struct UsesChannel(Arc<AtomicUsize>, Option<mpsc::SyncSender<UsesChannel>>);
+    impl Drop for UsesChannel {
+        fn drop(&mut self) {
+            // Deadlocks if dropped under the channel's lock.
+            if let Some(tx) = self.1.take() {
+                let _ = tx.try_send(UsesChannel(Arc::new(AtomicUsize::new(0)), None));
+            }
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    with_deadline(|| {
+        let sched = started(2);
+        // Timed out.
+        let (tx, rx) = mpsc::sync_channel::<UsesChannel>(0);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let d = drops.clone();
+        let h = sched.spawn(move || {
+            let m = UsesChannel(d, Some(tx.clone()));
+            fibra::select! {
+                send(tx, m) -> _ => panic!("nobody receives"),
+                default(Duration::from_millis(30)) => {},
+            }
+        });
+        finish(h);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        drop(rx);
+        // The receiver is dropped while the select offers: the message comes back.
+        let (tx, rx) = mpsc::sync_channel::<u32>(0);
+        let h = sched.spawn(move || {
+            fibra::select! {
+                send(tx, 77) -> r => r.unwrap_err().0,
+                default(LIMIT) => panic!("the receiver's drop wakes the select"),
+            }
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        drop(rx);
+        assert_eq!(finish(h), 77);
+        // Cancelled while it offers.
+        let (tx, rx) = mpmc::sync_channel::<common::Counted>(0);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let d = drops.clone();
+        let h = sched.spawn(move || {
+            let m = common::Counted(d);
+            fibra::select! {
+                send(tx, m) -> _ => panic!("nobody receives"),
+            }
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        h.cancel();
+        assert!(h.wait_timeout(LIMIT));
+        assert!(h.join().is_err(), "cancelled");
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert!(
+            rx.try_recv().is_err(),
+            "the cancelled select's offer is gone"
+        );
+        sched.stop();
+    });
+}
+
+/// A rendezvous send offered by a select on a plain thread is taken by `try_recv`, by a
+/// `recv` that starts later, and by `recv_async`.
+#[test]
+fn plain_receives_take_an_offered_send() {
+    with_deadline(|| {
+        let (tx, rx) = mpsc::sync_channel::<u32>(0);
+        let offer = std::thread::spawn(move || {
+            for i in 0..3 {
+                fibra::select! {
+                    send(tx, i) -> r => r.unwrap(),
+                    default(LIMIT) => panic!("offer {i} not taken"),
+                }
+            }
+        });
+        let deadline = Instant::now() + LIMIT;
+        let first = loop {
+            if let Ok(m) = rx.try_recv() {
+                break m;
+            }
+            assert!(Instant::now() < deadline, "try_recv never found the offer");
+            std::thread::yield_now();
+        };
+        assert_eq!(first, 0);
+        assert_eq!(rx.recv(), Ok(1));
+        assert_eq!(fibra::future::block_on(rx.recv_async()), Ok(2));
+        offer.join().unwrap();
+    });
+}
+
+/// One select offering two sends on the same rendezvous channel (and, through `Select`, a
+/// third on another): the receiver gets the message of the arm the select reports, and the
+/// other messages stay with the select.
+#[test]
+fn several_offers_of_one_select_keep_their_own_messages() {
+    with_deadline(|| {
+        let sched = started(2);
+        for round in 0..200u32 {
+            let (tx, rx) = mpmc::sync_channel::<u32>(0);
+            let (tx2, rx2) = mpsc::sync_channel::<u32>(0);
+            let sel = sched.spawn(move || {
+                let mut s = fibra::sync::Select::new();
+                s.send(&tx, 10, |r| r.map(|()| 10))
+                    .send(&tx, 20, |r| r.map(|()| 20))
+                    .send(&tx2, 30, |r| r.map(|()| 30));
+                s.wait_timeout(LIMIT).expect("a receiver comes").unwrap()
+            });
+            if round % 2 == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            let got = rx.recv_timeout(LIMIT).unwrap();
+            assert_eq!(finish(sel), got, "round {round}");
+            assert!(rx2.try_recv().is_err(), "round {round}: two arms completed");
+        }
+        sched.stop();
+    });
+}

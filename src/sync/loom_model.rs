@@ -460,3 +460,24 @@ fn broadcast_recv_timeout_races_send() {
         }
     });
 }
+
+/// A waiting select's offered rendezvous send (`select::Offers`) against a receiver: either
+/// the receiver claims it first, and the select finds its arm claimed and its offer gone, or
+/// the select closes first and takes its message back; never both, never neither.
+#[test]
+fn select_offer_is_claimed_or_withdrawn_exactly_once() {
+    loom::model(|| {
+        let (tx, rx) = mpsc::sync_channel::<u32>(0);
+        let signal = super::select::Signal::new();
+        assert!(tx.select_offer(5, &signal, 1).is_ok());
+        let receiver = thread::spawn(move || rx.try_recv().ok());
+        let claimed = signal.close();
+        let back = tx.select_withdraw(&signal, 1);
+        let got = receiver.join().unwrap();
+        match claimed {
+            Some(1) => assert_eq!((back, got), (None, Some(5))),
+            None => assert_eq!((back, got), (Some(5), None)),
+            other => panic!("claimed {other:?}"),
+        }
+    });
+}

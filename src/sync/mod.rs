@@ -56,11 +56,15 @@ macro_rules! const_unless_loom {
 }
 
 /// What the handles of the `mpsc` and `mpmc` channels have alike: senders counted on clone
-/// and drop, the receiver's iterators, and `Debug`. Expanded inside each module, where
-/// `Sender`, `SyncSender` and `Receiver` (with `recv`, `try_recv` and `iter`) and the
-/// channel's `add_sender`/`drop_sender` are in scope.
+/// and drop, a select's offer of a send (see `select::Offers`), the receiver's iterators,
+/// and `Debug`. Expanded inside each module, where `Sender`, `SyncSender` and `Receiver`
+/// (with `recv`, `try_recv` and `iter`) and the channel's `add_sender`/`drop_sender`/
+/// `offer`/`withdraw` are in scope.
 macro_rules! channel_handles {
     () => {
+        channel_handles!(@offer Sender);
+        channel_handles!(@offer SyncSender);
+
         impl<T> Clone for Sender<T> {
             fn clone(&self) -> Sender<T> {
                 self.chan.add_sender();
@@ -166,6 +170,29 @@ macro_rules! channel_handles {
         impl<T> fmt::Debug for Receiver<T> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.debug_struct("Receiver").finish_non_exhaustive()
+            }
+        }
+    };
+    (@offer $sender:ident) => {
+        impl<T> $sender<T> {
+            /// A waiting select's offer of its send (see `Chan::offer`; never made on an
+            /// unbounded channel, which is no rendezvous).
+            pub(crate) fn select_offer(
+                &self,
+                msg: T,
+                s: &std::sync::Arc<super::select::Signal>,
+                arm: usize,
+            ) -> Result<(), T> {
+                self.chan.offer(msg, s, arm)
+            }
+
+            /// Takes a select's offer back: `None` if a receiver took it.
+            pub(crate) fn select_withdraw(
+                &self,
+                s: &std::sync::Arc<super::select::Signal>,
+                arm: usize,
+            ) -> Option<T> {
+                self.chan.withdraw(s, arm)
             }
         }
     };

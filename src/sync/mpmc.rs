@@ -29,7 +29,7 @@
 
 use super::deadline_after;
 use super::mpsc::Slot;
-use super::select::{Signal, Watchers};
+use super::select::{Offers, Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use crate::dump::WaitOn;
@@ -120,6 +120,8 @@ struct State<T> {
     /// Selects waiting to receive, and to send (see `select`).
     rx_watch: Watchers,
     tx_watch: Watchers,
+    /// Sends that waiting selects offer on a rendezvous channel (see `select`).
+    offers: Offers<T>,
 }
 
 fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
@@ -133,6 +135,7 @@ fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
             senders: WaitList::new(),
             rx_watch: Watchers::default(),
             tx_watch: Watchers::default(),
+            offers: Offers::default(),
         }),
         senders: AtomicUsize::new(1),
         receivers: AtomicUsize::new(1),
@@ -369,7 +372,10 @@ impl<T> Chan<T> {
                 Some(msg)
             }
             None => {
-                let slot = st.senders.front()?;
+                // A rendezvous channel's message: a blocked sender's, else a select's offer.
+                let Some(slot) = st.senders.front() else {
+                    return st.offers.claim();
+                };
                 // SAFETY: as above.
                 let msg = unsafe { slot.take() };
                 st.senders.wake_front(TAKEN, wakes);
@@ -522,6 +528,18 @@ impl<T> Clone for Receiver<T> {
 }
 
 impl<T> Chan<T> {
+    /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
+    fn offer(&self, msg: T, s: &std::sync::Arc<Signal>, arm: usize) -> Result<(), T> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let open = st.bound == Some(0) && !st.receivers_gone && st.receivers.is_empty();
+        st.offers.offer(open, &st.rx_watch, s, arm, msg)
+    }
+
+    fn withdraw(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
+        self.state.lock().offers.withdraw(s, arm)
+    }
+
     fn watch(&self, recv: bool, s: &std::sync::Arc<Signal>, on: bool) {
         let mut st = self.state.lock();
         let list = if recv {

@@ -30,7 +30,7 @@
 //! returned in the `SendError`. Messages are never dropped under the internal lock.
 
 use super::deadline_after;
-use super::select::{Signal, Watchers};
+use super::select::{Offers, Signal, Watchers};
 use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use crate::dump::WaitOn;
@@ -101,6 +101,8 @@ struct State<T> {
     /// Selects waiting to receive, and to send (see `select`).
     rx_watch: Watchers,
     tx_watch: Watchers,
+    /// Sends that waiting selects offer on a rendezvous channel (see `select`).
+    offers: Offers<T>,
 }
 
 fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
@@ -114,6 +116,7 @@ fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
             senders: WaitList::new(),
             rx_watch: Watchers::default(),
             tx_watch: Watchers::default(),
+            offers: Offers::default(),
         }),
         senders: AtomicUsize::new(1),
     })
@@ -442,7 +445,8 @@ fn take_message<T>(st: &mut Guard<'_, State<T>>) -> Option<T> {
             None => return Some(blocked),
         }
     }
-    msg
+    // A rendezvous channel's message is never buffered: a select's offered send is next.
+    msg.or_else(|| st.offers.claim())
 }
 
 impl<T> Receiver<T> {
@@ -622,6 +626,18 @@ impl<T> Chan<T> {
         } else {
             st.tx_watch.remove(s);
         }
+    }
+
+    /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
+    fn offer(&self, msg: T, s: &std::sync::Arc<Signal>, arm: usize) -> Result<(), T> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let open = st.bound == Some(0) && !st.receiver_gone && st.receiver.is_empty();
+        st.offers.offer(open, &st.rx_watch, s, arm, msg)
+    }
+
+    fn withdraw(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
+        self.state.lock().offers.withdraw(s, arm)
     }
 }
 

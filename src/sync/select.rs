@@ -6,12 +6,20 @@
 //! operations in an order that starts at a random one; if none completes it registers its
 //! signal with every channel, tries once more (a change between the two tries fired the
 //! signal, so nothing is missed), and parks until the signal fires or its deadline passes.
+//!
+//! A send on a rendezvous channel (`sync_channel(0)`) can only complete against a receiver,
+//! so a select about to park *offers* it: the message goes into the channel's [`Offers`],
+//! and a receiver that finds no blocked sender claims it there. Exactly one operation of a
+//! select completes: its [`Signal`] carries a claim word that a receiver moves from open to
+//! the offering arm, and that the select itself closes when it wakes, before it looks at
+//! anything else.
 
 use crate::dump::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sync::mpsc::{RecvError, SendError, TryRecvError, TrySendError};
 use crate::sync::{mpmc, mpsc, CancellationToken};
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,14 +30,44 @@ use std::time::{Duration, Instant};
 pub struct Signal {
     fired: AtomicBool,
     waiter: parking_lot::Mutex<Option<Unparker>>,
+    /// Who decides which of the select's offered operations completes: `OPEN` while it
+    /// waits, `k + 1` once a receiver took the message offered by arm `k`, `CLOSED` once
+    /// the select woke and took the decision back (see [`Offers`]).
+    claim: super::shim::AtomicUsize,
 }
+
+/// [`Signal::claim`]: no decision yet.
+const OPEN: usize = 0;
+/// [`Signal::claim`]: the select decides by itself.
+const CLOSED: usize = usize::MAX;
 
 impl Signal {
     pub(crate) fn new() -> Arc<Signal> {
         Arc::new(Signal {
             fired: AtomicBool::new(false),
             waiter: parking_lot::Mutex::new(None),
+            claim: super::shim::AtomicUsize::new(OPEN),
         })
+    }
+
+    /// A receiver completes the offered send of arm `arm`, if the select has not decided.
+    fn claim_for(&self, arm: usize) -> bool {
+        // AcqRel/Acquire: one winner between the receivers and the select's `close`; the
+        // message itself moves under the channel's lock, which the select takes to withdraw.
+        self.claim
+            .compare_exchange(OPEN, arm + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The select takes the decision back; returns the arm a receiver claimed, if one did.
+    pub(crate) fn close(&self) -> Option<usize> {
+        match self
+            .claim
+            .compare_exchange(OPEN, CLOSED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) | Err(CLOSED) => None,
+            Err(k) => Some(k - 1),
+        }
     }
 
     fn fire(&self) {
@@ -112,6 +150,80 @@ impl Watchers {
     }
 }
 
+/// The sends that waiting selects offer on a rendezvous channel; lives in the channel's
+/// locked state. A receiver that finds neither a buffered message nor a blocked sender
+/// [`claim`](Offers::claim)s the oldest offer whose select has not decided yet; a select
+/// that wakes [`withdraw`](Offers::withdraw)s its offer, unless a receiver took it. The
+/// message stays here, owned by the channel, while it is offered.
+pub(crate) struct Offers<T>(VecDeque<Offer<T>>);
+
+struct Offer<T> {
+    signal: Arc<Signal>,
+    arm: usize,
+    msg: T,
+}
+
+impl<T> Default for Offers<T> {
+    fn default() -> Self {
+        Offers(VecDeque::new())
+    }
+}
+
+impl<T> Offers<T> {
+    /// Offers `msg` for the send of arm `arm` of the select waiting on `signal`, and fires
+    /// the receive side's watchers — if `open`: a rendezvous channel whose receivers are
+    /// alive and none waits in `recv` (that one fired the select's signal when it began to
+    /// wait, and the select's next try delivers to it). Otherwise gives the message back.
+    pub(crate) fn offer(
+        &mut self,
+        open: bool,
+        rx_watch: &Watchers,
+        signal: &Arc<Signal>,
+        arm: usize,
+        msg: T,
+    ) -> Result<(), T> {
+        if !open {
+            return Err(msg);
+        }
+        self.0.push_back(Offer {
+            signal: signal.clone(),
+            arm,
+            msg,
+        });
+        rx_watch.notify();
+        Ok(())
+    }
+
+    /// Takes back the offer of arm `arm` of the select waiting on `signal`: `None` if a
+    /// receiver took it.
+    pub(crate) fn withdraw(&mut self, signal: &Arc<Signal>, arm: usize) -> Option<T> {
+        let i = self
+            .0
+            .iter()
+            .position(|o| Arc::ptr_eq(&o.signal, signal) && o.arm == arm)?;
+        self.0.remove(i).map(|o| o.msg)
+    }
+
+    /// Takes the message of the oldest offer whose select has not decided yet, completing
+    /// that select's send, and wakes the select.
+    #[inline]
+    pub(crate) fn claim(&mut self) -> Option<T> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.claim_slow()
+    }
+
+    #[cold]
+    fn claim_slow(&mut self) -> Option<T> {
+        // A select that closed its claim is awake and withdraws its offer itself.
+        let i = self.0.iter().position(|o| o.signal.claim_for(o.arm))?;
+        let o = self.0.remove(i).expect("the claimed offer is there");
+        o.signal.fire();
+        Some(o.msg)
+    }
+}
+
 /// One operation of a select, as the macro builds it.
 #[doc(hidden)]
 pub trait Op {
@@ -119,6 +231,12 @@ pub trait Op {
     fn try_complete(&mut self) -> bool;
     fn watch(&self, s: &Arc<Signal>);
     fn unwatch(&self, s: &Arc<Signal>);
+    /// While the select waits on `s`, offers the operation to the other side as arm `arm`
+    /// (a send on a rendezvous channel; nothing for the others).
+    fn offer(&mut self, _s: &Arc<Signal>, _arm: usize) {}
+    /// Takes the offer of arm `arm` back once the select woke; `taken`: a receiver
+    /// completed it.
+    fn withdraw(&mut self, _s: &Arc<Signal>, _arm: usize, _taken: bool) {}
 }
 
 /// What `recv(..)` in [`select!`](crate::select) accepts: fibra's [`mpsc::Receiver`],
@@ -145,6 +263,14 @@ pub trait SelectSend: sealed::Sealed {
     ) -> Result<Result<(), SendError<Self::Item>>, Self::Item>;
     #[doc(hidden)]
     fn watch_send(&self, s: &Arc<Signal>, on: bool);
+    /// Offers `msg` as arm `arm` of the select waiting on `s`, if this is a rendezvous
+    /// channel with its receiver alive and none blocked in `recv`; else gives it back.
+    #[doc(hidden)]
+    fn offer_send(&self, msg: Self::Item, s: &Arc<Signal>, arm: usize) -> Result<(), Self::Item>;
+    /// Takes back the offer of arm `arm` of the select waiting on `s`; `None` if a
+    /// receiver took it.
+    #[doc(hidden)]
+    fn withdraw_send(&self, s: &Arc<Signal>, arm: usize) -> Option<Self::Item>;
 }
 
 mod sealed {
@@ -188,6 +314,8 @@ pub struct SendOp<'a, S: SelectSend> {
     s: &'a S,
     msg: Option<S::Item>,
     out: Option<Result<(), SendError<S::Item>>>,
+    /// The message is offered on the channel (see `Offers`).
+    offered: bool,
 }
 
 impl<'a, S: SelectSend> SendOp<'a, S> {
@@ -196,6 +324,7 @@ impl<'a, S: SelectSend> SendOp<'a, S> {
             s,
             msg: Some(msg),
             out: None,
+            offered: false,
         }
     }
 
@@ -224,6 +353,27 @@ impl<S: SelectSend> Op for SendOp<'_, S> {
     }
     fn unwatch(&self, s: &Arc<Signal>) {
         self.s.watch_send(s, false);
+    }
+    fn offer(&mut self, s: &Arc<Signal>, arm: usize) {
+        let msg = self
+            .msg
+            .take()
+            .expect("an uncompleted send holds its message");
+        match self.s.offer_send(msg, s, arm) {
+            Ok(()) => self.offered = true,
+            Err(msg) => self.msg = Some(msg),
+        }
+    }
+    fn withdraw(&mut self, s: &Arc<Signal>, arm: usize, taken: bool) {
+        if !std::mem::take(&mut self.offered) {
+            return;
+        }
+        if taken {
+            self.out = Some(Ok(()));
+        } else {
+            let msg = self.s.withdraw_send(s, arm);
+            self.msg = Some(msg.expect("an offer no receiver took is still there"));
+        }
     }
 }
 
@@ -287,14 +437,28 @@ pub fn run(ops: &mut [&mut dyn Op], mode: Mode) -> Option<usize> {
         let parked = if done.is_some() {
             Ok(ParkResult::Unparked)
         } else {
+            // Nothing is ready: offer the rendezvous sends (a change since the try above
+            // has fired the signal, and the park returns at once).
+            for (i, op) in ops.iter_mut().enumerate() {
+                op.offer(&signal, i);
+            }
             catch_unwind(AssertUnwindSafe(|| {
                 signal.park(deadline, WaitOn::Channel("select"))
             }))
         };
+        // From here on the select decides: a receiver that took an offer before this
+        // completed that arm, and no other arm may complete.
+        let claimed = signal.close();
+        for (i, op) in ops.iter_mut().enumerate() {
+            op.withdraw(&signal, i, claimed == Some(i));
+        }
         for op in ops.iter() {
             op.unwatch(&signal);
         }
         let parked = parked.unwrap_or_else(|unwind| resume_unwind(unwind));
+        if claimed.is_some() {
+            return claimed;
+        }
         if done.is_some() {
             return done;
         }
@@ -352,6 +516,12 @@ macro_rules! select_send {
             fn watch_send(&self, s: &Arc<Signal>, on: bool) {
                 self.watch(s, on);
             }
+            fn offer_send(&self, msg: T, s: &Arc<Signal>, arm: usize) -> Result<(), T> {
+                self.select_offer(msg, s, arm)
+            }
+            fn withdraw_send(&self, s: &Arc<Signal>, arm: usize) -> Option<T> {
+                self.select_withdraw(s, arm)
+            }
         }
     };
 }
@@ -407,6 +577,12 @@ macro_rules! delegate_op {
             }
             fn unwatch(&self, s: &Arc<Signal>) {
                 self.op.unwatch(s);
+            }
+            fn offer(&mut self, s: &Arc<Signal>, arm: usize) {
+                self.op.offer(s, arm);
+            }
+            fn withdraw(&mut self, s: &Arc<Signal>, arm: usize, taken: bool) {
+                self.op.withdraw(s, arm, taken);
             }
         }
         impl<Ch: $bound, F: FnOnce($out) -> R, R> Arm<R> for $arm<'_, Ch, F> {
@@ -540,11 +716,11 @@ impl<R> std::fmt::Debug for Select<'_, R> {
 /// so `break`, `continue`, `return` and `?` act on the surrounding code. At most 12
 /// operations per select.
 ///
-/// A select does not offer its operations to the other side while it waits: a send on a
-/// rendezvous channel (`sync_channel(0)`) completes against a receiver blocked in `recv`,
-/// not against another select waiting to receive. Two selects on the two ends of one
-/// rendezvous channel wait for ever; give such a channel a bound of 1, or make one side a
-/// plain `send`/`recv`.
+/// On a rendezvous channel (`sync_channel(0)`) a send completes only when a receiver takes
+/// the message: a waiting select offers its send there, and a receiver — `recv`,
+/// `try_recv`, or another select's `recv` — takes it; selects on the two ends of one such
+/// channel meet, as with crossbeam. If a select's offered send and another of its
+/// operations become possible together, exactly one of them completes.
 ///
 /// ```
 /// use fibra::sync::{mpsc, CancellationToken};
