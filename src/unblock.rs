@@ -17,9 +17,9 @@
 //! protocol's rule), and a quick call finished by a thread that was awake costs no
 //! cross-thread wake of the worker. Because the fiber cannot continue before the call is
 //! done, `f` may borrow from the caller's stack, like `std::thread::scope`. The one way a
-//! parked fiber can leave early is cancellation by `Scheduler::stop_timeout`, which unwinds
-//! its stack: a guard then blocks the worker thread until the pool thread has finished with
-//! the `Call`.
+//! parked fiber can leave early is cancellation (`Scheduler::stop_timeout`,
+//! `JoinHandle::cancel`), which unwinds its stack: a guard then parks the fiber again — the
+//! fiber, not its worker — until the pool thread has finished with the `Call`.
 //!
 //! # The pool
 //! Threads are started on demand, up to [`max_threads`] (default [`DEFAULT_MAX_THREADS`]);
@@ -254,7 +254,7 @@ pub(crate) fn pool_stats() -> (usize, usize, usize) {
 }
 
 /// Completion word states: `IDLE → QUEUED → (PARKED →) DONE`, or, for a caller that must
-/// block its thread instead (a cancelled one), `QUEUED/PARKED → WAITING → DONE`.
+/// wait again (a cancelled one, unwinding), `QUEUED/PARKED → WAITING → DONE`.
 const IDLE: u32 = 0;
 /// Handed to the pool; the caller has not published its `Unparker` (yet).
 const QUEUED: u32 = 1;
@@ -262,8 +262,14 @@ const QUEUED: u32 = 1;
 const PARKED: u32 = 2;
 /// The pool is done with the call (the last touch of the caller's stack).
 const DONE: u32 = 3;
-/// The caller blocks its thread until `DONE`; its handle is in `Completion::waiter`.
+/// The caller waits again until `DONE`; how to wake it is in `Completion::waiter`.
 const WAITING: u32 = 4;
+
+/// Who waits in state `WAITING`: an unwinding fiber, parked again, or a blocked thread.
+enum Waiter {
+    Fiber(Unparker),
+    Thread(Thread),
+}
 
 /// One `unblock` call, on the caller's stack.
 struct Call<F, T> {
@@ -295,9 +301,9 @@ struct Completion {
     /// The parked fiber to wake in state `PARKED`; written by the registration before it
     /// moves to `PARKED`, taken by the pool thread only after it has seen `PARKED`.
     unparker: UnsafeCell<Option<Unparker>>,
-    /// The thread to wake in state `WAITING`; written by the caller before it moves to
+    /// Whom to wake in state `WAITING`; written by the caller before it moves to
     /// `WAITING`, read by the pool thread only after it has seen `WAITING`.
-    waiter: UnsafeCell<Option<Thread>>,
+    waiter: UnsafeCell<Option<Waiter>>,
 }
 
 impl Completion {
@@ -377,10 +383,14 @@ impl Completion {
                     // Acquire observed; the caller does not touch it again until DONE.
                     let waiter = unsafe { (*c.waiter.get()).take() };
                     c.state.store(DONE, Ordering::Release);
-                    if let Some(t) = waiter {
-                        t.unpark();
-                    }
-                    return None;
+                    return match waiter {
+                        Some(Waiter::Fiber(u)) => Some(u),
+                        Some(Waiter::Thread(t)) => {
+                            t.unpark();
+                            None
+                        }
+                        None => None,
+                    };
                 }
                 other => unreachable!("unblock: completion in state {other}"),
             }
@@ -394,31 +404,64 @@ impl Completion {
         if state != QUEUED && state != PARKED {
             return; // DONE, or never queued
         }
-        // SAFETY: the pool reads `waiter` only after seeing WAITING, which we set below.
-        unsafe { *self.waiter.get() = Some(std::thread::current()) };
-        if self
-            .state
-            .compare_exchange(state, WAITING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return; // DONE meanwhile (the only other move from QUEUED or PARKED)
+        if !self.wait_as(state, Waiter::Thread(std::thread::current())) {
+            return;
         }
         while self.state.load(Ordering::Acquire) != DONE {
             std::thread::park();
         }
     }
+
+    /// Parks the calling fiber — not its worker — until the pool is done with the call, if
+    /// it was ever queued and is not done yet: an unwinding cancelled caller, whose earlier
+    /// park ended without the pool's wake.
+    fn park_until_done(&self) {
+        let state = self.state.load(Ordering::Acquire);
+        if state != QUEUED && state != PARKED {
+            return; // DONE, or never queued
+        }
+        crate::park::park_until(None, crate::dump::WaitOn::Blocking, |u| {
+            if !self.wait_as(state, Waiter::Fiber(u)) {
+                // DONE meanwhile: the pool never reads `waiter` now.
+                // SAFETY: as in `wait_as`; the pool touches `waiter` only in WAITING.
+                if let Some(Waiter::Fiber(u)) = unsafe { (*self.waiter.get()).take() } {
+                    u.unpark_owned();
+                }
+            }
+        });
+        // The pool wakes the fiber only once DONE; nothing else does (a cancellation is
+        // delivered once). Should that ever change, wait here rather than leave early.
+        while self.state.load(Ordering::Acquire) != DONE {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Publishes `waiter` and moves from `state` (QUEUED or PARKED) to WAITING; false if
+    /// the call was done meanwhile (the waiter is then left in its slot, unread).
+    fn wait_as(&self, state: u32, waiter: Waiter) -> bool {
+        // SAFETY: the pool reads `waiter` only after seeing WAITING, which we set below.
+        unsafe { *self.waiter.get() = Some(waiter) };
+        // Release: the pool that sees WAITING sees the waiter. A failure means DONE (the
+        // only other move from QUEUED or PARKED).
+        self.state
+            .compare_exchange(state, WAITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 /// Keeps the caller's frame alive until the pool is done with it, when the parked caller is
-/// unwound (`stop_timeout` cancels it): blocks the worker thread until the running function
-/// returns. Then drops what the caller will never receive — the closure if it never ran, the
+/// unwound (`stop_timeout` or `JoinHandle::cancel` cancels it): parks the fiber again until
+/// the running function returns. Then drops what the caller will never receive — the closure if it never ran, the
 /// result or its panic — catching a panic in their destructors, which would otherwise abort
 /// the process in the middle of the caller's unwind.
 struct AwaitCompletion<'a, F, T>(&'a Call<F, T>);
 
 impl<F, T> Drop for AwaitCompletion<'_, F, T> {
     fn drop(&mut self) {
-        self.0.completion.wait_done();
+        // Only the fiber waits: its worker goes on running the others, and acts on the
+        // shutdown (a fiber still waiting here when the grace runs out is abandoned, its
+        // stack never reused, so the pool's late writes still land in mapped memory).
+        self.0.completion.park_until_done();
         // SAFETY: the pool is done with the call (or never had it), so this thread is the
         // only one touching it.
         let (func, result) =

@@ -337,3 +337,96 @@ fn a_fiber_cancelled_after_back_to_back_calls_waits_for_the_borrowed_call() {
     // call is taken by a thread that was spinning for it.
     with_deadline(|| cancelled_in_unblock_waits_for_the_borrowed_call(1_000));
 }
+
+/// A fiber cancelled by `JoinHandle::cancel` inside a long `unblock` call waits for the call
+/// as a fiber: the rest of its worker runs meanwhile (it used to block the worker thread for
+/// the rest of the call).
+#[test]
+fn a_fiber_cancelled_in_unblock_leaves_its_worker_running() {
+    with_deadline(|| {
+        let s = sched(1);
+        let (started, running) = mpsc::channel();
+        let release = Arc::new(AtomicBool::new(false));
+        let r = release.clone();
+        let h = s
+            .submit(
+                move || {
+                    started.send(()).unwrap();
+                    fibra::unblock(|| {
+                        while !r.load(Ordering::SeqCst) {
+                            thread::sleep(Duration::from_millis(1));
+                        }
+                    });
+                },
+                None,
+            )
+            .unwrap();
+        running.recv_timeout(LIMIT).unwrap();
+        thread::sleep(Duration::from_millis(20));
+        h.cancel();
+        // The call goes on until released; a task on the same worker runs meanwhile.
+        let probe = s.submit(|| 7, Some(0)).unwrap();
+        assert_eq!(finish(probe), 7);
+        assert!(
+            !h.is_finished(),
+            "the cancelled fiber still waits for its call"
+        );
+        release.store(true, Ordering::SeqCst);
+        assert!(h.wait_timeout(LIMIT));
+        assert!(h.join().unwrap_err().is_cancelled());
+        s.stop();
+    });
+}
+
+/// `stop_timeout` while a fiber waits in a call that outlives the grace: the worker still
+/// cancels the fiber parked beside it and abandons the one in the call, so both handles
+/// resolve (cancelled) and the count has both, long before the call ends; the late call
+/// writes into the abandoned fiber's frame harmlessly, and the pool serves a new scheduler.
+#[test]
+fn stop_timeout_abandons_a_fiber_whose_call_outlives_the_grace() {
+    with_deadline(|| {
+        let s = sched(1);
+        let release = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let (r, d) = (release.clone(), done.clone());
+        let (started, running) = mpsc::channel();
+        let h = s
+            .submit(
+                move || {
+                    let mut frame = [0u8; 4096];
+                    started.send(()).unwrap();
+                    fibra::unblock(|| {
+                        while !r.load(Ordering::SeqCst) {
+                            thread::sleep(Duration::from_millis(1));
+                        }
+                        frame.fill(7);
+                        d.store(true, Ordering::SeqCst);
+                    });
+                    frame[17]
+                },
+                None,
+            )
+            .unwrap();
+        let beside = s.submit(|| fibra::park(drop), Some(0)).unwrap();
+        running.recv_timeout(LIMIT).unwrap();
+        common::wait_until("both fibers parked", || {
+            s.metrics().workers()[0].fibers() == 2
+        });
+        let n = s.stop_timeout(Duration::from_millis(50));
+        assert_eq!(n, 2, "both fibers cancelled or abandoned");
+        assert!(
+            h.wait_timeout(Duration::ZERO),
+            "abandoned: resolved at once"
+        );
+        assert!(beside.wait_timeout(Duration::ZERO));
+        assert!(h.join().unwrap_err().is_cancelled());
+        assert!(beside.join().unwrap_err().is_cancelled());
+        assert!(!done.load(Ordering::SeqCst), "the call was still running");
+        drop(s);
+        release.store(true, Ordering::SeqCst);
+        common::wait_until("the late call", || done.load(Ordering::SeqCst));
+        let again = sched(1);
+        assert_eq!(again.block_on(|| fibra::unblock(|| 41) + 1), 42);
+        again.stop();
+    });
+}
