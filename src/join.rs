@@ -282,6 +282,11 @@ impl<T: Send + 'static> JoinHandle<T> {
 impl<T> JoinHandle<T> {
     /// Waits for the task and returns its value, or why there is none. Inside a fiber this
     /// suspends only the fiber; on a plain thread it blocks the thread.
+    ///
+    /// # Panics
+    /// When the task joins its own handle, which would wait for ever (std's `join` of the
+    /// current thread fails likewise). The panic is the task's own, and reaches whoever
+    /// else waits for it.
     pub fn join(self) -> Result<T, JoinError> {
         crate::coop::spend();
         self.cell.header().wait(None);
@@ -373,6 +378,9 @@ impl<T> JoinHandle<T> {
     /// [`is_cancelled`](JoinHandle::is_cancelled)). The fiber gets the cancellation once: if
     /// it catches the unwind and returns a value, that is its result. A finished task is not
     /// affected; cancelling twice is the same as once. Never blocks.
+    ///
+    /// The cancellation is an unwind, so a destructor that panics while it runs aborts the
+    /// process, as any panic during an unwind does in Rust.
     ///
     /// ```
     /// use std::time::Duration;

@@ -537,6 +537,13 @@ impl Header {
         if self.is_done() {
             return true;
         }
+        if deadline.is_none() && crate::fiber::current_meta().is_some_and(|m| m.id == self.id) {
+            // std's `JoinHandle::join` fails the same way on the current thread (EDEADLK).
+            panic!(
+                "task {} waits for itself to finish without a deadline: it would wait for ever",
+                self.id
+            );
+        }
         let g = self.joiners.lock();
         self.has_joiners.store(true, Ordering::SeqCst);
         if self.done.load(Ordering::SeqCst) {
