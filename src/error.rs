@@ -30,6 +30,10 @@ pub enum Error {
     },
     /// A thread name containing a NUL byte, which OS thread names cannot hold.
     InvalidName(String),
+    /// `use_caller(true)` inside a scheduler's fiber: the building thread would become
+    /// worker 0, but it runs worker 0's fibers only outside any fiber, and that thread is
+    /// another scheduler's worker, where code never runs outside one.
+    UseCallerInFiber,
 }
 
 impl fmt::Display for Error {
@@ -52,6 +56,10 @@ impl fmt::Display for Error {
                 write!(f, "stack size {requested} bytes is too large to map")
             }
             Error::InvalidName(name) => write!(f, "thread name {name:?} contains a NUL byte"),
+            Error::UseCallerInFiber => f.write_str(
+                "use_caller(true) inside a scheduler's fiber: the building thread could never \
+                 run worker 0's fibers (build it on a plain thread, or without use_caller)",
+            ),
         }
     }
 }

@@ -186,6 +186,9 @@ impl Builder {
     /// spawned for it; it runs worker 0's fibers (tasks pinned to 0, fibers started there)
     /// while it is inside [`Scheduler::block_on`] or [`Scheduler::stop`]. Call those on the
     /// building thread: from other threads they cannot run worker 0's work and wait for it.
+    /// Inside a fiber of a scheduler `build` refuses it with [`Error::UseCallerInFiber`]:
+    /// that thread is a worker, and code there never runs outside a fiber, where worker 0
+    /// would be driven.
     pub fn use_caller(mut self, yes: bool) -> Self {
         self.use_caller = yes;
         self
@@ -211,6 +214,9 @@ impl Builder {
         let stack_size = check_stack_size(self.stack_size)?;
         if self.name.contains('\0') {
             return Err(Error::InvalidName(self.name));
+        }
+        if self.use_caller && fiber::in_scheduled_fiber() {
+            return Err(Error::UseCallerInFiber);
         }
         fiber::install_panic_hook();
         crate::stack::overflow::install_handler();
@@ -474,6 +480,13 @@ impl Scheduler {
     /// are leaked). A fiber that never suspends (a busy loop) cannot be cancelled at all;
     /// its worker thread is left running and reported. So `stop_timeout(d)` returns within
     /// about `d` plus the grace.
+    ///
+    /// A destructor that panics while a cancellation unwinds its fiber aborts the process:
+    /// Rust turns any panic during an unwind into an abort, and a cancellation is an unwind.
+    ///
+    /// Called from one of this scheduler's own fibers it cannot wait: it starts the
+    /// shutdown and returns 0 at once, and a thread of its own keeps the deadline (cancels
+    /// what is alive then, the calling fiber included, and abandons after the grace).
     pub fn stop_timeout(&self, timeout: Duration) -> usize {
         self.shutdown(Shutdown::Deadline(crate::time::deadline_after(timeout)))
     }
@@ -502,7 +515,15 @@ impl Scheduler {
             sh.phase.advance_to(Phase::Discarding);
         }
         sh.wake_all();
-        if sh.local_worker().is_some() || sh.phase.get() == Phase::Done {
+        if sh.phase.get() == Phase::Done {
+            return 0;
+        }
+        if sh.local_worker().is_some() {
+            // A fiber of this scheduler cannot wait for the others (nor for itself): a
+            // thread of its own keeps the deadline.
+            if let Shutdown::Deadline(deadline) = how {
+                keep_deadline_elsewhere(sh, deadline);
+            }
             return 0;
         }
         let drained = match how {
@@ -540,18 +561,9 @@ impl Scheduler {
             }
         };
         if !drained {
-            sh.phase.advance_to(Phase::Cancelling);
-            // Readiness continuations have no fiber to unwind: they are dropped here.
-            if let Some(r) = crate::io::reactor::get() {
-                let n = r.cancel_continuations(sh);
-                sh.cancelled.fetch_add(n, Ordering::SeqCst);
-            }
-            sh.wake_all();
-            sh.notify_drained();
+            sh.begin_cancelling();
             if !self.wait_until(Some(Instant::now() + CANCEL_GRACE)) {
-                sh.phase.advance_to(Phase::Abandoning);
-                sh.wake_all();
-                sh.notify_drained();
+                sh.begin_abandoning();
                 // Worker 0 of `use_caller`, if its thread is not driving it, cannot act on
                 // the phase itself: abandon its fibers from here (it never runs them).
                 let undriven = self.caller_worker.lock().take();
@@ -763,6 +775,30 @@ impl TaskBuilder<'_> {
             Ok(size) => submit_to(&self.sched.shared, f, thread, self.name, size),
             Err(e) => Err(SubmitError::InvalidStackSize(f, e)),
         }
+    }
+}
+
+/// The deadline of a `stop_timeout` called inside one of the scheduler's own fibers, which
+/// cannot wait: a thread of its own waits for the drain until the deadline, then cancels,
+/// and abandons what is still alive after the grace, as the call would from outside.
+fn keep_deadline_elsewhere(sh: &Arc<Shared>, deadline: Instant) {
+    let shared = sh.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("{}-stop", sh.config.name))
+        .spawn(move || {
+            if !shared.wait_drained(Some(deadline)) {
+                shared.begin_cancelling();
+                if !shared.wait_drained(Some(Instant::now() + CANCEL_GRACE)) {
+                    shared.begin_abandoning();
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!(
+            "fibra: stop_timeout inside a fiber of scheduler '{}' cannot start the thread that \
+             keeps its deadline ({e}); it stops without one",
+            sh.config.name
+        );
     }
 }
 

@@ -532,6 +532,25 @@ impl Shared {
         self.drained.1.notify_all();
     }
 
+    /// `stop_timeout`'s deadline passed: every live fiber is to be cancelled once, and
+    /// readiness continuations (no fiber to unwind) are dropped here.
+    pub(crate) fn begin_cancelling(&self) {
+        self.phase.advance_to(Phase::Cancelling);
+        if let Some(r) = crate::io::reactor::get() {
+            let n = r.cancel_continuations(self);
+            self.cancelled.fetch_add(n, Ordering::SeqCst);
+        }
+        self.wake_all();
+        self.notify_drained();
+    }
+
+    /// The grace after cancelling ran out: fibers still alive are abandoned.
+    pub(crate) fn begin_abandoning(&self) {
+        self.phase.advance_to(Phase::Abandoning);
+        self.wake_all();
+        self.notify_drained();
+    }
+
     /// Asks every worker to print its live fibers on stderr.
     pub(crate) fn request_report(&self) {
         self.report.fetch_add(1, Ordering::SeqCst);
