@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 /// ```
 pub fn sleep(duration: Duration) {
     if duration.is_zero() {
-        Fiber::yield_now();
+        yield_once(crate::fiber::in_scheduled_fiber());
         return;
     }
     sleep_until(deadline_after(duration));
@@ -47,7 +47,7 @@ pub fn sleep(duration: Duration) {
 pub fn sleep_until(deadline: Instant) {
     let scheduled = crate::fiber::in_scheduled_fiber();
     if Instant::now() >= deadline {
-        Fiber::yield_now();
+        yield_once(scheduled);
         return;
     }
     if !scheduled {
@@ -62,6 +62,18 @@ pub fn sleep_until(deadline: Instant) {
     // Nobody else holds the Unparker, so only the deadline ends the park.
     while Instant::now() < deadline {
         crate::park::park_until(Some(deadline), crate::dump::WaitOn::Sleep, drop);
+    }
+}
+
+/// A sleep with nothing to wait for: a scheduled fiber yields to its worker's others; a
+/// standalone fiber, like a plain thread, yields the thread (a standalone fiber's yield
+/// would return to whoever resumed it, which a sleep must not do: its waits block the
+/// thread).
+fn yield_once(scheduled: bool) {
+    if scheduled {
+        Fiber::yield_now();
+    } else {
+        std::thread::yield_now();
     }
 }
 
