@@ -197,7 +197,7 @@ impl Slot {
                 return Ok(r.clone());
             }
         }
-        let rec = reactor().register(fd)?;
+        let rec = crate::io::reactor::registering()?.register(fd)?;
         *r = Some(rec.clone());
         Ok(rec)
     }

@@ -13,7 +13,7 @@ fn deadline(timeout: Option<Duration>) -> Option<Instant> {
 
 fn wait(fd: RawFd, interest: u32, timeout: Option<Duration>) -> io::Result<()> {
     crate::coop::spend();
-    let record = reactor::reactor().register(fd)?;
+    let record = reactor::registering()?.register(fd)?;
     record.wait(interest, deadline(timeout))
 }
 

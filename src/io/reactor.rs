@@ -403,13 +403,27 @@ pub(crate) fn get() -> Option<&'static Reactor> {
     REACTOR.get()
 }
 
-/// The reactor, created on first use.
+/// The reactor, once a registration created it ([`registering`]); every use but a
+/// registration comes after one.
 ///
 /// # Panics
-/// If the kernel refuses an epoll instance or an eventfd (file-descriptor limit reached at
-/// the very first registration); registration reports later failures as errors.
+/// If no registration ever succeeded and the kernel refuses the epoll instance or eventfd
+/// now; registrations go through [`registering`], which reports that as an error.
 pub(crate) fn reactor() -> &'static Reactor {
     REACTOR.get_or_init(|| Reactor::new().expect("fibra: cannot create the epoll reactor"))
+}
+
+/// The reactor for a registration, created on first use. Out of descriptors at the very
+/// first registration (EMFILE, ENFILE), the registration fails with that error like any
+/// other socket call, and a later one tries again.
+pub(crate) fn registering() -> io::Result<&'static Reactor> {
+    if let Some(r) = REACTOR.get() {
+        return Ok(r);
+    }
+    let created = Reactor::new()?;
+    // Two first registrations may race: the loser's reactor is dropped, its descriptors
+    // closed, before anything was registered with it.
+    Ok(REACTOR.get_or_init(|| created))
 }
 
 impl Reactor {

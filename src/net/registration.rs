@@ -37,7 +37,7 @@ impl Registration {
         if let Some(r) = self.record.get() {
             return Ok(r);
         }
-        let r = reactor().register(self.fd)?;
+        let r = crate::io::reactor::registering()?.register(self.fd)?;
         // A concurrent first wait may have won; the reactor returned the same record then.
         let _ = self.record.set(r);
         Ok(self.record.get().expect("just set"))
