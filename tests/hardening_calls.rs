@@ -1,0 +1,280 @@
+//! Adversarial regressions of calls made where they cannot do what they do elsewhere: a task
+//! joining itself, `stop_timeout` from inside the scheduler's own fiber, a zero sleep in a
+//! standalone fiber, the first socket wait of a process out of descriptors, a `use_caller`
+//! scheduler built inside a fiber. Each must end with a clear error or do its documented
+//! job — never wait for ever in silence.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use common::{finish, started, with_deadline, LIMIT};
+use fibra::JoinHandle;
+
+/// A task may wait for itself with a deadline: the wait simply times out.
+#[test]
+fn a_task_waiting_for_itself_with_a_deadline_times_out() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (give, me) = fibra::sync::oneshot::channel::<JoinHandle<u32>>();
+        let h = sched
+            .submit(
+                move || {
+                    let me = me.recv().unwrap();
+                    let t = Instant::now();
+                    assert!(!me.wait_timeout(Duration::from_millis(10)));
+                    assert!(t.elapsed() >= Duration::from_millis(10));
+                    7
+                },
+                None,
+            )
+            .unwrap();
+        let (watch_tx, watch) = mpsc::channel();
+        h.then(move |v| watch_tx.send(*v).unwrap());
+        give.send(h).ok().unwrap();
+        assert_eq!(watch.recv_timeout(LIMIT), Ok(7));
+        sched.stop();
+    });
+}
+
+/// A task that joins its own handle panics — std's `join` of the current thread fails too —
+/// with a message naming the task, instead of waiting for ever.
+#[test]
+fn the_self_join_panic_names_the_task() {
+    with_deadline(|| {
+        let sched = started(1);
+        let (give, me) =
+            fibra::sync::oneshot::channel::<Arc<std::sync::Mutex<Option<JoinHandle<()>>>>>();
+        let h = sched
+            .submit(
+                move || {
+                    let slot = me.recv().unwrap();
+                    let mine = slot.lock().unwrap().take().unwrap();
+                    mine.join().unwrap();
+                },
+                None,
+            )
+            .unwrap();
+        let id = h.id();
+        let slot = Arc::new(std::sync::Mutex::new(None));
+        // The task cannot be joined from here once its handle is inside it; watch its end.
+        let (end_tx, end) = mpsc::channel();
+        h.catching(move |e| end_tx.send(e.to_string()).unwrap());
+        *slot.lock().unwrap() = Some(h);
+        give.send(slot).ok().unwrap();
+        let msg = end.recv_timeout(LIMIT).expect("the task ended");
+        assert!(
+            msg.contains(&id.to_string()) && msg.contains("itself"),
+            "{msg}"
+        );
+        sched.stop();
+    });
+}
+
+/// `stop_timeout` called inside one of the scheduler's own fibers returns at once, and its
+/// deadline still holds: a fiber parked for ever is cancelled soon after it.
+#[test]
+fn stop_timeout_inside_a_fiber_keeps_its_deadline() {
+    with_deadline(|| {
+        let sched = Arc::new(started(2));
+        let forever = sched.submit(|| fibra::park(drop), Some(0)).unwrap();
+        let s = sched.clone();
+        let t = Instant::now();
+        let stopper = sched
+            .submit(move || s.stop_timeout(Duration::from_millis(50)), Some(1))
+            .unwrap();
+        assert_eq!(finish(stopper), 0, "it cannot wait, so it counts nothing");
+        assert!(
+            forever.wait_timeout(LIMIT),
+            "the parked fiber was never cancelled"
+        );
+        assert!(forever.join().unwrap_err().is_cancelled());
+        assert!(
+            t.elapsed() >= Duration::from_millis(50),
+            "cancelled before the deadline"
+        );
+        // Stopping from outside afterwards returns at once: nothing is left.
+        let t = Instant::now();
+        sched.stop();
+        assert!(t.elapsed() < LIMIT);
+    });
+}
+
+/// The deadline thread cancels the calling fiber too when it is still alive, and abandons a
+/// fiber whose cancellation never ends after the grace.
+#[test]
+fn stop_timeout_inside_a_fiber_cancels_the_caller_and_abandons_the_stubborn() {
+    struct Stubborn;
+    impl Drop for Stubborn {
+        fn drop(&mut self) {
+            fibra::park(drop); // waits for ever while its fiber is cancelled
+        }
+    }
+    with_deadline(|| {
+        let sched = Arc::new(started(1));
+        let stubborn = sched
+            .submit(
+                || {
+                    let _s = Stubborn;
+                    fibra::park(drop);
+                },
+                None,
+            )
+            .unwrap();
+        let s = sched.clone();
+        let alive = Arc::new(AtomicBool::new(true));
+        let a = alive.clone();
+        let caller = sched
+            .submit(
+                move || {
+                    s.stop_timeout(Duration::from_millis(20));
+                    fibra::park(drop); // the caller itself waits for ever
+                    a.store(false, Ordering::SeqCst);
+                },
+                None,
+            )
+            .unwrap();
+        assert!(caller.wait_timeout(LIMIT));
+        assert!(caller.join().unwrap_err().is_cancelled());
+        assert!(stubborn.wait_timeout(LIMIT), "abandoned after the grace");
+        assert!(stubborn.join().unwrap_err().is_cancelled());
+        assert!(
+            alive.load(Ordering::SeqCst),
+            "the caller unwound, it did not return"
+        );
+        sched.stop();
+    });
+}
+
+/// A zero sleep, or a sleep until a past instant, inside a standalone `Fiber` does not hand
+/// control back to the caller of `resume`: a standalone fiber's waits block its thread.
+#[test]
+fn a_zero_sleep_in_a_standalone_fiber_does_not_suspend_it() {
+    let mut f = fibra::Fiber::new(|| {
+        fibra::sleep(Duration::ZERO);
+        fibra::sleep_until(Instant::now() - Duration::from_millis(1));
+        fibra::sleep(Duration::from_micros(10));
+    });
+    assert_eq!(f.resume(), fibra::FiberState::Done);
+}
+
+const CHILD_ENV: &str = "FIBRA_HARDENING_CALLS_CHILD";
+
+/// Lowers RLIMIT_NOFILE to 256 and opens /dev/null until EMFILE.
+fn fill_descriptor_table() -> Vec<std::fs::File> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid pointer to a live struct.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    lim.rlim_cur = lim.rlim_cur.min(256);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    let mut filler = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => filler.push(f),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
+                return filler;
+            }
+        }
+    }
+}
+
+/// The child of `the_first_socket_wait_out_of_descriptors_is_an_error`: its own process,
+/// where no fibra socket has waited yet (the reactor does not exist) and the descriptor
+/// table is full.
+#[test]
+#[ignore = "helper of the_first_socket_wait_out_of_descriptors_is_an_error"]
+fn child_first_socket_wait_out_of_descriptors() {
+    use std::io::{Read, Write};
+    if !common::is_child(CHILD_ENV, "child_first_socket_wait_out_of_descriptors") {
+        return;
+    }
+    let sched = started(1);
+    let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let a = Arc::new(fibra::net::unix::UnixStream::from(a));
+    let filler = fill_descriptor_table();
+    let a2 = a.clone();
+    let h = sched
+        .submit(
+            move || {
+                let mut buf = [0u8; 4];
+                (&*a2).read(&mut buf).map_err(|e| e.raw_os_error())
+            },
+            None,
+        )
+        .unwrap();
+    let first = h.join();
+    drop(filler);
+    // With descriptors free again, the next wait creates the reactor and works.
+    b.write_all(b"x").unwrap();
+    let second = sched
+        .submit(
+            move || {
+                let mut buf = [0u8; 4];
+                (&*a).read(&mut buf).map_err(|e| e.raw_os_error())
+            },
+            None,
+        )
+        .unwrap()
+        .join();
+    sched.stop();
+    match (first, second) {
+        (Ok(Err(Some(libc::EMFILE))), Ok(Ok(1))) => eprintln!("CHILD OK"),
+        other => eprintln!("unexpected: {other:?}"),
+    }
+}
+
+/// The first socket wait of a process whose descriptor table is full cannot create the
+/// reactor: it fails with EMFILE like any socket call (it used to panic), and the next wait,
+/// with descriptors free, works.
+#[test]
+fn the_first_socket_wait_out_of_descriptors_is_an_error() {
+    let (status, stderr) =
+        common::run_child(CHILD_ENV, "child_first_socket_wait_out_of_descriptors");
+    assert!(
+        status.success() && stderr.contains("CHILD OK"),
+        "{status}\n{stderr}"
+    );
+}
+
+/// A `use_caller` scheduler built inside a scheduler's fiber could never run worker 0 (its
+/// building thread only drives it outside fibers, and that thread is another scheduler's
+/// worker): `build` refuses it with a clear error. Built in a standalone fiber and used on
+/// the thread afterwards, it works.
+#[test]
+fn use_caller_inside_a_fiber_is_refused() {
+    with_deadline(|| {
+        let build = || {
+            fibra::Scheduler::builder()
+                .threads(2)
+                .use_caller(true)
+                .build()
+                .err()
+        };
+        let sched = started(1);
+        assert_eq!(sched.block_on(build), Some(fibra::Error::UseCallerInFiber));
+        sched.stop();
+        let e = fibra::Error::UseCallerInFiber.to_string();
+        assert!(e.contains("use_caller") && e.contains("fiber"), "{e}");
+        let built = Arc::new(std::sync::Mutex::new(None));
+        let b = built.clone();
+        let mut standalone = fibra::Fiber::new(move || {
+            let s = fibra::Scheduler::builder()
+                .threads(1)
+                .use_caller(true)
+                .build()
+                .unwrap();
+            *b.lock().unwrap() = Some(s);
+        });
+        assert_eq!(standalone.resume(), fibra::FiberState::Done);
+        let on_thread = built.lock().unwrap().take().unwrap();
+        assert_eq!(on_thread.block_on(|| 5), 5);
+        on_thread.stop();
+    });
+}
