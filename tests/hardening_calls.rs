@@ -278,3 +278,46 @@ fn use_caller_inside_a_fiber_is_refused() {
         on_thread.stop();
     });
 }
+
+/// `stop_timeout` called again and again inside fibers keeps one deadline thread, and a
+/// later call with an earlier deadline brings the deadline forward.
+#[test]
+fn repeated_stop_timeouts_inside_fibers_keep_the_earliest_deadline_on_one_thread() {
+    with_deadline(|| {
+        let name = "hc-repeat";
+        let sched = Arc::new(
+            fibra::Scheduler::builder()
+                .threads(2)
+                .name(name)
+                .build()
+                .unwrap(),
+        );
+        sched.start();
+        let forever = sched.submit(|| fibra::park(drop), Some(0)).unwrap();
+        let s = sched.clone();
+        let caller = sched
+            .submit(
+                move || {
+                    for _ in 0..200 {
+                        s.stop_timeout(Duration::from_secs(3600));
+                    }
+                    s.stop_timeout(Duration::from_millis(30));
+                },
+                Some(1),
+            )
+            .unwrap();
+        finish(caller);
+        let keepers = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim() == format!("{name}-stop"))
+            .count();
+        assert!(keepers <= 1, "{keepers} deadline threads");
+        assert!(
+            forever.wait_timeout(LIMIT),
+            "the earliest deadline was not kept"
+        );
+        assert!(forever.join().unwrap_err().is_cancelled());
+        sched.stop();
+    });
+}

@@ -779,14 +779,37 @@ impl TaskBuilder<'_> {
 }
 
 /// The deadline of a `stop_timeout` called inside one of the scheduler's own fibers, which
-/// cannot wait: a thread of its own waits for the drain until the deadline, then cancels,
-/// and abandons what is still alive after the grace, as the call would from outside.
+/// cannot wait: one thread per scheduler waits for the drain until the earliest such
+/// deadline (a later call may bring it forward; the thread looks every 10 ms), then
+/// cancels, and abandons what is still alive after the grace, as the call would from
+/// outside. A fiber calling it again and again starts no more threads.
 fn keep_deadline_elsewhere(sh: &Arc<Shared>, deadline: Instant) {
+    {
+        let mut kept = sh.kept_deadline.lock();
+        match *kept {
+            Some(d) => {
+                *kept = Some(d.min(deadline));
+                return;
+            }
+            None => *kept = Some(deadline),
+        }
+    }
     let shared = sh.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("{}-stop", sh.config.name))
         .spawn(move || {
-            if !shared.wait_drained(Some(deadline)) {
+            let drained = loop {
+                let deadline = shared.kept_deadline.lock().expect("set before the spawn");
+                let now = Instant::now();
+                if now >= deadline {
+                    break shared.live() == 0;
+                }
+                let look = deadline.min(now + Duration::from_millis(10));
+                if shared.wait_drained(Some(look)) {
+                    break true;
+                }
+            };
+            if !drained {
                 shared.begin_cancelling();
                 if !shared.wait_drained(Some(Instant::now() + CANCEL_GRACE)) {
                     shared.begin_abandoning();
@@ -794,6 +817,7 @@ fn keep_deadline_elsewhere(sh: &Arc<Shared>, deadline: Instant) {
             }
         });
     if let Err(e) = spawned {
+        *sh.kept_deadline.lock() = None;
         eprintln!(
             "fibra: stop_timeout inside a fiber of scheduler '{}' cannot start the thread that \
              keeps its deadline ({e}); it stops without one",

@@ -434,6 +434,9 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     /// The watchdog's monitor thread's sleep.
     pub(crate) monitor: Arc<MonitorCtl>,
+    /// The earliest deadline of the `stop_timeout` calls made inside this scheduler's own
+    /// fibers, kept by one thread (see `sched::keep_deadline_elsewhere`).
+    pub(crate) kept_deadline: parking_lot::Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -460,6 +463,7 @@ impl Shared {
             live: LiveCount::new(n),
             idle: Idlers::new(n),
             cancelled: AtomicUsize::new(0),
+            kept_deadline: parking_lot::Mutex::new(None),
             continuations: AtomicUsize::new(0),
             report: AtomicUsize::new(0),
             drained: (parking_lot::Mutex::new(()), parking_lot::Condvar::new()),
