@@ -592,3 +592,142 @@ fn several_offers_of_one_select_keep_their_own_messages() {
         sched.stop();
     });
 }
+
+/// CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+        0
+    );
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A select that sends and receives on one rendezvous channel, alone on it, waits out its
+/// timeout asleep: its own offer must not wake it (it used to spin at 100% CPU), and it
+/// never pairs with itself.
+#[test]
+fn a_select_alone_on_both_ends_of_a_rendezvous_channel_sleeps() {
+    with_deadline(|| {
+        let (tx, rx) = mpsc::sync_channel::<u32>(0);
+        let (mtx, mrx) = mpmc::sync_channel::<u32>(0);
+        let waited = std::thread::spawn(move || {
+            let c0 = thread_cpu();
+            let a = fibra::select! {
+                send(tx, 1) -> _ => "sent",
+                recv(rx) -> _ => "received",
+                default(Duration::from_millis(300)) => "timeout",
+            };
+            let b = fibra::select! {
+                send(mtx, 1) -> _ => "sent",
+                recv(mrx) -> _ => "received",
+                default(Duration::from_millis(300)) => "timeout",
+            };
+            ((a, b), thread_cpu() - c0)
+        });
+        let (outcome, cpu) = waited.join().unwrap();
+        assert_eq!(outcome, ("timeout", "timeout"));
+        assert!(
+            cpu < Duration::from_millis(200),
+            "two 300 ms waits burnt {cpu:?}"
+        );
+    });
+}
+
+/// Two selects each offering a send and waiting to receive on ONE rendezvous channel (Go's
+/// `select { case ch <- x: case y := <-ch: }`): every round one sends and the other
+/// receives that very message, and they meet without waiting out their timeouts.
+#[test]
+fn two_selects_exchanging_on_one_rendezvous_channel_meet() {
+    with_deadline(|| {
+        const ROUNDS: usize = 300;
+        let sched = started(2);
+        let (tx, rx) = mpmc::sync_channel::<u64>(0);
+        let side = |me: u64, tx: mpmc::SyncSender<u64>, rx: mpmc::Receiver<u64>| {
+            move || {
+                let (mut sent, mut got) = (Vec::new(), Vec::new());
+                for i in 0..ROUNDS as u64 {
+                    fibra::select! {
+                        send(tx, me << 32 | i) -> r => { r.unwrap(); sent.push(me << 32 | i) },
+                        recv(rx) -> m => got.push(m.unwrap()),
+                        default(LIMIT) => panic!("side {me} round {i}: no partner"),
+                    }
+                }
+                (sent, got)
+            }
+        };
+        // Plain threads, then fibers.
+        let a = std::thread::spawn(side(1, tx.clone(), rx.clone()));
+        let b = std::thread::spawn(side(2, tx.clone(), rx.clone()));
+        let ((a_sent, a_got), (b_sent, b_got)) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!((a_sent, b_sent), (b_got, a_got));
+        let a = sched.spawn(side(3, tx.clone(), rx.clone()));
+        let b = sched.spawn(side(4, tx, rx));
+        let ((a_sent, a_got), (b_sent, b_got)) = (finish(a), finish(b));
+        assert_eq!((a_sent, b_sent), (b_got, a_got));
+        sched.stop();
+    });
+}
+
+/// A task waker of a hand-rolled executor that has shut down: `wake` drops the task, and
+/// with it the future it owns.
+struct DroppingTask {
+    fut: std::sync::Mutex<Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>>,
+}
+
+impl std::task::Wake for DroppingTask {
+    fn wake(self: Arc<Self>) {
+        drop(self);
+    }
+}
+
+const CHILD_ENV: &str = "FIBRA_SELECT_CHILD";
+
+/// The child of `a_send_waking_a_waker_that_drops_its_recv_future_returns`.
+#[test]
+#[ignore = "helper of a_send_waking_a_waker_that_drops_its_recv_future_returns"]
+fn child_waker_drops_its_recv_future() {
+    if !common::is_child(CHILD_ENV, "child_waker_drops_its_recv_future") {
+        return;
+    }
+    let (tx, rx) = mpsc::channel::<u32>();
+    let rx = Arc::new(rx);
+    let r = rx.clone();
+    let task = Arc::new(DroppingTask {
+        fut: std::sync::Mutex::new(Some(Box::pin(async move {
+            let _ = r.recv_async().await;
+        }))),
+    });
+    let waker = std::task::Waker::from(task.clone());
+    let mut fut = task.fut.lock().unwrap().take().unwrap();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    // Only the waker registered in the channel keeps the task, and the future, alive.
+    *task.fut.lock().unwrap() = Some(fut);
+    drop((waker, task));
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        tx.send(1).unwrap();
+        done_tx.send(()).unwrap();
+    });
+    if done.recv_timeout(LIMIT).is_ok() {
+        eprintln!("CHILD OK");
+    }
+    std::process::exit(0);
+}
+
+/// A send fires the watcher of a pending `recv_async` future; the waker it wakes belongs to
+/// an executor that has shut down and drops the task, whose future's `Drop` takes the
+/// channel's lock. Wakers are woken after the lock is released (the send used to deadlock).
+#[test]
+fn a_send_waking_a_waker_that_drops_its_recv_future_returns() {
+    let (status, stderr) = common::run_child(CHILD_ENV, "child_waker_drops_its_recv_future");
+    assert!(
+        status.success() && stderr.contains("CHILD OK"),
+        "{status}\n{stderr}"
+    );
+}

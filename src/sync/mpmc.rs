@@ -311,14 +311,14 @@ impl<T> Chan<T> {
         };
         if room {
             st.buffer.push_back(msg);
-            st.rx_watch.notify();
+            st.notify(|s| &s.rx_watch);
             return Ok(());
         }
         let Some(deadline) = wait_for else {
             return Err(SendTimeoutError::Timeout(msg));
         };
         // A blocked sender is a message a select can receive (for a rendezvous channel).
-        st.rx_watch.notify();
+        st.notify(|s| &s.rx_watch);
         let slot = UnsafeCell::new(Some(msg));
         let res = wait(
             st,
@@ -354,7 +354,7 @@ impl<T> Chan<T> {
         let (st, wakes) = st.parts();
         if !st.buffer.is_empty() || !st.senders.is_empty() {
             // Room for a select's send.
-            st.tx_watch.notify();
+            st.tx_watch.notify(wakes);
         }
         match st.buffer.pop_front() {
             Some(msg) => {
@@ -374,7 +374,7 @@ impl<T> Chan<T> {
             None => {
                 // A rendezvous channel's message: a blocked sender's, else a select's offer.
                 let Some(slot) = st.senders.front() else {
-                    return st.offers.claim();
+                    return st.offers.claim(wakes);
                 };
                 // SAFETY: as above.
                 let msg = unsafe { slot.take() };
@@ -394,7 +394,7 @@ impl<T> Chan<T> {
             return Err(RecvTimeoutError::Disconnected);
         }
         // A waiting receiver takes a select's send on a rendezvous channel.
-        st.tx_watch.notify();
+        st.notify(|s| &s.tx_watch);
         let slot = UnsafeCell::new(None);
         let res = wait(
             st,
@@ -410,7 +410,7 @@ impl<T> Chan<T> {
                     if let Some(msg) = unsafe { take_own(&slot) } {
                         if let Some(msg) = deliver(st, msg) {
                             st.buffer.push_front(msg);
-                            st.rx_watch.notify();
+                            st.notify(|s| &s.rx_watch);
                         }
                     }
                 }
@@ -449,7 +449,7 @@ impl<T> Chan<T> {
         if self.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
             let mut st = self.state.lock();
             st.senders_gone = true;
-            st.rx_watch.notify();
+            st.notify(|s| &s.rx_watch);
             let (st, wakes) = st.parts();
             st.receivers.wake_all(DISCONNECTED, wakes);
         }
@@ -531,9 +531,9 @@ impl<T> Chan<T> {
     /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
     fn offer(&self, msg: T, s: &std::sync::Arc<Signal>, arm: usize) -> Result<(), T> {
         let mut guard = self.state.lock();
-        let st = &mut *guard;
+        let (st, wakes) = guard.parts();
         let open = st.bound == Some(0) && !st.receivers_gone && st.receivers.is_empty();
-        st.offers.offer(open, &st.rx_watch, s, arm, msg)
+        st.offers.offer(open, &st.rx_watch, wakes, s, arm, msg)
     }
 
     fn withdraw(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
@@ -594,7 +594,7 @@ impl<T> Drop for Receiver<T> {
         }
         let mut st = self.chan.state.lock();
         st.receivers_gone = true;
-        st.tx_watch.notify();
+        st.notify(|s| &s.tx_watch);
         let unread = std::mem::take(&mut st.buffer);
         {
             let (st, wakes) = st.parts();

@@ -375,14 +375,14 @@ impl<T> Chan<T> {
         };
         if room {
             st.buffer.push_back(msg);
-            st.rx_watch.notify();
+            st.notify(|s| &s.rx_watch);
             return Ok(());
         }
         if !block {
             return Err(TrySendError::Full(msg));
         }
         // A blocked sender is a message a select can receive (for a rendezvous channel).
-        st.rx_watch.notify();
+        st.notify(|s| &s.rx_watch);
         let slot = UnsafeCell::new(Some(msg));
         match wait(
             st,
@@ -417,7 +417,7 @@ impl<T> Chan<T> {
         if self.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
             let mut st = self.state.lock();
             st.senders_gone = true;
-            st.rx_watch.notify();
+            st.notify(|s| &s.rx_watch);
             let (st, wakes) = st.parts();
             st.receiver.wake_all(DISCONNECTED, wakes);
         }
@@ -431,7 +431,7 @@ fn take_message<T>(st: &mut Guard<'_, State<T>>) -> Option<T> {
     let msg = st.buffer.pop_front();
     if msg.is_some() || !st.senders.is_empty() {
         // Room for a select's send.
-        st.tx_watch.notify();
+        st.tx_watch.notify(wakes);
     }
     if let Some(slot) = st.senders.front() {
         // SAFETY: the sender's node is linked and we hold the lock.
@@ -446,7 +446,7 @@ fn take_message<T>(st: &mut Guard<'_, State<T>>) -> Option<T> {
         }
     }
     // A rendezvous channel's message is never buffered: a select's offered send is next.
-    msg.or_else(|| st.offers.claim())
+    msg.or_else(|| st.offers.claim(wakes))
 }
 
 impl<T> Receiver<T> {
@@ -550,7 +550,7 @@ impl<T> Receiver<T> {
             return Err(RecvTimeoutError::Disconnected);
         }
         // A waiting receiver takes a select's send on a rendezvous channel.
-        st.tx_watch.notify();
+        st.notify(|s| &s.tx_watch);
         let slot = UnsafeCell::new(None);
         match wait(
             st,
@@ -631,9 +631,9 @@ impl<T> Chan<T> {
     /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
     fn offer(&self, msg: T, s: &std::sync::Arc<Signal>, arm: usize) -> Result<(), T> {
         let mut guard = self.state.lock();
-        let st = &mut *guard;
+        let (st, wakes) = guard.parts();
         let open = st.bound == Some(0) && !st.receiver_gone && st.receiver.is_empty();
-        st.offers.offer(open, &st.rx_watch, s, arm, msg)
+        st.offers.offer(open, &st.rx_watch, wakes, s, arm, msg)
     }
 
     fn withdraw(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
@@ -666,7 +666,7 @@ impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let mut st = self.chan.state.lock();
         st.receiver_gone = true;
-        st.tx_watch.notify();
+        st.notify(|s| &s.tx_watch);
         let unread = std::mem::take(&mut st.buffer);
         {
             let (st, wakes) = st.parts();

@@ -17,6 +17,7 @@
 use crate::dump::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sync::mpsc::{RecvError, SendError, TryRecvError, TrySendError};
+use crate::sync::wait_queue::Wakeups;
 use crate::sync::{mpmc, mpsc, CancellationToken};
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -70,10 +71,36 @@ impl Signal {
         }
     }
 
-    fn fire(&self) {
+    /// Marks the signal fired and takes its waiter's unparker out. The waiter is unparked
+    /// by the caller, with no lock held: unparking a waker runs foreign code, which may drop
+    /// the very future that waits (and with it its registration, which takes the channel's
+    /// lock) or poll it again (which takes `waiter`).
+    fn take_waiter(&self) -> Option<Unparker> {
         self.fired.store(true, Ordering::Release);
-        if let Some(u) = self.waiter.lock().take() {
+        self.waiter.lock().take()
+    }
+
+    /// Fires the signal and wakes its waiter now (no lock may be held).
+    fn fire(&self) {
+        let waiter = self.take_waiter();
+        if let Some(u) = waiter {
             u.unpark_owned();
+        }
+    }
+
+    /// Fires the signal under a primitive's lock: its waiter is woken by the guard, after
+    /// the lock is released.
+    pub(crate) fn fire_into(&self, wakes: &mut Wakeups) {
+        if let Some(u) = self.take_waiter() {
+            #[cfg(not(loom))]
+            wakes.push(u);
+            // Under loom the guards collect the model's unparkers, and a select's waiter is
+            // a real one (no loom model parks a select): it is woken at once.
+            #[cfg(loom)]
+            {
+                let _ = wakes;
+                u.unpark_owned();
+            }
         }
     }
 
@@ -124,18 +151,30 @@ impl std::task::Wake for Signal {
 pub(crate) struct Watchers(Vec<Arc<Signal>>);
 
 impl Watchers {
-    /// Something changed that may let a waiting select's operation complete.
+    /// Something changed that may let a waiting select's operation complete: fires every
+    /// watcher; they are woken after the lock is released (`wakes` is the guard's).
     #[inline]
-    pub(crate) fn notify(&self) {
+    pub(crate) fn notify(&self, wakes: &mut Wakeups) {
         if !self.0.is_empty() {
-            self.notify_all();
+            self.notify_all(None, wakes);
+        }
+    }
+
+    /// [`notify`](Watchers::notify) but for `me`: a select's own offer must not wake
+    /// itself (it would find nothing new, offer again, and spin).
+    #[inline]
+    pub(crate) fn notify_except(&self, me: &Arc<Signal>, wakes: &mut Wakeups) {
+        if !self.0.is_empty() {
+            self.notify_all(Some(me), wakes);
         }
     }
 
     #[cold]
-    fn notify_all(&self) {
+    fn notify_all(&self, except: Option<&Arc<Signal>>, wakes: &mut Wakeups) {
         for s in &self.0 {
-            s.fire();
+            if !except.is_some_and(|me| Arc::ptr_eq(me, s)) {
+                s.fire_into(wakes);
+            }
         }
     }
 
@@ -178,6 +217,7 @@ impl<T> Offers<T> {
         &mut self,
         open: bool,
         rx_watch: &Watchers,
+        wakes: &mut Wakeups,
         signal: &Arc<Signal>,
         arm: usize,
         msg: T,
@@ -190,7 +230,7 @@ impl<T> Offers<T> {
             arm,
             msg,
         });
-        rx_watch.notify();
+        rx_watch.notify_except(signal, wakes);
         Ok(())
     }
 
@@ -207,19 +247,19 @@ impl<T> Offers<T> {
     /// Takes the message of the oldest offer whose select has not decided yet, completing
     /// that select's send, and wakes the select.
     #[inline]
-    pub(crate) fn claim(&mut self) -> Option<T> {
+    pub(crate) fn claim(&mut self, wakes: &mut Wakeups) -> Option<T> {
         if self.0.is_empty() {
             return None;
         }
-        self.claim_slow()
+        self.claim_slow(wakes)
     }
 
     #[cold]
-    fn claim_slow(&mut self) -> Option<T> {
+    fn claim_slow(&mut self, wakes: &mut Wakeups) -> Option<T> {
         // A select that closed its claim is awake and withdraws its offer itself.
         let i = self.0.iter().position(|o| o.signal.claim_for(o.arm))?;
         let o = self.0.remove(i).expect("the claimed offer is there");
-        o.signal.fire();
+        o.signal.fire_into(wakes);
         Some(o.msg)
     }
 }

@@ -100,6 +100,14 @@ impl<S> Guard<'_, S> {
     pub(crate) fn parts(&mut self) -> (&mut S, &mut Wakeups) {
         (&mut self.raw, &mut self.wakes)
     }
+
+    /// Fires the select watchers that `of` picks out of the state; they are woken with the
+    /// other wake-ups, after the lock is released.
+    #[inline]
+    pub(crate) fn notify(&mut self, of: impl FnOnce(&S) -> &super::select::Watchers) {
+        let (st, wakes) = self.parts();
+        of(st).notify(wakes);
+    }
 }
 
 impl<S> Deref for Guard<'_, S> {
@@ -145,7 +153,7 @@ impl Wakeups {
     }
 
     #[inline]
-    fn push(&mut self, u: Unparker) {
+    pub(crate) fn push(&mut self, u: Unparker) {
         if self.first.is_none() {
             self.first = Some(u);
         } else {
