@@ -1178,15 +1178,30 @@ fn token_chain_ten_thousand_deep() {
         root.cancel();
         assert!(chain.iter().all(|t| t.is_cancelled()));
         drop(chain);
-        // Only the leaf kept: the middle tokens are gone; dropping must not recurse.
+        // Only the leaf kept: it keeps the middle tokens alive, so the root's cancellation
+        // reaches it (as tokio's does); dropping it must not recurse.
         let root = CancellationToken::new();
         let mut t = root.clone();
         for _ in 0..100_000 {
             t = t.child_token();
         }
         root.cancel();
-        assert!(!t.is_cancelled(), "intermediate tokens were dropped");
+        assert!(t.is_cancelled(), "the leaf missed the root's cancellation");
         drop(t);
+        // The same chain dropped from the leaf before any cancellation, and on a thread
+        // with a small stack: the ancestors are released one after another.
+        let root = CancellationToken::new();
+        let mut t = root.clone();
+        for _ in 0..100_000 {
+            t = t.child_token();
+        }
+        std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || drop(t))
+            .unwrap()
+            .join()
+            .unwrap();
+        root.cancel();
         // A deep chain dropped from the leaf side with everything alive.
         let root = CancellationToken::new();
         let mut chain = vec![root.clone()];

@@ -302,6 +302,21 @@ mod token {
         });
     }
 
+    /// As with tokio's tokens, a child is cancelled with its ancestors even when the handles
+    /// of the tokens between them were all dropped.
+    #[test]
+    fn a_grandchild_of_dropped_tokens_is_cancelled_with_the_root() {
+        let root = CancellationToken::new();
+        let grandchild = root.child_token().child_token();
+        let mut deep = root.clone();
+        for _ in 0..10 {
+            deep = deep.child_token();
+        }
+        assert!(!grandchild.is_cancelled() && !deep.is_cancelled());
+        root.cancel();
+        assert!(grandchild.is_cancelled() && deep.is_cancelled());
+    }
+
     #[test]
     fn a_child_cancels_alone() {
         let root = CancellationToken::new();

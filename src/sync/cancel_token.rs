@@ -25,6 +25,26 @@ struct State {
 struct Inner {
     cancelled: AtomicBool,
     state: Lock<State>,
+    /// The parent token, kept alive by its children: a parent lists its children weakly,
+    /// so without this a child whose parent's handles were all dropped (`root.child_token()
+    /// .child_token()`) would be cut off from the root's cancellation. Taken by `drop`,
+    /// which releases a chain of ancestors iteratively.
+    parent: Option<Arc<Inner>>,
+}
+
+impl Drop for Inner {
+    /// Releases the ancestors that only this token kept alive, one after another: a chain
+    /// of a hundred thousand tokens must not recurse that deep.
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(parent) = next {
+            next = match Arc::try_unwrap(parent) {
+                // The last reference: take its parent before it drops (with none left).
+                Ok(mut last) => last.parent.take(),
+                Err(_) => None,
+            };
+        }
+    }
 }
 
 /// A signal that some work should stop, like tokio's `CancellationToken`: cheap to clone
@@ -74,6 +94,10 @@ impl Default for CancellationToken {
 impl CancellationToken {
     /// A token not cancelled, with no parent.
     pub fn new() -> CancellationToken {
+        CancellationToken::with_parent(None)
+    }
+
+    fn with_parent(parent: Option<Arc<Inner>>) -> CancellationToken {
         CancellationToken {
             inner: Arc::new(Inner {
                 cancelled: AtomicBool::new(false),
@@ -83,15 +107,18 @@ impl CancellationToken {
                     children: Vec::new(),
                     pruned_at: 0,
                 }),
+                parent,
             }),
         }
     }
 
-    /// A new token cancelled when this one is (at once, if it already is). Cancelling the
-    /// child does not cancel this token. Dropped children cost nothing here for long: the
-    /// parent forgets them as it gains new ones.
+    /// A new token cancelled when this one is (at once, if it already is), as tokio's: also
+    /// when every handle of this one is dropped meanwhile (the child keeps its ancestors
+    /// alive), so `root.child_token().child_token()` is cancelled with `root`. Cancelling
+    /// the child does not cancel this token. Dropped children cost nothing here for long:
+    /// the parent forgets them as it gains new ones.
     pub fn child_token(&self) -> CancellationToken {
-        let child = CancellationToken::new();
+        let child = CancellationToken::with_parent(Some(self.inner.clone()));
         let mut st = self.inner.state.lock();
         if self.inner.cancelled.load(Ordering::Acquire) {
             drop(st);
@@ -118,7 +145,7 @@ impl CancellationToken {
                 }
                 let (st, wakes) = guard.parts();
                 st.waiters.wake_all(CANCELLED, wakes);
-                st.watchers.notify();
+                st.watchers.notify(wakes);
                 std::mem::take(&mut st.children)
                 // The waiters are unparked as the guard goes, after the lock is released.
             };
