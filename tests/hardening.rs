@@ -24,7 +24,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, with_deadline, Counted};
+use common::{eventually, finish, with_deadline, Counted};
 use fibra::exec::{Executor, Looper, ThreadPool};
 use fibra::{park, JoinHandle, Scheduler, Unparker};
 
@@ -77,20 +77,6 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
         let _ = tx.send(f());
     });
     rx.recv_timeout(limit).ok()
-}
-
-/// Polls `cond` every millisecond for at most `limit`; whether it came to hold.
-fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// A task that stays unfinished (parked) until the returned `Unparker` is used; then it

@@ -162,29 +162,6 @@ fn a_zero_sleep_in_a_standalone_fiber_does_not_suspend_it() {
 
 const CHILD_ENV: &str = "FIBRA_HARDENING_CALLS_CHILD";
 
-/// Lowers RLIMIT_NOFILE to 256 and opens /dev/null until EMFILE.
-fn fill_descriptor_table() -> Vec<std::fs::File> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid pointer to a live struct.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-    lim.rlim_cur = lim.rlim_cur.min(256);
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
-    let mut filler = Vec::new();
-    loop {
-        match std::fs::File::open("/dev/null") {
-            Ok(f) => filler.push(f),
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
-                return filler;
-            }
-        }
-    }
-}
-
 /// The child of `the_first_socket_wait_out_of_descriptors_is_an_error`: its own process,
 /// where no fibra socket has waited yet (the reactor does not exist) and the descriptor
 /// table is full.
@@ -198,7 +175,7 @@ fn child_first_socket_wait_out_of_descriptors() {
     let sched = started(1);
     let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
     let a = Arc::new(fibra::net::unix::UnixStream::from(a));
-    let filler = fill_descriptor_table();
+    let filler = common::fill_descriptor_table(0);
     let a2 = a.clone();
     let h = sched
         .submit(

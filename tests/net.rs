@@ -123,26 +123,6 @@ fn connect_to_a_closed_port_is_refused() {
     fibers_and_threads(1, connect_refused);
 }
 
-/// Closes `s` with an RST instead of a FIN.
-fn reset(s: TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket fd and a live `linger` of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "SO_LINGER: {}", io::Error::last_os_error());
-    drop(s);
-}
-
 fn peer_reset(actors: &Actors) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().unwrap();
@@ -168,7 +148,7 @@ fn peer_reset(actors: &Actors) {
         fibra::sleep(Duration::from_millis(1));
     }
     fibra::sleep(Duration::from_millis(50));
-    reset(server);
+    common::reset(server);
     let (first, write_failed) = client.join();
     assert_eq!(first, Err(io::ErrorKind::ConnectionReset));
     assert!(write_failed, "writes kept succeeding after a reset");

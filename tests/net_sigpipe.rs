@@ -83,26 +83,6 @@ fn write_until_epipe(what: &str, mut write: impl FnMut() -> io::Result<usize>) {
     assert_peer_gone(what, &e);
 }
 
-/// Closes `s` with an RST instead of a FIN.
-fn reset(s: TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket fd and a live `linger` of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "SO_LINGER: {}", io::Error::last_os_error());
-    drop(s);
-}
-
 /// A TCP connection whose peer has reset it (or, with `rst` false, just closed it: the
 /// first write then draws the reset).
 fn tcp_with_peer_gone(rst: bool) -> TcpStream {
@@ -110,7 +90,7 @@ fn tcp_with_peer_gone(rst: bool) -> TcpStream {
     let client = TcpStream::connect(listener.local_addr().unwrap()).expect("connect");
     let (server, _) = listener.accept().expect("accept");
     if rst {
-        reset(server);
+        common::reset(server);
     } else {
         drop(server);
     }

@@ -184,3 +184,65 @@ pub fn park_burst<const KIB: usize>(
         assert_eq!(finish(h), (KIB > 0).then_some(1));
     }
 }
+
+/// Lowers RLIMIT_NOFILE to 256 and opens /dev/null until EMFILE, leaving `leave` free
+/// (for a child process: the limit stays lowered).
+pub fn fill_descriptor_table(leave: usize) -> Vec<std::fs::File> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer to a live struct.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    lim.rlim_cur = lim.rlim_cur.min(256);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    let mut filler = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => filler.push(f),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
+                break;
+            }
+        }
+    }
+    for _ in 0..leave {
+        filler.pop();
+    }
+    filler
+}
+
+/// Closes `s` with an RST instead of a FIN (SO_LINGER on, with a zero timeout).
+pub fn reset(s: impl std::os::fd::AsRawFd) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket fd and a live `linger` of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    drop(s);
+}
+
+/// Polls `cond` every millisecond for at most `limit`; whether it came to hold.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+}
