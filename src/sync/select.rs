@@ -8,7 +8,7 @@
 //! signal, so nothing is missed), and parks until the signal fires or its deadline passes.
 //!
 //! A send on a rendezvous channel (`sync_channel(0)`) can only complete against a receiver,
-//! so a select about to park *offers* it: the message goes into the channel's [`Offers`],
+//! so a select about to park *offers* it: the message goes into the channel's `Offers`,
 //! and a receiver that finds no blocked sender claims it there. Exactly one operation of a
 //! select completes: its [`Signal`] carries a claim word that a receiver moves from open to
 //! the offering arm, and that the select itself closes when it wakes, before it looks at
