@@ -298,3 +298,52 @@ fn repeated_stop_timeouts_inside_fibers_keep_the_earliest_deadline_on_one_thread
         sched.stop();
     });
 }
+
+/// A worker that does not get to run during `stop_timeout`'s whole grace (here: a fiber on
+/// it blocks the thread) still delivers the cancellation to its parked fibers, once, before
+/// it abandons them: their destructors run (they used to be abandoned unresumed).
+#[test]
+fn a_worker_late_for_the_cancellation_still_delivers_it_before_abandoning() {
+    with_deadline(|| {
+        let sched = started(1);
+        let dropped = Arc::new(AtomicBool::new(false));
+        struct Flag(Arc<AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let d = dropped.clone();
+        let parked = sched
+            .submit(
+                move || {
+                    let _f = Flag(d);
+                    fibra::park(drop);
+                },
+                None,
+            )
+            .unwrap();
+        common::wait_until("the fiber parked", || {
+            sched.metrics().workers()[0].fibers() == 1
+        });
+        // Holds the only worker's thread past the deadline and the grace.
+        let (running, is_running) = mpsc::channel();
+        let blocker = sched
+            .submit(
+                move || {
+                    running.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(1600));
+                },
+                None,
+            )
+            .unwrap();
+        is_running.recv_timeout(LIMIT).unwrap();
+        sched.stop_timeout(Duration::from_millis(20));
+        assert!(parked.wait_timeout(LIMIT) && blocker.wait_timeout(LIMIT));
+        assert!(parked.join().unwrap_err().is_cancelled());
+        assert!(
+            common::eventually(LIMIT, || dropped.load(Ordering::SeqCst)),
+            "the parked fiber was abandoned without its cancellation"
+        );
+    });
+}

@@ -55,7 +55,9 @@
 //!   After that one delivery its waits work as usual, so destructors may flush, sleep or lock.
 //! - `Abandoning` (the grace after cancelling ran out): fibers still alive are reported on
 //!   stderr, their results set to cancelled, and they are leaked — never resumed, their
-//!   stacks never reused — and the worker exits.
+//!   stacks never reused — and the worker exits. A worker whose thread did not run during
+//!   the whole grace catches up with both phases at once: it resumes its fibers once, each
+//!   with its cancellation, before it abandons what is left, so their destructors run.
 //!
 //! A failed task's result is published inside a fiber (its own, or a fresh one when it never
 //! started), so `catching` and `finally` continuations may wait like any fiber code.
@@ -1136,10 +1138,33 @@ impl Worker {
                 Phase::Cancelling => {
                     self.discard_queued();
                     self.cancel_all();
+                    if target >= Phase::Abandoning {
+                        // This worker comes late (its thread did not run during the whole
+                        // grace): its fibers still get their cancellation, once, before
+                        // they are abandoned, so their destructors run.
+                        self.deliver_cancellations_now();
+                    }
                 }
                 Phase::Abandoning => self.abandon_all(),
                 _ => {}
             }
+        }
+    }
+
+    /// Resumes, once each, the fibers queued on this worker now (those `cancel_all` just
+    /// woke, and those already ready), so that each gets its cancellation before the
+    /// worker abandons what is left. Woken ones queued meanwhile wait for the abandon.
+    fn deliver_cancellations_now(&self) {
+        let queued: Vec<JobRef> = self.ready.borrow_mut().drain(..).collect();
+        for job in queued {
+            self.resume(Held::Own(job));
+        }
+        // What is in the inbox now, not what other threads keep sending.
+        for _ in 0..self.me().inbox.len() {
+            let Some(task) = self.pop_inbox() else {
+                break;
+            };
+            self.run_task(task);
         }
     }
 
