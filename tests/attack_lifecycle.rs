@@ -18,7 +18,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{eventually, finish, is_child, panic_message, run_child, started, with_deadline};
+use common::{
+    block_thread, eventually, finish, is_child, panic_message, run_child, started, with_deadline,
+};
 use fibra::{Fiber, FiberState, JoinHandle, ParkResult, Scheduler, SubmitError, Unparker};
 
 const CHILD_ENV: &str = "FIBRA_ATTACK_LIFECYCLE_CHILD";
@@ -31,17 +33,6 @@ struct Bomb;
 impl Drop for Bomb {
     fn drop(&mut self) {
         panic!("bomb");
-    }
-}
-
-/// Blocks the whole thread (never a fibra wait).
-fn block_thread(d: Duration) {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        std::hint::spin_loop();
-        thread::sleep(
-            Duration::from_micros(200).min(end.saturating_duration_since(Instant::now())),
-        );
     }
 }
 

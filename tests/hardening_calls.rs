@@ -332,7 +332,7 @@ fn a_worker_late_for_the_cancellation_still_delivers_it_before_abandoning() {
             .submit(
                 move || {
                     running.send(()).unwrap();
-                    std::thread::sleep(Duration::from_millis(1600));
+                    common::block_thread(Duration::from_millis(1600));
                 },
                 None,
             )

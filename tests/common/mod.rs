@@ -246,3 +246,26 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Blocks the whole thread for `d`, inside a fiber too, and also with the `hook` feature,
+/// which parks a fiber in `nanosleep` (a raw system call is not hooked).
+pub fn block_thread(d: Duration) {
+    let end = Instant::now() + d;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        if left.is_zero() {
+            break;
+        }
+        let ts = libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: a valid timespec that outlives the call; no remainder is asked for.
+        unsafe {
+            libc::syscall(
+                libc::SYS_nanosleep,
+                &ts as *const libc::timespec,
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
+    }
+}
