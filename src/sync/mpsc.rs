@@ -428,6 +428,11 @@ impl<T> Chan<T> {
 /// for a rendezvous channel, straight from the first blocked sender.
 fn take_message<T>(st: &mut Guard<'_, State<T>>) -> Option<T> {
     let (st, wakes) = st.parts();
+    if st.bound.is_none() {
+        // Unbounded: no sender ever blocks, no select waits to send (its send completes at
+        // once), nothing is offered.
+        return st.buffer.pop_front();
+    }
     let msg = st.buffer.pop_front();
     if msg.is_some() || !st.senders.is_empty() {
         // Room for a select's send.
@@ -549,8 +554,11 @@ impl<T> Receiver<T> {
         if st.senders_gone {
             return Err(RecvTimeoutError::Disconnected);
         }
-        // A waiting receiver takes a select's send on a rendezvous channel.
-        st.notify(|s| &s.tx_watch);
+        // A waiting receiver takes a select's send on a rendezvous channel (on any other,
+        // an empty buffer already had room for it).
+        if st.bound == Some(0) {
+            st.notify(|s| &s.tx_watch);
+        }
         let slot = UnsafeCell::new(None);
         match wait(
             st,
