@@ -5,8 +5,9 @@
 //! at every pass of its loop), 1 024 fibers per pass, between two fibers it runs: the
 //! workers answer independently, so the scheduler never stops as a whole, and no worker
 //! pauses its fibers for longer than one chunk takes (the dump reports the longest pause
-//! per worker). A worker stuck in a fiber that never suspends cannot answer: after a
-//! patience of [`DUMP_PATIENCE`] the dump reports it with the fiber it is stuck in.
+//! per worker). The dump waits for a worker as long as its loop moves. A worker stuck in a
+//! fiber that never suspends cannot answer: once its loop has stood still for
+//! [`DUMP_PATIENCE`] the dump reports it with the fiber it is stuck in.
 
 use crate::fiber::FiberId;
 use crate::metrics::Grouped;
@@ -47,8 +48,9 @@ impl DumpRequest {
     }
 }
 
-/// How long [`Scheduler::dump`](crate::Scheduler::dump) waits for a worker's answer before
-/// it reports the worker as busy (stuck in one fiber).
+/// How long [`Scheduler::dump`](crate::Scheduler::dump) waits for the answer of a worker
+/// whose loop does not move before it reports the worker as busy (stuck in one fiber); a
+/// worker whose loop moves is waited for until it has listed all its fibers.
 pub const DUMP_PATIENCE: Duration = Duration::from_millis(100);
 
 /// What a parked fiber waits for, recorded when it parks.
@@ -203,8 +205,8 @@ impl WorkerAnswer {
     }
 
     /// The longest the worker paused its fibers to answer (it lists them in chunks of 1 024,
-    /// one chunk between two fibers); `None` if it did not answer within [`DUMP_PATIENCE`]
-    /// (it was stuck in one fiber). A `use_caller` worker 0 that no thread drives is read
+    /// one chunk between two fibers); `None` if it did not answer and its loop stood still for
+    /// [`DUMP_PATIENCE`] (it was stuck in one fiber). A `use_caller` worker 0 that no thread drives is read
     /// by the dumping thread instead, in one go.
     pub fn pause(&self) -> Option<Duration> {
         self.pause

@@ -520,6 +520,67 @@ fn a_worker_stuck_in_a_fiber_is_reported_by_the_dump() {
     });
 }
 
+/// A worker with many parked fibers and one that computes for 5 ms between yields (not a
+/// hog) needs many chunks, one per pass, to list them: the dump waits for it as long as its
+/// loop moves, and lists every fiber (it used to give up after 100 ms and list none).
+#[test]
+fn a_dump_waits_for_a_worker_that_answers_slowly_but_moves() {
+    with_deadline(|| {
+        const N: usize = 50_000;
+        let s = Arc::new(
+            Scheduler::builder()
+                .threads(1)
+                .stack_size(fibra::MIN_STACK_SIZE)
+                .build()
+                .unwrap(),
+        );
+        s.start();
+        let unparkers = Arc::new(std::sync::Mutex::new(Vec::with_capacity(N)));
+        for _ in 0..N {
+            let u = unparkers.clone();
+            drop(s.spawn(move || fibra::park(|x| u.lock().unwrap().push(x))));
+        }
+        wait_until("all parked", || unparkers.lock().unwrap().len() == N);
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let cruncher = s
+            .task()
+            .name("polite-cruncher")
+            .submit(
+                move || {
+                    while !st.load(Ordering::SeqCst) {
+                        common::block_thread(Duration::from_millis(5));
+                        fibra::Fiber::yield_now();
+                    }
+                },
+                None,
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let d = s.dump();
+        stop.store(true, Ordering::SeqCst);
+        let w = &d.workers()[0];
+        assert!(
+            w.pause().is_some() && w.stuck_in().is_none(),
+            "{:?}",
+            w.pause()
+        );
+        assert_eq!(
+            d.fibers().len(),
+            N + 1,
+            "listed {} of {}",
+            d.fibers().len(),
+            N + 1
+        );
+        finish(cruncher);
+        for u in unparkers.lock().unwrap().drain(..) {
+            u.unpark();
+        }
+        wait_until("drained", || s.metrics().live_tasks() == 0);
+        s.stop();
+    });
+}
+
 #[test]
 fn use_caller_worker_0_is_listed_while_not_driven() {
     with_deadline(|| {

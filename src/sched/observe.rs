@@ -27,9 +27,12 @@ impl Scheduler {
     ///
     /// Each worker lists its own fibers, 1 024 at a time between two fibers it runs, so the
     /// scheduler never stops as a whole and no worker stops for long (about 0.1 ms per
-    /// chunk; the dump reports each worker's longest pause). A worker stuck in a fiber that never suspends
-    /// cannot answer: after [`DUMP_PATIENCE`] (100 ms) it is reported with that fiber, and
-    /// its other fibers are missing from the dump.
+    /// chunk; the dump reports each worker's longest pause). The dump waits for a worker as
+    /// long as its loop moves, so a worker with a million fibers, or one whose fibers each
+    /// run a while before they suspend, is listed in full, in as many passes as it takes. A
+    /// worker stuck in a fiber that never suspends cannot answer: once its loop has not
+    /// moved for [`DUMP_PATIENCE`] (100 ms) it is reported with that fiber, and its other
+    /// fibers are missing from the dump.
     ///
     /// Callable from any thread and from a fiber (of this scheduler too: the fiber waits for
     /// the answers, and is listed as running). On a scheduler that is not running (not
@@ -75,17 +78,36 @@ impl Scheduler {
             }
         }
         drop(req);
-        let deadline = Instant::now() + DUMP_PATIENCE;
+        // A worker is waited for as long as its loop moves (listing many fibers, a chunk per
+        // pass, between fibers that each run a while, takes as long as it takes); one whose
+        // loop has not moved for `DUMP_PATIENCE` is stuck in a fiber, and given up on.
+        let mut seen: Vec<(u32, Instant)> = progress.iter().map(|&p| (p, start)).collect();
         while pending > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match answers.recv_timeout(left) {
+            match answers.recv_timeout(DUMP_PATIENCE / 10) {
                 Ok((i, entries, pause, work)) => {
                     if got[i].is_none() {
                         pending -= 1;
                     }
                     got[i] = Some((entries, pause, work));
                 }
-                Err(_) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let now = Instant::now();
+                    let mut waiting = false;
+                    for (i, w) in sh.workers.iter().enumerate() {
+                        if got[i].is_some() {
+                            continue;
+                        }
+                        let p = w.progress();
+                        if p != seen[i].0 {
+                            seen[i] = (p, now);
+                        }
+                        waiting |= now.duration_since(seen[i].1) < DUMP_PATIENCE;
+                    }
+                    if !waiting {
+                        break;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
         for (i, answer) in got.into_iter().enumerate() {
@@ -106,7 +128,7 @@ impl Scheduler {
                     dump.fibers.extend(entries);
                 }
                 None => {
-                    let stuck = stuck_fiber(w, i, progress[i]);
+                    let stuck = stuck_fiber(w, i, seen[i].0);
                     dump.workers.push(WorkerAnswer {
                         index: i,
                         fibers: usize::from(stuck.is_some()),

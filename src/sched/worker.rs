@@ -1193,8 +1193,15 @@ impl Worker {
         if tick.is_multiple_of(TIMER_INTERVAL) {
             self.fire_timers();
             self.every_few_passes(tick);
-        } else if self.timers_capped.get() {
-            self.fire_timers();
+        } else {
+            if self.timers_capped.get() {
+                self.fire_timers();
+            }
+            if self.dumping.get() {
+                // A dump in progress takes a chunk at every pass, so that a worker running
+                // fibers that each take a while still answers within a few of them per chunk.
+                self.dump_step();
+            }
         }
         if tick.is_multiple_of(IO_POLL_INTERVAL) {
             poll_io_now();
@@ -1273,8 +1280,8 @@ impl Worker {
                 .all(|w| w.stats.0.fibers.get() + 1 >= mine)
     }
 
-    /// The chores of every `TIMER_INTERVAL`-th pass: the next chunk of a dump in progress,
-    /// every `CLOCK_INTERVAL` ticks the coarse clock and the ready gauge, and the look for a
+    /// The chores of every `TIMER_INTERVAL`-th pass: the next chunk of a dump in progress
+    /// (the other passes take one too), every `CLOCK_INTERVAL` ticks the coarse clock and the ready gauge, and the look for a
     /// peer waiting for this worker's CPU (`cede_cpu`).
     #[inline]
     fn every_few_passes(&self, tick: u32) {
