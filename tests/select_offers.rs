@@ -206,7 +206,12 @@ fn twelve_arms_of_mixed_kinds_complete_exactly_one_and_conserve_messages() {
                         };
                         let r = match n % 5 {
                             0 => f5.send(m).map_err(|e| e.0),
-                            1 => f6.send(m).map_err(|e| e.0),
+                            // Never a blocking send: once the selects are done, nothing
+                            // drains the bounded channel, and the feeder must see `stop`.
+                            1 => f6.try_send(m).map_err(|e| match e {
+                                mpsc::TrySendError::Full(m)
+                                | mpsc::TrySendError::Disconnected(m) => m,
+                            }),
                             2 => f7.send(m).map_err(|e| e.0),
                             3 => f8
                                 .send_timeout(m, Duration::from_millis(1))
