@@ -11,7 +11,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::FromRawFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -611,12 +611,9 @@ fn fs_on_a_closed_descriptor_is_an_error() {
     with_deadline(|| {
         let sched = started(1);
         let r = sched.block_on(|| {
-            let fd = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
-            // SAFETY: closing the descriptor we own; the number stays unused below (this test
-            // opens nothing meanwhile on this thread... other threads may, so we only make
-            // calls that cannot harm another file: fstat, read into a buffer, fsync).
-            unsafe { libc::close(fd) };
-            // SAFETY: deliberately a closed descriptor; the File is forgotten, never closed.
+            // A number above any descriptor table this process can have: never open, and
+            // never reused by another thread (a closed low number could be, by a parallel test).
+            let fd = libc::c_int::MAX - 1;
             let std_file = unsafe { std::fs::File::from_raw_fd(fd) };
             let f = fibra::fs::File::from(std_file);
             let meta = f.metadata().map(|_| ()).map_err(|e| e.raw_os_error());

@@ -24,7 +24,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{eventually, finish, with_deadline, Counted};
+use common::{block_thread, eventually, finish, with_deadline, Counted};
 use fibra::exec::{Executor, Looper, ThreadPool};
 use fibra::{park, JoinHandle, Scheduler, Unparker};
 
@@ -601,23 +601,6 @@ fn worker_survives_a_detached_panic_payload_whose_drop_panics() {
 
 /// A task that holds its worker's thread (never suspends) for `hold`, telling `started`
 /// when it begins.
-/// Sleeps the whole thread, even in a fiber with the `hook` feature on (where
-/// `thread::sleep` would park only the fiber): the raw system call is never hooked.
-fn block_thread(d: Duration) {
-    let ts = libc::timespec {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a live timespec; a null remainder is allowed.
-    unsafe {
-        libc::syscall(
-            libc::SYS_nanosleep,
-            &ts,
-            std::ptr::null_mut::<libc::timespec>(),
-        )
-    };
-}
-
 fn hog(started: mpsc::Sender<()>, hold: Duration) -> impl FnOnce() -> u32 + Send + 'static {
     move || {
         let _ = started.send(());
