@@ -507,7 +507,12 @@ impl Header {
             let waker = joiners.waker.take();
             drop(g);
             if let Some(w) = waker {
-                w.wake();
+                // A waker whose `wake` panics (reported by the panic hook) must not unwind
+                // into whoever completed the task: a worker, which would die, or the code
+                // that failed it, which would skip its own bookkeeping.
+                crate::join::drop_catching(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                    || w.wake(),
+                )));
             }
         }
     }

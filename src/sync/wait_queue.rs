@@ -179,12 +179,23 @@ impl Wakeups {
 }
 
 /// [`Wakeups::unpark`] with more than one. An unparker that panics (a waker's `wake`)
-/// drops the ones after it without unparking them.
+/// does not keep the ones after it from being unparked: its panic goes on once they all
+/// are (a later panic, reported by the panic hook like the first, goes no further).
 #[cold]
 #[inline(never)]
 fn unpark_all(first: Option<Unparker>, rest: Vec<Unparker>) {
+    let mut panicked = None;
     for u in first.into_iter().chain(rest) {
-        u.unpark_owned();
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| u.unpark_owned()))
+        {
+            match panicked {
+                None => panicked = Some(p),
+                Some(_) => crate::join::drop_catching(p),
+            }
+        }
+    }
+    if let Some(p) = panicked {
+        std::panic::resume_unwind(p);
     }
 }
 
