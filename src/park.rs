@@ -407,7 +407,13 @@ impl Drop for NextGeneration<'_> {
 }
 
 fn block_thread(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
-    let slot = SLOT.with(Arc::clone);
+    // A thread-local destructor may wait after this thread's slot is gone: a slot of its
+    // own then, for this one wait.
+    let slot = SLOT.try_with(Arc::clone).unwrap_or_else(|_| {
+        Arc::new(ThreadSlot {
+            word: AtomicU32::new(IDLE),
+        })
+    });
     // Only this thread writes the word while it is IDLE, so a plain store is enough.
     let gen = slot.word.load(Ordering::Relaxed) >> STATE_BITS;
     let parked = (gen << STATE_BITS) | PARKED;

@@ -424,7 +424,12 @@ impl Fiber {
         crate::stack::overflow::ensure_alt_stack();
         let size = crate::sched::check_stack_size(stack_size)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let stack = STANDALONE_STACKS.with(|p| p.borrow_mut().take(size))?;
+        // A fiber made in a thread-local destructor, after this thread's pool is gone, takes
+        // its stack from the process's (and `recycle` gives it back there).
+        let stack = match STANDALONE_STACKS.try_with(|p| p.borrow_mut().take(size)) {
+            Ok(stack) => stack?,
+            Err(_) => StackPool::default().take(size)?,
+        };
         let mut meta = Box::new(FiberMeta::new(FiberId::next(), name, None));
         meta.set_stack(&stack);
         let meta_ptr: *const FiberMeta = &*meta;

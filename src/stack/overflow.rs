@@ -64,8 +64,11 @@ impl Drop for AltStack {
 
 /// Makes sure this thread has an alternate signal stack, so the handler can run while the
 /// fiber stack is exhausted. std gives one to the threads it spawns; foreign threads may lack it.
+///
+/// A thread whose record of it is already destroyed (a thread-local destructor makes a
+/// fiber) keeps the alternate stack it has, if any.
 pub(crate) fn ensure_alt_stack() {
-    ALT_STACK.with(|alt| {
+    let _ = ALT_STACK.try_with(|alt| {
         if alt.mapping.get() != 0 {
             return;
         }
