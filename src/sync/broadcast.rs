@@ -90,13 +90,18 @@ const TAKE_AT_ONCE: usize = 16;
 /// ```
 ///
 /// # Panics
-/// If `capacity` is 0 (as tokio's).
+/// If `capacity` is 0 (as tokio's), or if its ring (allocated at once, a few words per
+/// message) cannot be allocated.
 pub fn channel<T: Clone>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     assert!(capacity > 0, "broadcast channel capacity cannot be zero");
-    let ring = (0..capacity).map(|_| Entry { rem: 0, msg: None }).collect();
+    let mut ring = Vec::new();
+    if ring.try_reserve_exact(capacity).is_err() {
+        panic!("broadcast channel capacity {capacity}: cannot allocate its ring");
+    }
+    ring.extend((0..capacity).map(|_| Entry { rem: 0, msg: None }));
     let chan = Arc::new(Chan {
         state: Lock::new(State {
-            ring,
+            ring: ring.into_boxed_slice(),
             tail: 0,
             senders: 1,
             receivers: 1,
