@@ -1,5 +1,6 @@
 //! `fibra::net::unix`: stream and datagram round trips over filesystem paths, abstract names
-//! and socket pairs; timeouts; shutdown waking a blocked reader; a full datagram queue —
+//! and socket pairs; timeouts; shutdown waking a blocked reader (of a stream and of a
+//! datagram socket); a full datagram queue —
 //! each case with fibers and again with plain threads.
 
 mod common;
@@ -168,6 +169,93 @@ fn stream_timeout_and_shutdown(actors: &Actors) {
 #[test]
 fn unix_stream_timeout_and_shutdown_wake() {
     fibers_and_threads(1, stream_timeout_and_shutdown);
+}
+
+/// A datagram socket's receive side shut down: its receives return nothing at once, as std's
+/// blocking ones do, and a receiver parked before the shutdown (made here or, on the raw fd,
+/// by another thread) wakes with it. (Its non-blocking receive still says `WouldBlock`: a
+/// retry loop that only waited for readiness again would wait for ever.)
+fn datagram_shutdown(actors: &Actors) {
+    let (a, _b) = UnixDatagram::pair().expect("pair");
+    a.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    a.shutdown(Shutdown::Read).expect("shutdown");
+    let start = Instant::now();
+    let mut buf = [0u8; 8];
+    assert_eq!(a.recv(&mut buf).map_err(|e| e.kind()), Ok(0));
+    assert_eq!(a.peek(&mut buf).map_err(|e| e.kind()), Ok(0));
+    let (n, from) = a.recv_from(&mut buf).expect("recv_from");
+    assert_eq!((n, from.is_unnamed()), (0, true));
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+
+    for raw in [false, true] {
+        let (c, _d) = UnixDatagram::pair().expect("pair");
+        let c = Arc::new(c);
+        let c2 = c.clone();
+        let reader = actors.spawn(move || c2.recv(&mut [0u8; 8]).map_err(|e| e.kind()));
+        fibra::sleep(Duration::from_millis(50));
+        if raw {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&*c);
+            std::thread::spawn(move || {
+                // SAFETY: shutting down a socket `c` keeps open until the reader is joined.
+                assert_eq!(unsafe { libc::shutdown(fd, libc::SHUT_RD) }, 0);
+            })
+            .join()
+            .unwrap();
+        } else {
+            c.shutdown(Shutdown::Read).expect("shutdown");
+        }
+        assert_eq!(reader.join(), Ok(0), "shut down by a raw call: {raw}");
+    }
+}
+
+#[test]
+fn unix_datagram_shut_down_receives_nothing_at_once() {
+    fibers_and_threads(1, datagram_shutdown);
+}
+
+/// The same on plain threads in a process that never ran a scheduler, so no poller reports
+/// the shutdown: the waiting thread's own `poll` must say it.
+#[test]
+fn unix_datagram_shut_down_by_a_raw_call_wakes_a_thread_with_no_scheduler_around() {
+    let (status, err) = common::run_child(CHILD_ENV, "child_raw_shutdown_no_scheduler");
+    assert!(
+        status.success() && err.contains("CHILD OK"),
+        "{status:?}\n{err}"
+    );
+}
+
+const CHILD_ENV: &str = "FIBRA_NET_UNIX_CHILD";
+
+#[test]
+#[ignore = "child of unix_datagram_shut_down_by_a_raw_call_wakes_a_thread_with_no_scheduler_around"]
+fn child_raw_shutdown_no_scheduler() {
+    if !common::is_child(CHILD_ENV, "child_raw_shutdown_no_scheduler") {
+        return;
+    }
+    let (c, _d) = UnixDatagram::pair().expect("pair");
+    let c = Arc::new(c);
+    let c2 = c.clone();
+    let reader = std::thread::spawn(move || c2.recv(&mut [0u8; 8]).map_err(|e| e.kind()));
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: shutting down a socket `c` keeps open.
+    assert_eq!(
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&*c), libc::SHUT_RD) },
+        0
+    );
+    let start = Instant::now();
+    while !reader.is_finished() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        reader.is_finished(),
+        "the reader still waits 20 s after the shutdown"
+    );
+    assert_eq!(reader.join().unwrap(), Ok(0));
+    eprintln!("CHILD OK");
 }
 
 fn datagram_round_trip(actors: &Actors) {

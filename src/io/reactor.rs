@@ -38,6 +38,11 @@ pub(crate) const READABLE: u32 = 1;
 pub(crate) const WRITABLE: u32 = 2;
 /// The peer hung up or the socket failed: wakes waiters of either direction.
 pub(crate) const CLOSED: u32 = 4;
+/// The receive side is shut down (`EPOLLRDHUP`), for good: kept when readiness is cleared.
+/// It comes with `READABLE`. A stream's reads then return end-of-file; a datagram socket's
+/// non-blocking ones still fail with `EAGAIN` where a blocking one returns 0, which the
+/// `hook` feature's blocking emulation needs to know.
+pub(crate) const READ_SHUT: u32 = 8;
 
 /// The event `data` of the eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -198,7 +203,13 @@ impl IoRecord {
     pub(crate) fn wait(&self, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
         let scheduled = crate::fiber::in_scheduled_fiber();
         if !scheduled {
-            return poll_fd(self.fd, interest, deadline);
+            let bits = poll_fd_bits(self.fd, interest, deadline)?;
+            // Kept for the retry loops (`READ_SHUT`), which may have no poller to tell them.
+            if bits & READ_SHUT != 0 {
+                self.readiness
+                    .fetch_or(u64::from(READ_SHUT), Ordering::AcqRel);
+            }
+            return Ok(());
         }
         let reactor = reactor();
         loop {
@@ -228,13 +239,12 @@ impl IoRecord {
             });
             if r == ParkResult::TimedOut {
                 self.waiters.lock().retain(|w| w.id != id);
-                if self.ready(interest) {
+                // The poller reports an fd registered (or made ready) just now only at its
+                // next look, which a short deadline may not wait for: the fd itself says.
+                if self.ready(interest) || poll_once(self.fd, interest, 0).is_ok_and(|b| b != 0) {
                     return Ok(());
                 }
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    "timed out waiting for the socket",
-                ));
+                return Err(timed_out());
             }
         }
     }
@@ -302,47 +312,77 @@ pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instan
     r != ParkResult::TimedOut || ready()
 }
 
-/// Blocks the thread until `fd` is ready for `interest`, or until `deadline`.
+/// Blocks the thread until `fd` is ready for `interest`, or until `deadline`. A deadline
+/// that has passed still looks once: an fd ready now is ready, whatever the time.
+#[cfg(feature = "hook")]
 pub(crate) fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
+    poll_fd_bits(fd, interest, deadline).map(drop)
+}
+
+/// [`poll_fd`], returning the readiness bits that `poll(2)` reported (`READ_SHUT` too, for
+/// a read).
+pub(crate) fn poll_fd_bits(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<u32> {
+    loop {
+        let timeout = match deadline {
+            None => -1,
+            // Rounded up so a sub-millisecond remainder does not spin.
+            Some(d) => (d.saturating_duration_since(Instant::now()).as_nanos())
+                .div_ceil(1_000_000)
+                .min(i32::MAX as u128) as i32,
+        };
+        match poll_once(fd, interest, timeout) {
+            Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => return Err(timed_out()),
+            Ok(0) => {}
+            Ok(bits) => return Ok(bits),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One `poll(2)` of `fd` for `interest` waiting at most `timeout` ms (-1: for ever): the
+/// readiness it reports, 0 if none. A hang-up or an error (whose call then reports it) is
+/// `CLOSED` with both directions.
+fn poll_once(fd: RawFd, interest: u32, timeout: i32) -> io::Result<u32> {
     let mut events = 0;
     if interest & READABLE != 0 {
-        events |= libc::POLLIN;
+        events |= libc::POLLIN | libc::POLLRDHUP;
     }
     if interest & WRITABLE != 0 {
         events |= libc::POLLOUT;
     }
-    loop {
-        let timeout = match deadline {
-            None => -1,
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WouldBlock,
-                        "timed out waiting for the socket",
-                    ));
-                }
-                // Round up so a sub-millisecond remainder does not spin.
-                (left.as_nanos().div_ceil(1_000_000)).min(i32::MAX as u128) as i32
-            }
-        };
-        let mut pfd = libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd on our stack.
-        let n = unsafe { real::poll(&mut pfd, 1, timeout) };
-        if n > 0 {
-            return Ok(());
-        }
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on our stack.
+    let n = unsafe { real::poll(&mut pfd, 1, timeout) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
     }
+    let (e, mut bits) = (pfd.revents, 0);
+    if e & libc::POLLIN != 0 {
+        bits |= READABLE;
+    }
+    if e & libc::POLLOUT != 0 {
+        bits |= WRITABLE;
+    }
+    if e & libc::POLLRDHUP != 0 {
+        bits |= READABLE | READ_SHUT;
+    }
+    if e & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        bits |= READABLE | WRITABLE | CLOSED;
+    }
+    Ok(bits)
+}
+
+/// The error of a wait whose deadline passed with the fd not ready.
+fn timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::WouldBlock,
+        "timed out waiting for the socket",
+    )
 }
 
 /// The process's epoll instance and record table.
@@ -484,7 +524,11 @@ impl Reactor {
             next_waiter: AtomicU64::new(0),
         });
         let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            events: (libc::EPOLLIN
+                | libc::EPOLLPRI
+                | libc::EPOLLOUT
+                | libc::EPOLLRDHUP
+                | libc::EPOLLET) as u32,
             u64: (u64::from(generation) << 32) | idx as u64,
         };
         // SAFETY: the epoll fd is ours; `ev` lives across the call; a bad `fd` is an error.
@@ -724,8 +768,9 @@ impl Reactor {
                 bits |= WRITABLE;
             }
             if e & libc::EPOLLRDHUP as u32 != 0 {
-                // The peer shut down its side: reads return end-of-file; writes still work.
-                bits |= READABLE;
+                // The peer shut down its side, or this side its receiving: reads return
+                // end-of-file; writes still work.
+                bits |= READABLE | READ_SHUT;
             }
             if e & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
                 // Hung up or failed: reads and writes both return at once (data, 0 or an

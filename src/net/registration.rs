@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-pub(crate) use crate::io::reactor::{READABLE, WRITABLE};
+pub(crate) use crate::io::reactor::{READABLE, READ_SHUT, WRITABLE};
 
 /// A socket's link to the reactor, made the first time the socket has to wait.
 ///
@@ -63,12 +63,46 @@ impl Registration {
         &self,
         interest: u32,
         deadline: Option<Instant>,
+        op: impl FnMut() -> io::Result<R>,
+    ) -> io::Result<R> {
+        self.io_or_shut(interest, deadline, op, None::<fn() -> io::Result<R>>)
+    }
+
+    /// [`io`](Registration::io) for a datagram socket's receive: once the socket's receive
+    /// side is shut down (by `shutdown`, here or on any thread), its non-blocking receive
+    /// still fails with `WouldBlock`, where a blocking one returns at once what `shut`
+    /// makes (0 bytes).
+    pub(crate) fn recv_datagram<R>(
+        &self,
+        deadline: Option<Instant>,
+        op: impl FnMut() -> io::Result<R>,
+        shut: impl FnOnce() -> io::Result<R>,
+    ) -> io::Result<R> {
+        crate::coop::spend();
+        self.io_or_shut(READABLE, deadline, op, Some(shut))
+    }
+
+    fn io_or_shut<R>(
+        &self,
+        interest: u32,
+        deadline: Option<Instant>,
         mut op: impl FnMut() -> io::Result<R>,
+        mut shut: Option<impl FnOnce() -> io::Result<R>>,
     ) -> io::Result<R> {
         loop {
             let seen = self.record.get().map(|r| r.snapshot());
             match op() {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if seen.is_some_and(|s| s as u32 & READ_SHUT != 0) {
+                        if let Some(shut) = shut.take() {
+                            return shut();
+                        }
+                    }
+                    // The wait found the socket ready at (or past) the deadline, and the
+                    // call still would block: time is up.
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(e);
+                    }
                     let record = self.record()?;
                     // Nothing seen before the call means the record is new: nothing to clear.
                     if let Some(seen) = seen {
@@ -285,17 +319,26 @@ macro_rules! datagram_recv {
         impl $T {
             /// Receives one datagram from the connected peer into `buf` (the excess of a
             /// longer datagram is discarded); returns its length.
+            ///
+            /// Once the socket's receive side is shut down, returns 0 at once, as std's does.
             pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-                self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-                    self.inner.recv(buf)
-                })
+                self.reg.recv_datagram(
+                    self.timeouts.read_deadline(),
+                    || self.inner.recv(buf),
+                    || Ok(0),
+                )
             }
 
             /// Receives one datagram into `buf`; returns its length and its sender.
+            ///
+            /// Once the socket's receive side is shut down, returns at once what std's does
+            /// then (the kernel's empty receive, which names no sender).
             pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, $Addr)> {
-                self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-                    self.inner.recv_from(buf)
-                })
+                self.reg.recv_datagram(
+                    self.timeouts.read_deadline(),
+                    || self.inner.recv_from(buf),
+                    || self.shut_recv_from(),
+                )
             }
         }
     };

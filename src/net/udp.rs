@@ -1,7 +1,7 @@
 //! [`UdpSocket`]: std's UDP API, waiting in the reactor instead of the kernel.
 
 use super::addr::{resolve, resolve_first, ToSocketAddrs};
-use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
+use super::registration::{Registration, Timeouts, WRITABLE};
 use super::tcp::fd_traits;
 use nix::sys::socket::SockaddrStorage;
 use std::io;
@@ -84,16 +84,30 @@ impl UdpSocket {
 
     /// Like [`recv`](UdpSocket::recv), but leaves the datagram queued.
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            self.inner.peek(buf)
-        })
+        self.reg.recv_datagram(
+            self.timeouts.read_deadline(),
+            || self.inner.peek(buf),
+            || Ok(0),
+        )
     }
 
     /// Like [`recv_from`](UdpSocket::recv_from), but leaves the datagram queued.
     pub fn peek_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
-        self.reg.io(READABLE, self.timeouts.read_deadline(), || {
-            self.inner.peek_from(buf)
-        })
+        self.reg.recv_datagram(
+            self.timeouts.read_deadline(),
+            || self.inner.peek_from(buf),
+            || self.shut_recv_from(),
+        )
+    }
+
+    /// What std's blocking `recv_from` returns once the receive side is shut down (by
+    /// `shutdown(2)` on the fd: std's UDP socket has no method for it): the kernel's empty
+    /// receive names no sender, which std refuses.
+    fn shut_recv_from(&self) -> io::Result<(usize, SocketAddr)> {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the socket's receive side is shut down: no datagram, no sender",
+        ))
     }
 
     /// The address this socket is bound to.

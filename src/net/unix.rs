@@ -28,7 +28,7 @@
 //! echo.join().unwrap();
 //! ```
 
-use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
+use super::registration::{Registration, Timeouts, READABLE, READ_SHUT, WRITABLE};
 use super::tcp::{fd_traits, stream_io};
 use nix::errno::Errno;
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
@@ -267,9 +267,9 @@ timed_socket!(UnixStream, stdunix::UnixStream);
 
 fn shutdown_bits(how: Shutdown) -> u32 {
     match how {
-        Shutdown::Read => READABLE,
+        Shutdown::Read => READABLE | READ_SHUT,
         Shutdown::Write => WRITABLE,
-        Shutdown::Both => READABLE | WRITABLE,
+        Shutdown::Both => READABLE | READ_SHUT | WRITABLE,
     }
 }
 
@@ -405,6 +405,14 @@ impl UnixDatagram {
 }
 
 datagram_recv!(UnixDatagram, SocketAddr);
+
+impl UnixDatagram {
+    /// What std's blocking `recv_from` returns once the receive side is shut down: no bytes,
+    /// from an unnamed address (the kernel's empty receive names none).
+    fn shut_recv_from(&self) -> io::Result<(usize, SocketAddr)> {
+        Ok((0, stdunix::UnixDatagram::unbound()?.local_addr()?))
+    }
+}
 timed_socket!(UnixDatagram, stdunix::UnixDatagram);
 
 fd_traits!(UnixListener, stdunix::UnixListener);
@@ -418,7 +426,11 @@ fn peek(
     fd: std::os::fd::RawFd,
     buf: &mut [u8],
 ) -> io::Result<usize> {
-    reg.io(READABLE, timeouts.read_deadline(), || {
-        Ok(nix::sys::socket::recv(fd, buf, MsgFlags::MSG_PEEK)?)
-    })
+    // A stream's receive never fails with `WouldBlock` once shut down: `shut` is for a
+    // datagram socket's.
+    reg.recv_datagram(
+        timeouts.read_deadline(),
+        || Ok(nix::sys::socket::recv(fd, buf, MsgFlags::MSG_PEEK)?),
+        || Ok(0),
+    )
 }
