@@ -5,8 +5,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 use super::{
-    active, cancelled, errno, fd, in_fiber, io, real, route, set_errno, Blocking, Ctx, Route, READ,
-    WRITE,
+    active, cancelled, errno, fd, in_fiber, io, peek_all, real, route, set_errno, Blocking, Ctx,
+    Route, READ, WRITE,
 };
 use crate::time::deadline_after;
 use libc::{
@@ -83,20 +83,49 @@ fn sock_io(
     io(fd, dir, whole, op)
 }
 
-/// The length a `MSG_WAITALL` receive waits for, or 0.
-fn wait_all(flags: c_int, n: size_t) -> usize {
-    if flags & libc::MSG_WAITALL != 0 {
+/// The length a `MSG_WAITALL` receive of `n` bytes waits for, or 0. The kernel honours the
+/// flag on stream sockets only: a datagram socket's receive returns one datagram.
+fn wait_all(fd: c_int, flags: c_int, n: size_t) -> usize {
+    if flags & libc::MSG_WAITALL != 0 && is_stream(fd) {
         n
     } else {
         0
     }
 }
 
+/// Whether `fd` is a stream socket (asked only for the rare `MSG_WAITALL`).
+fn is_stream(fd: c_int) -> bool {
+    let mut kind: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: `kind` and `len` are live and sized for SO_TYPE's int.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&raw mut kind).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && kind == libc::SOCK_STREAM
+}
+
+/// A receive: `MSG_PEEK` with `MSG_WAITALL` on a stream socket waits for `whole` bytes to
+/// peek ([`peek_all`], `op(0)` each time), else as [`sock_io`].
+#[inline(always)]
+fn recv_io(fd: c_int, flags: c_int, whole: usize, op: impl FnMut(usize) -> isize) -> isize {
+    if whole > 0 && flags & (libc::MSG_PEEK | libc::MSG_DONTWAIT) == libc::MSG_PEEK {
+        let mut op = op;
+        return peek_all(fd, whole, || op(0));
+    }
+    sock_io(fd, flags, READ, whole, op)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
-    sock_io(fd, flags, READ, wait_all(flags, n), |off| unsafe {
+    recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
         real::recv(fd, buf.cast::<u8>().add(off).cast(), n - off, flags)
     })
 }
@@ -110,8 +139,8 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
-    // SAFETY: the caller's arguments, passed on as they came.
-    sock_io(fd, flags, READ, wait_all(flags, n), |off| unsafe {
+    // SAFETY: the caller's arguments; `off` as in `recv`.
+    recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
         real::recvfrom(
             fd,
             buf.cast::<u8>().add(off).cast(),
@@ -125,10 +154,83 @@ pub unsafe extern "C" fn recvfrom(
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's arguments, passed on as they came.
-    sock_io(fd, flags, READ, 0, |_| unsafe {
-        real::recvmsg(fd, msg, flags)
+    let whole = if flags & libc::MSG_WAITALL != 0 {
+        // SAFETY: the caller's msghdr and its iovec array.
+        wait_all(fd, flags, unsafe { iov_total(msg) })
+    } else {
+        0
+    };
+    // SAFETY: the caller's arguments; past `off` bytes the call goes on in the rest of the
+    // caller's buffers, without the ancillary data the first part took.
+    recv_io(fd, flags, whole, |off| unsafe {
+        msg_from(msg, off, |m| real::recvmsg(fd, m, flags))
     })
+}
+
+/// The total length of `msg`'s buffers (saturating: the kernel refuses more than it can
+/// count).
+///
+/// # Safety
+/// `msg` points to a valid msghdr whose `msg_iov` holds `msg_iovlen` iovecs.
+unsafe fn iov_total(msg: *const msghdr) -> usize {
+    // SAFETY: the caller's guarantee.
+    let m = unsafe { &*msg };
+    // SAFETY: as above.
+    unsafe { iovecs(m.msg_iov, m.msg_iovlen) }
+        .iter()
+        .fold(0usize, |t, v| t.saturating_add(v.iov_len))
+}
+
+/// The caller's iovec array as a slice (empty for a null one).
+///
+/// # Safety
+/// `iov` points to `n` valid iovecs, or `n` is 0.
+unsafe fn iovecs<'a>(iov: *const iovec, n: usize) -> &'a [iovec] {
+    if iov.is_null() || n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's guarantee.
+        unsafe { std::slice::from_raw_parts(iov, n) }
+    }
+}
+
+/// The buffers of `iov` past their first `off` bytes.
+fn iov_rest(iov: &[iovec], mut off: usize) -> Vec<iovec> {
+    let mut rest = Vec::with_capacity(iov.len());
+    for v in iov {
+        if off >= v.iov_len {
+            off -= v.iov_len;
+            continue;
+        }
+        rest.push(iovec {
+            // SAFETY: `off` is below this buffer's length, so the pointer stays inside it.
+            iov_base: unsafe { v.iov_base.cast::<u8>().add(off).cast() },
+            iov_len: v.iov_len - off,
+        });
+        off = 0;
+    }
+    rest
+}
+
+/// Calls `call` with `msg` itself (`off` 0), or with a copy whose buffers start `off` bytes
+/// on and which carries no ancillary data (that went with the first part; an address
+/// neither, a stream's peer being fixed).
+///
+/// # Safety
+/// `msg` points to a valid msghdr whose `msg_iov` holds `msg_iovlen` iovecs.
+unsafe fn msg_from(msg: *mut msghdr, off: usize, call: impl FnOnce(*mut msghdr) -> isize) -> isize {
+    if off == 0 {
+        return call(msg);
+    }
+    // SAFETY: the caller's guarantee.
+    let m = unsafe { &*msg };
+    // SAFETY: as above.
+    let mut rest = iov_rest(unsafe { iovecs(m.msg_iov, m.msg_iovlen) }, off);
+    // SAFETY: an all-zero msghdr is valid: no name, no control, no buffers yet.
+    let mut part: msghdr = unsafe { std::mem::zeroed() };
+    part.msg_iov = rest.as_mut_ptr();
+    part.msg_iovlen = rest.len();
+    call(&mut part)
 }
 
 #[no_mangle]
@@ -142,8 +244,19 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    // SAFETY: the caller's arguments, passed on as they came.
-    io(fd, WRITE, 0, |_| unsafe { real::writev(fd, iov, n) })
+    // SAFETY: the caller's array (a negative count is passed on for the kernel to refuse).
+    let bufs = unsafe { iovecs(iov, usize::try_from(n).unwrap_or(0)) };
+    let whole = bufs.iter().fold(0usize, |t, v| t.saturating_add(v.iov_len));
+    // A blocking write writes everything, as `write`: past `off` bytes the rest goes on.
+    io(fd, WRITE, whole, |off| {
+        if off == 0 {
+            // SAFETY: the caller's arguments, passed on as they came.
+            return unsafe { real::writev(fd, iov, n) };
+        }
+        let rest = iov_rest(bufs, off);
+        // SAFETY: buffers within the caller's, fewer than the caller's `n`.
+        unsafe { real::writev(fd, rest.as_ptr(), rest.len() as c_int) }
+    })
 }
 
 #[no_mangle]
@@ -179,9 +292,12 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's arguments, passed on as they came.
-    sock_io(fd, flags, WRITE, 0, |_| unsafe {
-        real::sendmsg(fd, msg, flags)
+    // SAFETY: the caller's msghdr and its iovec array.
+    let whole = unsafe { iov_total(msg) };
+    // SAFETY: the caller's arguments; a blocking send sends everything, as `send`: past
+    // `off` bytes the rest goes on, without the ancillary data the first part carried.
+    sock_io(fd, flags, WRITE, whole, |off| unsafe {
+        msg_from(msg.cast_mut(), off, |m| real::sendmsg(fd, m, flags))
     })
 }
 
@@ -217,7 +333,12 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                 revents: 0,
             };
             // SAFETY: one live pollfd.
-            if unsafe { real::poll(&mut p, 1, 0) } != 0 {
+            let n = unsafe { real::poll(&mut p, 1, 0) };
+            // A signal pending fails even this look with `EINTR`: look again.
+            if n < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            if n != 0 {
                 break;
             }
             if let Err(e) = b.wait(seen) {

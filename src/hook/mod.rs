@@ -23,11 +23,11 @@
 //! # What is hooked
 //! | calls | in a fiber with hooks on |
 //! |---|---|
-//! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`/`recvfrom` with `MSG_WAITALL` wait for the whole buffer |
-//! | `write`, `writev`, `send`, `sendto`, `sendmsg` | wait until writable (`SO_SNDTIMEO`); `write`, `send` and `sendto` on a blocking fd return only when all bytes went, as the kernel's do |
+//! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`, `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream socket wait for the whole buffer (with `MSG_PEEK` too: they peek it whole), as the kernel's do (a datagram socket's return one datagram); a datagram socket whose receive side is shut down returns 0 at once |
+//! | `write`, `writev`, `send`, `sendto`, `sendmsg` | wait until writable (`SO_SNDTIMEO`); on a blocking fd they return only when all bytes went, as the kernel's do (`sendmsg`'s ancillary data goes with the first part) |
 //! | `connect` | waits for the connection (`SO_SNDTIMEO`: `EINPROGRESS` at the timeout, as Linux does) |
 //! | `accept`, `accept4` | wait for a connection (`SO_RCVTIMEO`) |
-//! | `poll`, `ppoll` (without a signal mask), `select` | park until an fd is ready or the timeout passes; a zero timeout is the real call |
+//! | `poll`, `ppoll` (without a signal mask), `select` | park until an fd is ready (`POLLPRI` and `select`'s exception set: urgent data too) or the timeout passes; a zero timeout is the real call |
 //! | `sleep`, `usleep`, `nanosleep`, `clock_nanosleep` (relative and `TIMER_ABSTIME`, realtime, monotonic and boottime clocks) | [`crate::sleep`]: std's `thread::sleep` uses `nanosleep` |
 //! | `getaddrinfo` | runs on fibra's blocking pool ([`unblock`](crate::unblock())) |
 //! | `close` | wakes fibers waiting on the fd (they fail with `EBADF`), forgets it in the reactor |
@@ -66,7 +66,20 @@
 //!   hooked calls that would wait fail the same way, and the cancellation is raised at the
 //!   fiber's next suspension in fibra's own code.
 //! - **Shared open files.** A socket or pipe inherited from another process, or passed over a
-//!   Unix socket, is switched like any other: the other process sees the mode change.
+//!   Unix socket, is switched like any other: the other process sees the mode change. The
+//!   switch is made to the open file, which every duplicate of the fd shares, while the
+//!   user's blocking mode is kept per fd number:
+//!   - a duplicate made *after* the switch (`dup`, `try_clone`) gets the user's mode of the
+//!     original, but setting `O_NONBLOCK` through one of them afterwards changes that fd's
+//!     view only, where the kernel's flag would change both;
+//!   - an fd received over `SCM_RIGHTS` whose open file fibra already switched (here or in
+//!     another process) looks non-blocking by the user's choice: its calls fail with `EAGAIN`
+//!     instead of waiting;
+//!   - a plain thread already inside a real blocking call on the fd when a fiber switches it
+//!     goes on waiting, but if a signal handler with `SA_RESTART` interrupts that call, the
+//!     kernel restarts it in non-blocking mode and it fails with `EAGAIN`.
+//!
+//!   Keep an fd to one process, and its duplicates to one view of its blocking mode.
 //! - An fd closed behind the hooks' back (by a shared library) keeps its slot until its number
 //!   is reused by a hooked call that creates fds, or closed by the hooked `close`.
 //!
@@ -95,7 +108,7 @@ pub(crate) mod real;
 mod wait;
 
 use crate::fiber::{current_meta, Cancelled, FiberMeta};
-use crate::io::reactor::{poll_fd, IoRecord};
+use crate::io::reactor::{poll_fd, poll_fd_bits, IoRecord, READ_SHUT};
 use crate::time::deadline_after;
 use std::os::raw::c_int;
 use std::panic::AssertUnwindSafe;
@@ -237,6 +250,9 @@ struct Blocking {
     /// Computed at the first wait: `Some(None)` means no timeout.
     deadline: Option<Option<Instant>>,
     generation: u32,
+    /// The receive side was seen shut down (`READ_SHUT`): a read that still fails with
+    /// `EAGAIN` is a datagram socket's, whose blocking read returns 0 then.
+    read_shut: bool,
 }
 
 impl Blocking {
@@ -249,6 +265,7 @@ impl Blocking {
             dir,
             deadline: None,
             generation: slot.generation(),
+            read_shut: false,
         }
     }
 
@@ -297,7 +314,9 @@ impl Blocking {
         let deadline = self.deadline();
         let interest = self.dir.interest;
         let Ctx::Fiber(meta) = self.ctx else {
-            return poll_fd(self.fd, interest, deadline).map_err(os_error);
+            let bits = poll_fd_bits(self.fd, interest, deadline).map_err(os_error)?;
+            self.read_shut |= bits & READ_SHUT != 0;
+            return Ok(());
         };
         if meta.hook_cancel.get() {
             return Err(libc::ECANCELED);
@@ -319,7 +338,17 @@ impl Blocking {
         if self.slot.generation() != self.generation {
             return Err(libc::EBADF);
         }
+        self.read_shut |= rec.snapshot() as u32 & READ_SHUT != 0;
         Ok(())
+    }
+
+    /// Whether a read that failed with `EAGAIN` (after the readiness `seen`, fibers only)
+    /// found the receive side shut down: a blocking read would have returned 0.
+    fn ended(&mut self, seen: &Option<(Arc<IoRecord>, u64)>) -> bool {
+        if let Some((_, bits)) = seen {
+            self.read_shut |= *bits as u32 & READ_SHUT != 0;
+        }
+        self.read_shut && self.dir.interest == READ.interest
     }
 
     /// Runs `op` (a non-blocking attempt: `-1` with `errno` on failure) until it does not
@@ -329,6 +358,14 @@ impl Blocking {
             let seen = self.before();
             let r = op();
             if r >= 0 || errno() != libc::EAGAIN {
+                return r;
+            }
+            if self.ended(&seen) {
+                return 0;
+            }
+            // A wait that found the fd ready at (or past) the timeout, and the call still
+            // would block: time is up (`errno` is the call's `EAGAIN`).
+            if matches!(self.deadline, Some(Some(d)) if Instant::now() >= d) {
                 return r;
             }
             if let Err(e) = self.wait(seen) {
@@ -353,12 +390,12 @@ enum Route {
 #[inline(always)]
 fn route(fd: c_int) -> Route {
     if let Some(meta) = active() {
-        if fd > 2 {
-            if let Some(slot) = fd::slot(fd) {
-                let state = slot.classify(fd);
-                if fd::Slot::waits(state) {
-                    return Route::Wait(Ctx::Fiber(meta), slot, state);
-                }
+        // The standard streams classify as passing through, unless a hooked fd was
+        // duplicated onto one (`Slot::classify`, `fd::duplicated`).
+        if let Some(slot) = fd::slot(fd) {
+            let state = slot.classify(fd);
+            if fd::Slot::waits(state) {
+                return Route::Wait(Ctx::Fiber(meta), slot, state);
             }
         }
         return Route::Pass;
@@ -378,7 +415,7 @@ fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> 
         Route::Pass => return op(0),
         Route::Wait(ctx, slot, state) => (ctx, slot, state),
     };
-    let mut call = |b: &mut Blocking| {
+    let call = |b: &mut Blocking| {
         let mut done = 0usize;
         loop {
             let r = b.run(|| op(done));
@@ -392,8 +429,13 @@ fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> 
             }
         }
     };
-    let mut b = Blocking::new(ctx, fd, slot, state, dir);
-    match ctx {
+    blocking(Blocking::new(ctx, fd, slot, state, dir), call)
+}
+
+/// Makes a blocking call `call` with `b`: in a fiber, with the hook's cancellation.
+#[inline(always)]
+fn blocking(mut b: Blocking, call: impl FnOnce(&mut Blocking) -> isize) -> isize {
+    match b.ctx {
         Ctx::Thread => call(&mut b),
         Ctx::Fiber(meta) => in_fiber(meta, cancelled, || {
             crate::coop::spend();
@@ -401,3 +443,43 @@ fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> 
         }),
     }
 }
+
+/// A `MSG_PEEK | MSG_WAITALL` receive of `whole` bytes on a stream socket: the kernel waits
+/// until that many are queued and copies them without taking them, so `op` peeks from the
+/// start every time, and a short peek waits for more data (or the timeout, end-of-file or
+/// an error, when what it saw is returned).
+pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -> isize {
+    let (ctx, slot, state) = match route(fd) {
+        Route::Pass => return op(),
+        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+    };
+    blocking(Blocking::new(ctx, fd, slot, state, READ), |b| loop {
+        let seen = b.before();
+        let r = op();
+        let short = r > 0 && (r as usize) < whole;
+        if !short && (r >= 0 || errno() != libc::EAGAIN) {
+            return r;
+        }
+        if !short && b.ended(&seen) {
+            return 0;
+        }
+        if short && matches!(b.ctx, Ctx::Thread) {
+            // `poll` says readable while any byte is queued: wait for more by the clock.
+            if b.deadline().is_some_and(|d| Instant::now() >= d) {
+                return r;
+            }
+            std::thread::sleep(PEEK_RETRY);
+            continue;
+        }
+        if let Err(e) = b.wait(seen) {
+            if short {
+                return r;
+            }
+            set_errno(e);
+            return -1;
+        }
+    })
+}
+
+/// How long a plain thread's short `MSG_PEEK | MSG_WAITALL` waits before it peeks again.
+const PEEK_RETRY: Duration = Duration::from_millis(1);

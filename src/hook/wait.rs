@@ -32,6 +32,11 @@ pub(super) fn poll(meta: &FiberMeta, fds: &mut [pollfd], deadline: Option<Instan
         let seen: Vec<u64> = watched.iter().map(|(r, _)| r.snapshot()).collect();
         // SAFETY: the caller's live array.
         let n = unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        // Even a poll that does not wait fails with `EINTR` when a signal is pending and
+        // nothing is ready; a hooked call in a fiber never reports that (module docs).
+        if n < 0 && super::errno() == libc::EINTR {
+            continue;
+        }
         if n != 0 {
             return n;
         }
