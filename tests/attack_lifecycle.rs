@@ -19,7 +19,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    block_thread, eventually, finish, is_child, panic_message, run_child, started, with_deadline,
+    block_thread, eventually, every_worker_runs, finish, is_child, named, panic_message, run_child,
+    started, with_deadline,
 };
 use fibra::{Fiber, FiberState, JoinHandle, ParkResult, Scheduler, SubmitError, Unparker};
 
@@ -45,24 +46,6 @@ fn threads_named(name: &str) -> usize {
             std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
         })
         .count()
-}
-
-fn named(threads: usize, name: &str) -> Scheduler {
-    let s = Scheduler::builder()
-        .threads(threads)
-        .name(name)
-        .build()
-        .unwrap();
-    s.start();
-    s
-}
-
-/// Every worker still runs a pinned task.
-fn every_worker_runs(sched: &Scheduler) {
-    for w in 0..sched.threads() {
-        let h = sched.submit(fibra::current_worker, Some(w)).unwrap();
-        assert_eq!(finish(h), Some(w), "worker {w} no longer runs tasks");
-    }
 }
 
 // =============================================================== panics and Drop bombs

@@ -130,6 +130,25 @@ pub fn is_child(env_key: &str, helper: &str) -> bool {
     std::env::var(env_key).is_ok_and(|h| h == helper)
 }
 
+/// A started scheduler with `threads` workers named `name`.
+pub fn named(threads: usize, name: &str) -> Scheduler {
+    let s = Scheduler::builder()
+        .threads(threads)
+        .name(name)
+        .build()
+        .unwrap();
+    s.start();
+    s
+}
+
+/// Every worker still runs a pinned task.
+pub fn every_worker_runs(sched: &Scheduler) {
+    for w in 0..sched.threads() {
+        let h = sched.submit(fibra::current_worker, Some(w)).unwrap();
+        assert_eq!(finish(h), Some(w), "worker {w} no longer runs tasks");
+    }
+}
+
 /// A started scheduler with `threads` workers.
 pub fn started(threads: usize) -> Scheduler {
     let sched = Scheduler::builder()
