@@ -160,10 +160,26 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     } else {
         0
     };
+    // SAFETY: the caller's msghdr.
+    let control = unsafe { ((*msg).msg_control, (*msg).msg_controllen) };
+    let mut ended = false;
     // SAFETY: the caller's arguments; past `off` bytes the call goes on in the rest of the
-    // caller's buffers, without the ancillary data the first part took.
+    // caller's buffers, with the caller's control buffer while no part filled it.
     recv_io(fd, flags, whole, |off| unsafe {
-        msg_from(msg, off, |m| real::recvmsg(fd, m, flags))
+        // The kernel's receive ends after a part that brought ancillary data (a Unix
+        // socket's fds): 0 ends the loop with what came.
+        if ended {
+            return 0;
+        }
+        msg_from(msg, off, Some(control), |part| {
+            let r = real::recvmsg(fd, part, flags);
+            if r > 0 && (*part).msg_controllen > 0 {
+                ended = true;
+                (*msg).msg_controllen = (*part).msg_controllen;
+                (*msg).msg_flags = (*part).msg_flags;
+            }
+            r
+        })
     })
 }
 
@@ -213,12 +229,18 @@ fn iov_rest(iov: &[iovec], mut off: usize) -> Vec<iovec> {
 }
 
 /// Calls `call` with `msg` itself (`off` 0), or with a copy whose buffers start `off` bytes
-/// on and which carries no ancillary data (that went with the first part; an address
-/// neither, a stream's peer being fixed).
+/// on and which carries `control` as its ancillary data buffer, or none (a send's went with
+/// the first part); no address (a stream's peer is fixed).
 ///
 /// # Safety
-/// `msg` points to a valid msghdr whose `msg_iov` holds `msg_iovlen` iovecs.
-unsafe fn msg_from(msg: *mut msghdr, off: usize, call: impl FnOnce(*mut msghdr) -> isize) -> isize {
+/// `msg` points to a valid msghdr whose `msg_iov` holds `msg_iovlen` iovecs; `control` is
+/// the caller's control buffer.
+unsafe fn msg_from(
+    msg: *mut msghdr,
+    off: usize,
+    control: Option<(*mut c_void, usize)>,
+    call: impl FnOnce(*mut msghdr) -> isize,
+) -> isize {
     if off == 0 {
         return call(msg);
     }
@@ -230,6 +252,10 @@ unsafe fn msg_from(msg: *mut msghdr, off: usize, call: impl FnOnce(*mut msghdr) 
     let mut part: msghdr = unsafe { std::mem::zeroed() };
     part.msg_iov = rest.as_mut_ptr();
     part.msg_iovlen = rest.len();
+    if let Some((buf, len)) = control {
+        part.msg_control = buf;
+        part.msg_controllen = len;
+    }
     call(&mut part)
 }
 
@@ -297,7 +323,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     // SAFETY: the caller's arguments; a blocking send sends everything, as `send`: past
     // `off` bytes the rest goes on, without the ancillary data the first part carried.
     sock_io(fd, flags, WRITE, whole, |off| unsafe {
-        msg_from(msg.cast_mut(), off, |m| real::sendmsg(fd, m, flags))
+        msg_from(msg.cast_mut(), off, None, |m| real::sendmsg(fd, m, flags))
     })
 }
 

@@ -23,7 +23,7 @@
 //! # What is hooked
 //! | calls | in a fiber with hooks on |
 //! |---|---|
-//! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`, `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream socket wait for the whole buffer (with `MSG_PEEK` too: they peek it whole), as the kernel's do (a datagram socket's return one datagram); a datagram socket whose receive side is shut down returns 0 at once |
+//! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`, `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream socket wait for the whole buffer (with `MSG_PEEK` too: they peek it whole), as the kernel's do (a datagram socket's return one datagram, and a receive ends with a part that brings ancillary data such as fds); a datagram socket whose receive side is shut down returns 0 at once |
 //! | `write`, `writev`, `send`, `sendto`, `sendmsg` | wait until writable (`SO_SNDTIMEO`); on a blocking fd they return only when all bytes went, as the kernel's do (`sendmsg`'s ancillary data goes with the first part) |
 //! | `connect` | waits for the connection (`SO_SNDTIMEO`: `EINPROGRESS` at the timeout, as Linux does) |
 //! | `accept`, `accept4` | wait for a connection (`SO_RCVTIMEO`) |
