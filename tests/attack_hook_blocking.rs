@@ -505,6 +505,38 @@ fn recvmsg_waitall_with_an_fd() -> (isize, usize, bool) {
     (n, fds, intact)
 }
 
+/// `sendmsg` and `recvmsg` (with and without `MSG_WAITALL`) given a null msghdr, on a socket
+/// a fiber has used: (result, errno) of each.
+fn null_msghdr() -> Vec<(isize, i32)> {
+    let (a, b) = UnixStream::pair().unwrap();
+    (&a).write_all(b"x").unwrap();
+    (&b).read_exact(&mut [0u8; 1]).unwrap();
+    let mut out = Vec::new();
+    for call in 0..3 {
+        // SAFETY: a null msghdr, which the kernel refuses with EFAULT.
+        let r = unsafe {
+            match call {
+                0 => libc::sendmsg(b.as_raw_fd(), std::ptr::null(), 0),
+                1 => libc::recvmsg(b.as_raw_fd(), std::ptr::null_mut(), 0),
+                _ => libc::recvmsg(b.as_raw_fd(), std::ptr::null_mut(), libc::MSG_WAITALL),
+            }
+        };
+        out.push((r, if r < 0 { errno() } else { 0 }));
+    }
+    out
+}
+
+#[test]
+fn a_null_msghdr_fails_with_efault() {
+    with_deadline(|| {
+        same_as_libc(
+            null_msghdr,
+            vec![(-1, libc::EFAULT); 3],
+            "sendmsg and recvmsg with a null msghdr",
+        );
+    });
+}
+
 /// Vectored socket calls carrying control data: a 4 MiB `sendmsg` with an fd goes whole,
 /// the fd once; a `recvmsg(MSG_WAITALL)` over two buffers waits past a first part and ends,
 /// as the kernel's does, with the part that brings an fd.

@@ -160,6 +160,10 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     } else {
         0
     };
+    if msg.is_null() {
+        // SAFETY: the caller's arguments, for the kernel to refuse (EFAULT).
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    }
     // SAFETY: the caller's msghdr.
     let control = unsafe { ((*msg).msg_control, (*msg).msg_controllen) };
     let mut ended = false;
@@ -184,11 +188,14 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 }
 
 /// The total length of `msg`'s buffers (saturating: the kernel refuses more than it can
-/// count).
+/// count); 0 for a null `msg`, which the kernel refuses.
 ///
 /// # Safety
-/// `msg` points to a valid msghdr whose `msg_iov` holds `msg_iovlen` iovecs.
+/// `msg` is null or points to a valid msghdr whose `msg_iov` holds `msg_iovlen` iovecs.
 unsafe fn iov_total(msg: *const msghdr) -> usize {
+    if msg.is_null() {
+        return 0;
+    }
     // SAFETY: the caller's guarantee.
     let m = unsafe { &*msg };
     // SAFETY: as above.
