@@ -938,6 +938,30 @@ fn poll_with_no_events_reports_a_hangup() {
     });
 }
 
+/// `select` for reading on `fds` (each below FD_SETSIZE) with a timeout of `secs` seconds.
+fn select_readable(fds: &[RawFd], secs: libc::time_t) -> i32 {
+    let n = fds.iter().max().map_or(0, |&fd| fd + 1);
+    // SAFETY: an fd set and a timeval on the stack; every fd is below FD_SETSIZE.
+    unsafe {
+        let mut rd: libc::fd_set = std::mem::zeroed();
+        libc::FD_ZERO(&mut rd);
+        for &fd in fds {
+            libc::FD_SET(fd, &mut rd);
+        }
+        let mut tv = libc::timeval {
+            tv_sec: secs,
+            tv_usec: 0,
+        };
+        libc::select(
+            n,
+            &mut rd,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut tv,
+        )
+    }
+}
+
 fn select_bad_fd() -> (i32, i32, bool) {
     let (a, _b) = UnixStream::pair().unwrap();
     // In a fiber the select registers its fds with the reactor, whose first registration
@@ -948,26 +972,8 @@ fn select_bad_fd() -> (i32, i32, bool) {
     // (select ignores fds past the fd table's size, so a high unused number will not do).
     let bad = c.as_raw_fd();
     drop(c);
-    let fd = a.as_raw_fd().max(bad);
     let t = Instant::now();
-    // SAFETY: fd sets on the stack; both fds < FD_SETSIZE.
-    let r = unsafe {
-        let mut rd: libc::fd_set = std::mem::zeroed();
-        libc::FD_ZERO(&mut rd);
-        libc::FD_SET(a.as_raw_fd(), &mut rd);
-        libc::FD_SET(bad, &mut rd);
-        let mut tv = libc::timeval {
-            tv_sec: 5,
-            tv_usec: 0,
-        };
-        libc::select(
-            fd + 1,
-            &mut rd,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut tv,
-        )
-    };
+    let r = select_readable(&[a.as_raw_fd(), bad], 5);
     let e = if r < 0 { errno() } else { 0 };
     (r, e, t.elapsed() < Duration::from_secs(4))
 }
@@ -1463,23 +1469,7 @@ fn child_signals_at_workers() {
                                     b
                                 });
                                 let fd = a.as_raw_fd();
-                                // SAFETY: fd sets on the stack.
-                                let r = unsafe {
-                                    let mut rd: libc::fd_set = std::mem::zeroed();
-                                    libc::FD_ZERO(&mut rd);
-                                    libc::FD_SET(fd, &mut rd);
-                                    let mut tv = libc::timeval {
-                                        tv_sec: 10,
-                                        tv_usec: 0,
-                                    };
-                                    libc::select(
-                                        fd + 1,
-                                        &mut rd,
-                                        std::ptr::null_mut(),
-                                        std::ptr::null_mut(),
-                                        &mut tv,
-                                    )
-                                };
+                                let r = select_readable(&[fd], 10);
                                 let e = errno();
                                 drop(w.join().unwrap());
                                 if r != 1 {

@@ -19,8 +19,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    block_thread, eventually, every_worker_runs, finish, is_child, named, panic_message, run_child,
-    started, with_deadline,
+    block_thread, eventually, every_worker_runs, finish, held_task, is_child, named, panic_message,
+    run_child, started, with_deadline,
 };
 use fibra::{Fiber, FiberState, JoinHandle, ParkResult, Scheduler, SubmitError, Unparker};
 
@@ -292,18 +292,7 @@ fn timeouts_of_zero_and_max_everywhere() {
         finish(h);
         // JoinHandle::wait_timeout(ZERO) on an unfinished task, MAX on one that finishes,
         // from a thread and from a fiber.
-        let (tx, rx) = mpsc::channel::<()>();
-        let slow = Arc::new(
-            sched
-                .submit(
-                    move || {
-                        let _ = fibra::unblock(move || rx.recv_timeout(BOUND));
-                        3
-                    },
-                    None,
-                )
-                .unwrap(),
-        );
+        let (tx, slow) = held_task(&sched, 3, BOUND);
         assert!(!slow.wait_timeout(Duration::ZERO));
         let s = slow.clone();
         let fiber_waiter = sched

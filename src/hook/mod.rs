@@ -108,7 +108,7 @@ pub(crate) mod real;
 mod wait;
 
 use crate::fiber::{current_meta, Cancelled, FiberMeta};
-use crate::io::reactor::{poll_fd, poll_fd_bits, IoRecord, READ_SHUT};
+use crate::io::reactor::{poll_fd, IoRecord, READ_SHUT};
 use crate::time::deadline_after;
 use std::os::raw::c_int;
 use std::panic::AssertUnwindSafe;
@@ -314,9 +314,7 @@ impl Blocking {
         let deadline = self.deadline();
         let interest = self.dir.interest;
         let Ctx::Fiber(meta) = self.ctx else {
-            let bits = poll_fd_bits(self.fd, interest, deadline).map_err(os_error)?;
-            self.read_shut |= bits & READ_SHUT != 0;
-            return Ok(());
+            return self.block_thread(deadline);
         };
         if meta.hook_cancel.get() {
             return Err(libc::ECANCELED);
@@ -331,7 +329,7 @@ impl Blocking {
             _ => match self.slot.register(self.fd) {
                 Ok(rec) => rec,
                 // The reactor cannot take it (no memory, no epoll): block the thread instead.
-                Err(_) => return poll_fd(self.fd, interest, deadline).map_err(os_error),
+                Err(_) => return self.block_thread(deadline),
             },
         };
         rec.wait(interest, deadline).map_err(|_| libc::EAGAIN)?;
@@ -339,6 +337,13 @@ impl Blocking {
             return Err(libc::EBADF);
         }
         self.read_shut |= rec.snapshot() as u32 & READ_SHUT != 0;
+        Ok(())
+    }
+
+    /// Waits in `poll(2)`, blocking the thread, and keeps what it says of the receive side.
+    fn block_thread(&mut self, deadline: Option<Instant>) -> Result<(), c_int> {
+        let bits = poll_fd(self.fd, self.dir.interest, deadline).map_err(os_error)?;
+        self.read_shut |= bits & READ_SHUT != 0;
         Ok(())
     }
 

@@ -203,7 +203,7 @@ impl IoRecord {
     pub(crate) fn wait(&self, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
         let scheduled = crate::fiber::in_scheduled_fiber();
         if !scheduled {
-            let bits = poll_fd_bits(self.fd, interest, deadline)?;
+            let bits = poll_fd(self.fd, interest, deadline)?;
             // Kept for the retry loops (`READ_SHUT`), which may have no poller to tell them.
             if bits & READ_SHUT != 0 {
                 self.readiness
@@ -312,16 +312,10 @@ pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instan
     r != ParkResult::TimedOut || ready()
 }
 
-/// Blocks the thread until `fd` is ready for `interest`, or until `deadline`. A deadline
-/// that has passed still looks once: an fd ready now is ready, whatever the time.
-#[cfg(feature = "hook")]
-pub(crate) fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<()> {
-    poll_fd_bits(fd, interest, deadline).map(drop)
-}
-
-/// [`poll_fd`], returning the readiness bits that `poll(2)` reported (`READ_SHUT` too, for
-/// a read).
-pub(crate) fn poll_fd_bits(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<u32> {
+/// Blocks the thread until `fd` is ready for `interest`, or until `deadline`; returns the
+/// readiness bits that `poll(2)` reported (`READ_SHUT` too, for a read). A deadline that has
+/// passed still looks once: an fd ready now is ready, whatever the time.
+pub(crate) fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<u32> {
     loop {
         let timeout = match deadline {
             None => -1,

@@ -149,6 +149,21 @@ pub fn every_worker_runs(sched: &Scheduler) {
     }
 }
 
+/// A task of `sched` that waits on the blocking pool until the returned sender sends, is
+/// dropped, or `bound` passes, then returns `value`.
+pub fn held_task<T: Send + 'static>(
+    sched: &Scheduler,
+    value: T,
+    bound: Duration,
+) -> (mpsc::Sender<()>, Arc<JoinHandle<T>>) {
+    let (tx, rx) = mpsc::channel::<()>();
+    let task = move || {
+        let _ = fibra::unblock(move || rx.recv_timeout(bound));
+        value
+    };
+    (tx, Arc::new(sched.submit(task, None).unwrap()))
+}
+
 /// A started scheduler with `threads` workers.
 pub fn started(threads: usize) -> Scheduler {
     let sched = Scheduler::builder()
