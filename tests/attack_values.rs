@@ -16,7 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    every_worker_runs, finish, is_child, named, run_child, started, with_deadline, Counted,
+    every_worker_runs, finish, held_task, is_child, named, run_child, started, with_deadline,
+    Counted,
 };
 use fibra::{Fiber, FiberState, ParkResult, Scheduler, Unparker};
 
@@ -86,6 +87,12 @@ fn cpu_during(prefix: &str, d: Duration) -> u64 {
     let before = cpu_ticks(prefix);
     thread::sleep(d);
     cpu_ticks(prefix) - before
+}
+
+/// Runs the child-process helper `helper` of this file and checks that it passed.
+fn child_passes(helper: &str) {
+    let (st, err) = run_child(CHILD_ENV, helper);
+    assert!(st.success(), "child failed: {st:?}\n{err}");
 }
 
 /// Runs `check` on this thread, then in a fiber of a fresh one-worker scheduler, within
@@ -364,18 +371,7 @@ fn every_timed_wait_with_max_huge_and_one_nanosecond() {
 fn join_wait_timeout_extremes_everywhere() {
     with_deadline(|| {
         let sched = Arc::new(started(2));
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let slow = Arc::new(
-            sched
-                .submit(
-                    move || {
-                        let _ = fibra::unblock(move || rx.recv_timeout(BOUND));
-                        11
-                    },
-                    None,
-                )
-                .unwrap(),
-        );
+        let (tx, slow) = held_task(&sched, 11, BOUND);
         for d in [Duration::ZERO, Duration::from_nanos(1)] {
             assert!(!slow.wait_timeout(d));
         }
@@ -642,8 +638,7 @@ fn sleep_max_does_not_spin_and_stop_timeout_cancels_it() {
 /// The blocking pool's keep-alive at MAX and ZERO (process-wide: in a child).
 #[test]
 fn unblock_keep_alive_extremes() {
-    let (st, err) = run_child(CHILD_ENV, "child_keep_alive");
-    assert!(st.success(), "child failed: {st:?}\n{err}");
+    child_passes("child_keep_alive");
 }
 
 #[test]
@@ -868,8 +863,7 @@ fn task_and_fiber_stack_extremes() {
 /// MAX_THREADS workers (in a child: 4096 threads).
 #[test]
 fn max_threads_workers_build_run_and_stop() {
-    let (st, err) = run_child(CHILD_ENV, "child_max_threads");
-    assert!(st.success(), "child failed: {st:?}\n{err}");
+    child_passes("child_max_threads");
 }
 
 #[test]
@@ -1361,8 +1355,7 @@ fn stop_timeout_counts_a_discarded_queued_task_with_a_panicking_waker() {
 /// worker's own stack. A JoinHandle polled with a panicking waker then panics on the worker.
 #[test]
 fn no_stack_failure_with_a_panicking_waker_keeps_the_worker() {
-    let (st, err) = run_child(CHILD_ENV, "child_no_stack_waker");
-    assert!(st.success(), "child failed: {st:?}\n{err}");
+    child_passes("child_no_stack_waker");
 }
 
 fn vm_size_bytes() -> u64 {
@@ -1855,6 +1848,7 @@ fn standalone_fibers_inside_scheduled_fibers() {
         assert_eq!(dropped.load(Ordering::SeqCst), 2);
         // Cancelled while holding a suspended standalone fiber.
         let d = dropped.clone();
+        let (parking, parked) = stdmpsc::channel::<()>();
         let h = sched
             .submit(
                 move || {
@@ -1864,13 +1858,16 @@ fn standalone_fibers_inside_scheduled_fibers() {
                         Fiber::yield_now();
                     });
                     f.resume();
+                    parking.send(()).unwrap();
                     fibra::park(drop);
                     drop(f);
                 },
                 None,
             )
             .unwrap();
-        thread::sleep(Duration::from_millis(30));
+        // Cancelled once it holds the fiber: a task cancelled before it starts never makes
+        // one (under load, a fixed sleep here was not always long enough).
+        parked.recv_timeout(BOUND).unwrap();
         h.cancel();
         assert!(h.wait_timeout(BOUND));
         assert!(h.join().unwrap_err().is_cancelled());
