@@ -1615,13 +1615,22 @@ fn child_plain_thread_eintr() {
     eprintln!("CHILD OK");
 }
 
+/// Writes "ping" on `a` from a fiber of `s`, which switches its open file to O_NONBLOCK
+/// (while a plain thread is blocked in a real read on it).
+fn switch_from_a_fiber(s: &Scheduler, a: &Arc<UnixStream>) {
+    let a = a.clone();
+    let h = s
+        .submit(move || (&*a).write_all(b"ping").map_err(|e| e.kind()), None)
+        .unwrap();
+    assert_eq!(finish(h), Ok(()));
+}
+
 /// A plain thread is blocked in a real read on a socket (the hooks never touched it); then
 /// a fiber writes on the same socket (full duplex), which switches its open file to
 /// O_NONBLOCK; then a signal with SA_RESTART (a profiler's SIGPROF, say) interrupts the
-/// thread. The kernel restarts the read — which now sees O_NONBLOCK and fails with EAGAIN,
-/// an error a blocking read can never return.
+/// thread. The kernel restarts the read, which now sees O_NONBLOCK and fails with EAGAIN,
+/// an error a blocking read can never return: the hook must go on waiting for the data.
 #[test]
-#[ignore = "known limitation: a thread already inside a real blocking call when a fiber switches the open file sees O_NONBLOCK if the kernel restarts that call (fibra::hook docs, Shared open files)"]
 fn a_restarted_read_on_a_plain_thread_after_a_fiber_switched_the_socket() {
     check_child("child_restart_after_switch");
 }
@@ -1651,14 +1660,7 @@ fn child_restart_after_switch() {
         std::thread::yield_now();
     }
     common::block_thread(Duration::from_millis(200));
-    let a3 = a.clone();
-    let h = s
-        .submit(
-            move || (&*a3).write_all(b"ping").map_err(|e| e.kind()),
-            None,
-        )
-        .unwrap();
-    assert_eq!(finish(h), Ok(()));
+    switch_from_a_fiber(&s, &a);
     for _ in 0..3 {
         tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
         common::block_thread(Duration::from_millis(100));
@@ -1672,6 +1674,37 @@ fn child_restart_after_switch() {
     );
     s.stop();
     eprintln!("CHILD OK");
+}
+
+/// The other side of the restart fix: a plain thread in a real blocking read with a receive
+/// timeout, whose socket a fiber switches meanwhile, still times out once, after its own
+/// timeout (the kernel fails it with `EAGAIN` then, which the hook must not take for the
+/// switch and wait a second timeout for).
+#[test]
+fn a_timed_read_on_a_plain_thread_ends_at_its_timeout_after_a_fiber_switched_the_socket() {
+    const TIMEOUT: Duration = Duration::from_millis(800);
+    let s = sched(1);
+    let (a, _b) = UnixStream::pair().unwrap();
+    a.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let a = Arc::new(a);
+    let a2 = a.clone();
+    let reader = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut buf = [0u8; 16];
+        let r = (&*a2).read(&mut buf).map_err(|e| e.kind());
+        (r, start.elapsed())
+    });
+    // Let the reader get into the kernel, then switch the socket from a fiber.
+    common::block_thread(Duration::from_millis(200));
+    switch_from_a_fiber(&s, &a);
+    let (r, took) = reader.join().unwrap();
+    assert_eq!(r, Err(ErrorKind::WouldBlock), "libc: the timeout's EAGAIN");
+    assert!(
+        took >= TIMEOUT - Duration::from_millis(50)
+            && took < TIMEOUT * 2 - Duration::from_millis(100),
+        "the read ended after {took:?}; its timeout is {TIMEOUT:?}"
+    );
+    s.stop();
 }
 
 // ---------------------------------------------------------------------------------------

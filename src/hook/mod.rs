@@ -74,12 +74,12 @@
 //!     view only, where the kernel's flag would change both;
 //!   - an fd received over `SCM_RIGHTS` whose open file fibra already switched (here or in
 //!     another process) looks non-blocking by the user's choice: its calls fail with `EAGAIN`
-//!     instead of waiting;
-//!   - a plain thread already inside a real blocking call on the fd when a fiber switches it
-//!     goes on waiting, but if a signal handler with `SA_RESTART` interrupts that call, the
-//!     kernel restarts it in non-blocking mode and it fails with `EAGAIN`.
+//!     instead of waiting.
 //!
-//!   Keep an fd to one process, and its duplicates to one view of its blocking mode.
+//!   Keep an fd to one process, and its duplicates to one view of its blocking mode. A plain
+//!   thread already inside a real blocking call on the fd when a fiber switches it keeps
+//!   blocking semantics: should the kernel restart that call after a signal (`SA_RESTART`),
+//!   it fails with `EAGAIN` in non-blocking mode, and the hook goes on waiting.
 //! - An fd closed behind the hooks' back (by a shared library) keeps its slot until its number
 //!   is reused by a hooked call that creates fds, or closed by the hooked `close`.
 //!
@@ -411,14 +411,45 @@ fn route(fd: c_int) -> Route {
     }
 }
 
+/// Where a call that went through unhooked and failed with `EAGAIN` (result `r`) goes on:
+/// `Some` if the fd waits now, that is, fibra switched its open file to non-blocking mode
+/// while the call was on its way or inside the kernel, and the user's view is blocking.
+/// Two ways this happens: a plain thread's real blocking call that a signal interrupts is
+/// restarted by the kernel (`SA_RESTART`) and meets the new flag; or a fiber's first call
+/// switches the fd between a plain thread's look at its slot and its call. A blocking call
+/// never fails with `EAGAIN` then, so it goes on waiting, as if it had been routed.
+///
+/// A socket with a timeout in this direction keeps its `EAGAIN`: that is how its timeout
+/// ends, and the kernel does not restart such calls (it fails them with `EINTR`).
+#[cold]
+fn switched_under(fd: c_int, r: isize, dir: Dir) -> Option<Blocking> {
+    if r >= 0 || errno() != libc::EAGAIN {
+        return None;
+    }
+    let (ctx, slot, state) = match route(fd) {
+        Route::Pass => return None,
+        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+    };
+    let mut b = Blocking::new(ctx, fd, slot, state, dir);
+    let timed = b.deadline().is_some();
+    set_errno(libc::EAGAIN);
+    (!timed).then_some(b)
+}
+
 /// A read- or write-like call on `fd`: `op` is the real call. `whole` is the length the
 /// kernel would transfer in full before a blocking call returns (0: return after any
 /// progress); `op` then gets the offset to go on from.
 #[inline(always)]
 fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> isize {
-    let (ctx, slot, state) = match route(fd) {
-        Route::Pass => return op(0),
-        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+    let b = match route(fd) {
+        Route::Pass => {
+            let r = op(0);
+            match switched_under(fd, r, dir) {
+                Some(b) => b,
+                None => return r,
+            }
+        }
+        Route::Wait(ctx, slot, state) => Blocking::new(ctx, fd, slot, state, dir),
     };
     let call = |b: &mut Blocking| {
         let mut done = 0usize;
@@ -434,7 +465,7 @@ fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> 
             }
         }
     };
-    blocking(Blocking::new(ctx, fd, slot, state, dir), call)
+    blocking(b, call)
 }
 
 /// Makes a blocking call `call` with `b`: in a fiber, with the hook's cancellation.
@@ -454,11 +485,17 @@ fn blocking(mut b: Blocking, call: impl FnOnce(&mut Blocking) -> isize) -> isize
 /// start every time, and a short peek waits for more data (or the timeout, end-of-file or
 /// an error, when what it saw is returned).
 pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -> isize {
-    let (ctx, slot, state) = match route(fd) {
-        Route::Pass => return op(),
-        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+    let b = match route(fd) {
+        Route::Pass => {
+            let r = op();
+            match switched_under(fd, r, READ) {
+                Some(b) => b,
+                None => return r,
+            }
+        }
+        Route::Wait(ctx, slot, state) => Blocking::new(ctx, fd, slot, state, READ),
     };
-    blocking(Blocking::new(ctx, fd, slot, state, READ), |b| loop {
+    blocking(b, |b| loop {
         let seen = b.before();
         let r = op();
         let short = r > 0 && (r as usize) < whole;
