@@ -292,6 +292,38 @@ fn dup_then_nonblock_on_copy(touch_first: bool) -> (bool, bool) {
     (shows_nb, would_block)
 }
 
+/// O_NONBLOCK set through a duplicate, then cleared through the original: both block.
+fn dup_nb_then_blocking_through_original() -> (bool, Result<usize, ErrorKind>) {
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    b.write_all(b"1").unwrap();
+    let mut one = [0u8; 1];
+    a.read_exact(&mut one).unwrap();
+    let mut copy = a.try_clone().unwrap();
+    copy.set_nonblocking(true).unwrap();
+    a.set_nonblocking(false).unwrap();
+    // SAFETY: F_GETFL on a live fd.
+    let shows_nb = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let w = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        b.write_all(b"2").unwrap();
+        b
+    });
+    let r = copy.read(&mut one).map_err(|e| e.kind());
+    let _b = w.join().unwrap();
+    (shows_nb, r)
+}
+
+#[test]
+fn blocking_mode_set_back_through_the_original_reaches_the_duplicate() {
+    with_deadline(|| {
+        same_as_libc(
+            dup_nb_then_blocking_through_original,
+            (false, Ok(1)),
+            "O_NONBLOCK on a copy, cleared on the original",
+        );
+    });
+}
+
 fn dup_nb_touched() -> (bool, bool) {
     dup_then_nonblock_on_copy(true)
 }
@@ -303,7 +335,6 @@ fn dup_nb_fresh() -> (bool, bool) {
 /// O_NONBLOCK belongs to the open file description: set through a duplicate (try_clone),
 /// the original is non-blocking too. Hooked, the user's view is per fd number.
 #[test]
-#[ignore = "known limitation: the user's blocking mode is kept per fd number, so O_NONBLOCK set through a duplicate made after the switch does not reach the original (fibra::hook docs, Shared open files)"]
 fn nonblocking_set_on_a_duplicate_applies_to_the_original() {
     with_deadline(|| {
         same_as_libc(
@@ -750,16 +781,95 @@ fn passed_fd_read() -> (bool, Result<usize, ErrorKind>) {
 }
 
 /// A descriptor received over a Unix socket (here: from this very process) shares the open
-/// file of one the hooks switched: the user never asked for O_NONBLOCK, yet F_GETFL shows
-/// it and a read fails with EAGAIN instead of blocking.
+/// file of one the hooks switched: the user never asked for O_NONBLOCK, so F_GETFL must not
+/// show it and a read must block (it failed with EAGAIN when the view was per fd number).
 #[test]
-#[ignore = "known limitation: an fd received over SCM_RIGHTS whose open file fibra switched looks non-blocking by the user's choice (fibra::hook docs, Shared open files)"]
 fn an_fd_received_over_scm_rights_keeps_blocking_semantics() {
     with_deadline(|| {
         same_as_libc(
             passed_fd_read,
             (false, Ok(1)),
             "read of a received copy of a switched socket",
+        );
+    });
+}
+
+/// A pipe's read end, switched (a fiber wrote and read a byte, switching both ends: they
+/// share one inode but are two open files), received over a Unix socket: it keeps blocking.
+fn passed_pipe_read() -> (bool, Result<usize, ErrorKind>) {
+    let mut fds = [0; 2];
+    // SAFETY: a live array of two fds.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fresh fds we own.
+    let (mut r, mut w) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    w.write_all(b"1").unwrap();
+    let mut one = [0u8; 1];
+    r.read_exact(&mut one).unwrap();
+    let (s1, s2) = UnixStream::pair().unwrap();
+    send_fd(s1.as_raw_fd(), r.as_raw_fd());
+    let got = recv_fd(s2.as_raw_fd());
+    // SAFETY: a fresh fd we own.
+    let mut r2 = unsafe { std::fs::File::from_raw_fd(got) };
+    // SAFETY: F_GETFL on a live fd.
+    let shows_nb = unsafe { libc::fcntl(got, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        w.write_all(b"2").unwrap();
+        w
+    });
+    let res = r2.read(&mut one).map_err(|e| e.kind());
+    let _w = t.join().unwrap();
+    drop(r);
+    (shows_nb, res)
+}
+
+#[test]
+fn a_pipe_end_received_over_scm_rights_keeps_blocking_semantics() {
+    with_deadline(|| {
+        same_as_libc(
+            passed_pipe_read,
+            (false, Ok(1)),
+            "read of a received copy of a switched pipe end",
+        );
+    });
+}
+
+/// Every eventfd shares one anonymous inode: a received eventfd that its creator made
+/// non-blocking must not take the blocking view of another, switched, eventfd.
+fn passed_nonblocking_eventfd() -> (bool, i32) {
+    // SAFETY: plain system calls on fds this function owns.
+    unsafe {
+        let a = libc::eventfd(0, libc::EFD_CLOEXEC);
+        let v: u64 = 1;
+        assert_eq!(libc::write(a, (&v as *const u64).cast(), 8), 8);
+        let mut got: u64 = 0;
+        assert_eq!(libc::read(a, (&mut got as *mut u64).cast(), 8), 8);
+        let b = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+        let (s1, s2) = UnixStream::pair().unwrap();
+        send_fd(s1.as_raw_fd(), b);
+        let b2 = recv_fd(s2.as_raw_fd());
+        let shows_nb = libc::fcntl(b2, libc::F_GETFL) & libc::O_NONBLOCK != 0;
+        let r = libc::read(b2, (&mut got as *mut u64).cast(), 8);
+        let e = if r < 0 { errno() } else { 0 };
+        for fd in [a, b, b2] {
+            libc::close(fd);
+        }
+        (shows_nb, e)
+    }
+}
+
+#[test]
+fn a_received_nonblocking_eventfd_keeps_its_own_mode() {
+    with_deadline(|| {
+        same_as_libc(
+            passed_nonblocking_eventfd,
+            (true, libc::EAGAIN),
+            "read of a received non-blocking eventfd beside a switched one",
         );
     });
 }

@@ -167,9 +167,11 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     // SAFETY: the caller's msghdr.
     let control = unsafe { ((*msg).msg_control, (*msg).msg_controllen) };
     let mut ended = false;
+    // The kernel filled in the caller's msghdr (its first part succeeded).
+    let mut filled = false;
     // SAFETY: the caller's arguments; past `off` bytes the call goes on in the rest of the
     // caller's buffers, with the caller's control buffer while no part filled it.
-    recv_io(fd, flags, whole, |off| unsafe {
+    let r = recv_io(fd, flags, whole, |off| unsafe {
         // The kernel's receive ends after a part that brought ancillary data (a Unix
         // socket's fds): 0 ends the loop with what came.
         if ended {
@@ -177,6 +179,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         }
         msg_from(msg, off, Some(control), |part| {
             let r = real::recvmsg(fd, part, flags);
+            filled |= r >= 0;
             if r > 0 && (*part).msg_controllen > 0 {
                 ended = true;
                 (*msg).msg_controllen = (*part).msg_controllen;
@@ -184,7 +187,33 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             }
             r
         })
-    })
+    });
+    if r >= 0 && filled {
+        // SAFETY: the caller's msghdr, whose control part the kernel wrote.
+        unsafe { received_fds(msg) };
+    }
+    r
+}
+
+/// Tells the fd table about the descriptors that came in `msg`'s ancillary data.
+///
+/// # Safety
+/// `msg` points to a valid msghdr whose control buffer and length the kernel just wrote.
+unsafe fn received_fds(msg: *const msghdr) {
+    // SAFETY: the caller's guarantee; the CMSG macros stay within `msg_controllen`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let bytes = (*c).cmsg_len.saturating_sub(libc::CMSG_LEN(0) as usize);
+                for i in 0..bytes / std::mem::size_of::<c_int>() {
+                    fd::received(std::ptr::read_unaligned(data.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
 }
 
 /// The total length of `msg`'s buffers (saturating: the kernel refuses more than it can

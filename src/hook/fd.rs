@@ -4,7 +4,10 @@
 //! blocking mode is. A hooked fd is always non-blocking in the kernel (fibra switched it on
 //! first use in a fiber); the user's view lives here, kept by the `fcntl`/`ioctl(FIONBIO)`
 //! hooks, and decides whether a call that would block waits (parking the fiber, or polling
-//! on a plain thread) or returns `EAGAIN` at once.
+//! on a plain thread) or returns `EAGAIN` at once. The kernel's flag belongs to the open
+//! file, so the view does too: fds known to share one (duplicates made through the hooks,
+//! fds received over `SCM_RIGHTS` while another fd here holds their open file) are marked
+//! shared, and a change of the view through one reaches them all.
 //!
 //! The table is two-level: chunks of slots allocated on first use and never freed, so a
 //! lookup is two loads with no lock. Creating and closing fds through the hooks resets their
@@ -14,7 +17,7 @@
 use crate::io::reactor::{reactor, IoRecord};
 use parking_lot::Mutex;
 use std::io;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const CHUNK_SHIFT: u32 = 10;
@@ -36,11 +39,21 @@ const KIND: u32 = 3;
 pub(crate) const USER_NONBLOCK: u32 = 4;
 /// The fd is a socket (it may have `SO_RCVTIMEO`/`SO_SNDTIMEO`).
 pub(crate) const SOCKET: u32 = 8;
+/// Other hooked fds may share this one's open file (a duplicate made through the hooks, or
+/// an fd received over `SCM_RIGHTS`): a change of the user's blocking mode goes to them too.
+const SHARED: u32 = 16;
 
 pub(crate) struct Slot {
     state: AtomicU32,
     /// Bumped by every close: a waiter that sees it change returns `EBADF`.
     generation: AtomicU32,
+    /// While hooked: which open file the fd is, as far as the hooks know — numbered when the
+    /// fd is switched, copied to the duplicates and received copies that share it. Written
+    /// before the state that makes it meaningful is published.
+    file: AtomicU64,
+    /// While hooked: the fd's `st_dev` and `st_ino`, to find the open file of a received fd.
+    dev: AtomicU64,
+    ino: AtomicU64,
     /// The reactor record, once a call on this fd had to wait. Also serialises first looks.
     record: Mutex<Option<Arc<IoRecord>>>,
 }
@@ -73,6 +86,9 @@ pub(crate) fn slot(fd: libc::c_int) -> Option<&'static Slot> {
         .map(|_| Slot {
             state: AtomicU32::new(UNKNOWN),
             generation: AtomicU32::new(0),
+            file: AtomicU64::new(0),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
             record: Mutex::new(None),
         })
         .collect();
@@ -150,6 +166,11 @@ impl Slot {
         if flags < 0 {
             return PASS;
         }
+        static FILES: AtomicU64 = AtomicU64::new(1);
+        self.file
+            .store(FILES.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        self.dev.store(st.st_dev, Ordering::Relaxed);
+        self.ino.store(st.st_ino, Ordering::Relaxed);
         if flags & libc::O_NONBLOCK != 0 {
             let s = HOOKED | USER_NONBLOCK | socket;
             self.state.store(s, Ordering::Release);
@@ -167,18 +188,35 @@ impl Slot {
         s
     }
 
-    /// Records the user's blocking mode of a hooked fd; returns false if the fd is not
-    /// hooked (the caller then passes the request to the kernel as is).
+    /// Records the user's blocking mode of a hooked fd, and of the hooked fds known to share
+    /// its open file (the kernel's flag belongs to the open file); returns false if the fd
+    /// is not hooked (the caller then passes the request to the kernel as is).
     pub(crate) fn set_user_nonblock(&self, on: bool) -> bool {
-        self.state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                (s & KIND == HOOKED).then_some(if on {
-                    s | USER_NONBLOCK
-                } else {
-                    s & !USER_NONBLOCK
+        if self.state() & KIND != HOOKED {
+            return false;
+        }
+        let _views = VIEWS.lock();
+        let set = |slot: &Slot| {
+            slot.state
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                    (s & KIND == HOOKED).then_some(if on {
+                        s | USER_NONBLOCK
+                    } else {
+                        s & !USER_NONBLOCK
+                    })
                 })
-            })
-            .is_ok()
+                .map_or(0, |s| s)
+        };
+        let s = set(self);
+        if s & SHARED != 0 {
+            let file = self.file.load(Ordering::Relaxed);
+            for_each_hooked(|_, other| {
+                if other.file.load(Ordering::Relaxed) == file {
+                    set(other);
+                }
+            });
+        }
+        s & KIND == HOOKED
     }
 
     /// The reactor record, if this fd has one.
@@ -216,13 +254,45 @@ impl Slot {
         }
     }
 
+    /// Makes this slot (of a new fd) a copy of `other`'s, whose open file it shares: the
+    /// kernel mode and the user's view come along. Marks both as shared if hooked. Called
+    /// under `VIEWS`, so that no change of the view falls between the copy and the mark.
     fn copy_from(&self, other: &Slot) {
         let s = other.state();
-        // A dup shares the open file: the kernel mode and the user's view come along.
-        self.state.store(
-            if s & KIND == HOOKED { s } else { UNKNOWN },
-            Ordering::Release,
-        );
+        if s & KIND != HOOKED {
+            self.state.store(UNKNOWN, Ordering::Release);
+            return;
+        }
+        for (to, from) in [
+            (&self.file, &other.file),
+            (&self.dev, &other.dev),
+            (&self.ino, &other.ino),
+        ] {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.state.store(s | SHARED, Ordering::Release);
+        other.state.fetch_or(SHARED, Ordering::AcqRel);
+    }
+}
+
+/// Serialises changes of the user's blocking mode with the copies of it that duplicates and
+/// received fds take, so that fds sharing an open file never end up with different views.
+static VIEWS: Mutex<()> = Mutex::new(());
+
+/// Calls `f(fd, slot)` for every hooked fd's slot.
+fn for_each_hooked(mut f: impl FnMut(libc::c_int, &'static Slot)) {
+    for (c, chunk) in TABLE.iter().enumerate() {
+        let base = chunk.load(Ordering::Acquire);
+        if base.is_null() {
+            continue;
+        }
+        for i in 0..CHUNK {
+            // SAFETY: as in `lookup`.
+            let slot: &'static Slot = unsafe { &*base.add(i) };
+            if slot.state() & KIND == HOOKED {
+                f(((c << CHUNK_SHIFT) | i) as libc::c_int, slot);
+            }
+        }
     }
 }
 
@@ -245,7 +315,65 @@ pub(crate) fn duplicated(old: libc::c_int, new: libc::c_int) {
     }
     forget(new);
     if let (Some(o), Some(n)) = (lookup(old), slot(new)) {
+        let _views = VIEWS.lock();
         n.copy_from(o);
+    }
+}
+
+/// `fd` just arrived over `SCM_RIGHTS`. Its number is new to the hooks; its open file may
+/// be one the hooks switched to non-blocking mode through another fd of this process, in
+/// which case it takes that fd's view of the blocking mode instead of the kernel's flag
+/// (which fibra set, not the user). Found by `st_dev`/`st_ino` and confirmed with
+/// `kcmp(KCMP_FILE)`; where `kcmp` is not available, sockets are matched by inode alone
+/// (a socket has one open file), other fds not at all.
+pub(crate) fn received(fd: libc::c_int) {
+    if super::in_forked_child() {
+        return;
+    }
+    forget(fd);
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live, writable stat buffer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return;
+    }
+    // SAFETY: F_GETFL takes no argument.
+    let flags = unsafe { super::real::fcntl(fd, libc::F_GETFL, 0) };
+    if flags < 0 || flags & libc::O_NONBLOCK == 0 {
+        // Not switched (by this process, at least): the first look classifies it as usual.
+        return;
+    }
+    let socket = st.st_mode & libc::S_IFMT == libc::S_IFSOCK;
+    let mut found = None;
+    for_each_hooked(|other_fd, other| {
+        if found.is_none()
+            && other_fd != fd
+            && other.dev.load(Ordering::Relaxed) == st.st_dev
+            && other.ino.load(Ordering::Relaxed) == st.st_ino
+            && same_open_file(fd, other_fd, socket)
+        {
+            found = Some(other);
+        }
+    });
+    if let (Some(other), Some(new)) = (found, slot(fd)) {
+        let _views = VIEWS.lock();
+        new.copy_from(other);
+    }
+}
+
+/// Whether `a` and `b` are the same open file; `socket`: they are sockets with one inode.
+fn same_open_file(a: libc::c_int, b: libc::c_int, socket: bool) -> bool {
+    const KCMP_FILE: libc::c_int = 0;
+    // SAFETY: getpid has no preconditions; kcmp only compares this process's fds.
+    let r = unsafe {
+        let pid = libc::getpid();
+        libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_FILE, a, b)
+    };
+    match r {
+        0 => true,
+        r if r > 0 => false,
+        // No kcmp here (ENOSYS, or EPERM under a restrictive policy).
+        _ => socket,
     }
 }
 

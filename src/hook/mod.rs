@@ -67,19 +67,20 @@
 //!   fiber's next suspension in fibra's own code.
 //! - **Shared open files.** A socket or pipe inherited from another process, or passed over a
 //!   Unix socket, is switched like any other: the other process sees the mode change. The
-//!   switch is made to the open file, which every duplicate of the fd shares, while the
-//!   user's blocking mode is kept per fd number:
-//!   - a duplicate made *after* the switch (`dup`, `try_clone`) gets the user's mode of the
-//!     original, but setting `O_NONBLOCK` through one of them afterwards changes that fd's
-//!     view only, where the kernel's flag would change both;
-//!   - an fd received over `SCM_RIGHTS` whose open file fibra already switched (here or in
-//!     another process) looks non-blocking by the user's choice: its calls fail with `EAGAIN`
-//!     instead of waiting.
+//!   switch is made to the open file, which every duplicate of the fd shares, and so is the
+//!   user's blocking mode: a duplicate made through the hooks (`dup`, `try_clone`) and an fd
+//!   received over `SCM_RIGHTS` while another fd of this process holds its open file share
+//!   one view, which `O_NONBLOCK` set through any of them changes. What the hooks cannot
+//!   know: an fd received over `SCM_RIGHTS` whose open file was switched in another
+//!   process, or here through fds all closed since (a hand-off that sends an fd and closes
+//!   it), looks non-blocking by the user's choice, and its calls fail with `EAGAIN` instead
+//!   of waiting. Keep an fd to one process, or set its mode on receipt
+//!   (`set_nonblocking(false)`).
 //!
-//!   Keep an fd to one process, and its duplicates to one view of its blocking mode. A plain
-//!   thread already inside a real blocking call on the fd when a fiber switches it keeps
-//!   blocking semantics: should the kernel restart that call after a signal (`SA_RESTART`),
-//!   it fails with `EAGAIN` in non-blocking mode, and the hook goes on waiting.
+//!   A plain thread already inside a real blocking call on the fd when a fiber switches it
+//!   keeps blocking semantics: should the kernel restart that call after a signal
+//!   (`SA_RESTART`), it fails with `EAGAIN` in non-blocking mode, and the hook goes on
+//!   waiting.
 //! - An fd closed behind the hooks' back (by a shared library) keeps its slot until its number
 //!   is reused by a hooked call that creates fds, or closed by the hooked `close`.
 //!
