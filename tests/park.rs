@@ -259,6 +259,43 @@ fn a_stale_unparker_does_not_wake_a_later_park_on_a_plain_thread() {
 /// A registration closure that keeps the unparker and then panics, in one of many fibers
 /// parked on one worker: the panicking fiber resumes with its panic, the kept unparker does
 /// not wake it a second time, and every other fiber is woken by its own unparker.
+/// A plain thread's `register` closure that waits itself (on a `fibra::sync::Barrier`)
+/// while the unparker it was given is used from another thread: the unpark ends the outer
+/// park only. It used to end the inner wait too (both took the thread's one generation),
+/// whose barrier then returned with one party of two and, released later, wrote into the
+/// frame that wait had left.
+#[test]
+fn a_wait_inside_a_threads_register_is_not_woken_by_the_outer_unparker() {
+    with_deadline(|| {
+        let barrier = Arc::new(fibra::sync::Barrier::new(2));
+        let (left, left_rx) = mpsc::channel();
+        let b = barrier.clone();
+        let t = thread::spawn(move || {
+            let start = std::time::Instant::now();
+            let r = fibra::park_timeout(start + LIMIT, |u| {
+                thread::spawn(move || {
+                    thread::sleep(Duration::from_millis(20));
+                    u.unpark();
+                });
+                let leader = b.wait().is_leader();
+                left.send(leader).unwrap();
+            });
+            // The outer park was unparked long before its deadline, so it ends as soon as
+            // `register` returns.
+            assert_eq!(r, fibra::ParkResult::Unparked);
+            assert!(start.elapsed() < LIMIT / 2, "the outer park lost its wake-up");
+        });
+        assert!(
+            left_rx.recv_timeout(STILL_PARKED * 3).is_err(),
+            "the inner wait returned with one party of two"
+        );
+        let leader = barrier.wait().is_leader();
+        let other = left_rx.recv().unwrap();
+        assert!(leader != other, "exactly one leader");
+        t.join().unwrap();
+    });
+}
+
 #[test]
 fn a_panic_in_register_among_many_parked_fibers_resumes_only_that_fiber() {
     with_deadline(|| {

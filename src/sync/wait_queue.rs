@@ -489,8 +489,30 @@ pub(crate) fn wait<'a, S, D: Copy>(
             }
         }
     }
-    let parked = park(deadline, on, |u| node.publish(u));
-    withdraw.finish(parked)
+    loop {
+        let parked = park(deadline, on, |u| node.publish(u));
+        // Acquire: as in `Withdraw::finish`.
+        if parked == ParkResult::TimedOut || node.state.load(Ordering::Acquire) == WOKEN {
+            return withdraw.finish(parked);
+        }
+        // Unparked, yet no waker marked the node: an unpark that was not this park's. `park`
+        // promises none, but the node must never be left linked when this frame goes away,
+        // so re-arm it under the lock and park again.
+        let stale = {
+            let _g = lock.lock();
+            // Relaxed: under the lock, which every waker holds when it swaps to WOKEN.
+            if node.state.load(Ordering::Relaxed) == WOKEN {
+                drop(_g);
+                return withdraw.finish(parked);
+            }
+            node.state.store(WAITING, Ordering::Relaxed);
+            // SAFETY: it was PUBLISHED and we hold the lock, so no waker has taken the
+            // unparker or can until we release it; back in WAITING, none reads it until it
+            // is published again.
+            node.unparker.with_mut(|p| unsafe { (*p).take() })
+        };
+        drop(stale);
+    }
 }
 
 /// Takes a waiter's node out of its list on every way out of [`wait`].
