@@ -283,7 +283,10 @@ fn a_wait_inside_a_threads_register_is_not_woken_by_the_outer_unparker() {
             // The outer park was unparked long before its deadline, so it ends as soon as
             // `register` returns.
             assert_eq!(r, fibra::ParkResult::Unparked);
-            assert!(start.elapsed() < LIMIT / 2, "the outer park lost its wake-up");
+            assert!(
+                start.elapsed() < LIMIT / 2,
+                "the outer park lost its wake-up"
+            );
         });
         assert!(
             left_rx.recv_timeout(STILL_PARKED * 3).is_err(),

@@ -465,3 +465,75 @@ fn local_and_remote_wakes_race_deadlines_and_cancellations() {
         assert!(cancelled <= RX.div_ceil(4));
     });
 }
+
+/// The first of two receivers waiting on one shared `&Receiver` (a fiber), and the message
+/// a send put in its slot: the fiber is cancelled before it resumes (a fiber of its worker
+/// sends and cancels, so the cancel is handled first). The message must go on to the
+/// second waiter. It used to go back into the buffer with nobody woken: the waiting thread
+/// timed out while `try_recv` found the message.
+fn a_cancelled_receivers_message_reaches(
+    second: impl FnOnce(Arc<mpsc::Receiver<u32>>) -> thread::JoinHandle<Option<u32>>,
+) {
+    let sched = started(1);
+    let (tx, rx) = mpsc::channel::<u32>();
+    let rx = Arc::new(rx);
+    let r = rx.clone();
+    let first = Arc::new(sched.submit(move || r.recv().ok(), None).unwrap());
+    wait_until("the first receiver to wait", || rx_waiting(&sched));
+    let second = second(rx.clone());
+    thread::sleep(Duration::from_millis(20));
+    let f = first.clone();
+    let ender = sched
+        .submit(
+            move || {
+                tx.send(7).unwrap();
+                f.cancel();
+                tx
+            },
+            None,
+        )
+        .unwrap();
+    let _tx = finish(ender);
+    assert!(first.wait_timeout(LIMIT));
+    assert!(first.is_cancelled(), "the first receiver was cancelled");
+    assert_eq!(
+        second.join().unwrap(),
+        Some(7),
+        "the second waiter missed the message; left in the channel: {:?}",
+        rx.try_recv()
+    );
+    sched.stop();
+}
+
+/// Whether the scheduler's one fiber is parked (the first receiver is waiting).
+fn rx_waiting(sched: &fibra::Scheduler) -> bool {
+    sched.metrics().workers()[0].parks() > 0
+}
+
+#[test]
+fn a_cancelled_receivers_message_goes_to_the_next_waiting_thread() {
+    with_deadline(|| {
+        a_cancelled_receivers_message_reaches(|rx| {
+            thread::spawn(move || rx.recv_timeout(LIMIT).ok())
+        });
+    });
+}
+
+/// The same with a `select!` waiting on the receiver: it must be woken for the message put
+/// back, not find it only at its deadline (without one it would wait for ever).
+#[test]
+fn a_cancelled_receivers_message_wakes_a_select_on_the_same_receiver() {
+    with_deadline(|| {
+        a_cancelled_receivers_message_reaches(|rx| {
+            thread::spawn(move || {
+                let start = Instant::now();
+                let got = fibra::select! {
+                    recv(*rx) -> m => m.ok(),
+                    default(LIMIT) => None,
+                };
+                assert!(start.elapsed() < LIMIT / 2, "the select was not woken");
+                got
+            })
+        });
+    });
+}

@@ -42,9 +42,7 @@ pub use super::mpsc::{RecvError, RecvTimeoutError, SendError, TryRecvError, TryS
 
 /// Tokens: a waiting receiver got a message in its slot; a blocked sender's message was
 /// taken; the other side is gone.
-const DELIVERED: usize = 1;
-const TAKEN: usize = 2;
-const DISCONNECTED: usize = 3;
+use super::mpsc::{DELIVERED, DISCONNECTED, TAKEN};
 
 /// The error of [`SyncSender::send_timeout`]: the message comes back in either case. The
 /// same as crossbeam-channel's, and as std's `mpsc::SendTimeoutError`, which is not stable
@@ -459,14 +457,7 @@ impl<T> Chan<T> {
 /// Puts `msg` into the slot of the first waiting receiver and wakes it; gives the message
 /// back if no receiver waits.
 fn deliver<T>(st: &mut Guard<'_, State<T>>, msg: T) -> Option<T> {
-    let (st, wakes) = st.parts();
-    let Some(slot) = st.receivers.front() else {
-        return Some(msg);
-    };
-    // SAFETY: the receiver's node is linked and we hold the lock.
-    unsafe { slot.put(msg) };
-    st.receivers.wake_front(DELIVERED, wakes);
-    None
+    super::mpsc::deliver_to(st, |s| &mut s.receivers, msg)
 }
 
 impl<T> Receiver<T> {

@@ -42,10 +42,10 @@ use std::time::{Duration, Instant};
 pub use std::sync::mpsc::{RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError};
 
 /// Tokens: a waiting receiver got a message in its slot; a blocked sender's message was
-/// taken; the other side is gone.
-const DELIVERED: usize = 1;
-const TAKEN: usize = 2;
-const DISCONNECTED: usize = 3;
+/// taken; the other side is gone. (`mpmc` uses the same ones.)
+pub(super) const DELIVERED: usize = 1;
+pub(super) const TAKEN: usize = 2;
+pub(super) const DISCONNECTED: usize = 3;
 
 /// A message slot on a waiter's stack, reachable from its wait-list node (`mpsc` and `mpmc`).
 pub(super) struct Slot<T>(NonNull<UnsafeCell<Option<T>>>);
@@ -360,15 +360,9 @@ impl<T> Chan<T> {
         if st.receiver_gone {
             return Err(TrySendError::Disconnected(msg));
         }
-        {
-            let (st, wakes) = st.parts();
-            if let Some(slot) = st.receiver.front() {
-                // SAFETY: the receiver's node is linked and we hold the lock.
-                unsafe { slot.put(msg) };
-                st.receiver.wake_front(DELIVERED, wakes);
-                return Ok(());
-            }
-        }
+        let Some(msg) = deliver(&mut st, msg) else {
+            return Ok(());
+        };
         let room = match st.bound {
             None => true,
             Some(bound) => st.buffer.len() < bound && st.senders.is_empty(),
@@ -569,10 +563,15 @@ impl<T> Receiver<T> {
             || {},
             |st, token| {
                 if token == Some(DELIVERED) {
-                    // Cancelled with a message in hand: put it back, first in line.
+                    // Cancelled with a message in hand: pass it on, first in line — to the
+                    // next receiver waiting on a shared `&Receiver`, else back in the buffer,
+                    // where a waiting select or `recv_async` must hear of it.
                     // SAFETY: woken, so unlinked; we hold the lock.
                     if let Some(msg) = slot.with_mut(|s| unsafe { (*s).take() }) {
-                        st.buffer.push_front(msg);
+                        if let Some(msg) = deliver(st, msg) {
+                            st.buffer.push_front(msg);
+                            st.notify(|s| &s.rx_watch);
+                        }
                     }
                 }
             },
@@ -587,6 +586,28 @@ impl<T> Receiver<T> {
             Wait::TimedOut(_) => Err(RecvTimeoutError::Timeout),
         }
     }
+}
+
+/// Puts `msg` into the slot of the first receiver waiting in `list` of the locked state `st`
+/// and wakes it; gives the message back if no receiver waits. (`mpmc` shares it.)
+pub(super) fn deliver_to<S, T>(
+    st: &mut Guard<'_, S>,
+    list: impl FnOnce(&mut S) -> &mut WaitList<Slot<T>>,
+    msg: T,
+) -> Option<T> {
+    let (st, wakes) = st.parts();
+    let receivers = list(st);
+    let Some(slot) = receivers.front() else {
+        return Some(msg);
+    };
+    // SAFETY: the receiver's node is linked and we hold the lock.
+    unsafe { slot.put(msg) };
+    receivers.wake_front(DELIVERED, wakes);
+    None
+}
+
+fn deliver<T>(st: &mut Guard<'_, State<T>>, msg: T) -> Option<T> {
+    deliver_to(st, |s| &mut s.receiver, msg)
 }
 
 impl<T> Receiver<T> {
