@@ -169,3 +169,53 @@ fn a_thread_waits_and_a_fiber_notifies() {
         sched.stop();
     });
 }
+
+/// `notify_one` wakes fiber A, which then waits for the mutex the notifier still holds, and
+/// A is cancelled there. Its notification goes on to the next waiter (a thread), as it does
+/// when a notified waiter is cancelled before it resumes; it used to be lost, and the
+/// thread waited until its timeout.
+#[test]
+fn a_notified_waiter_cancelled_while_relocking_passes_the_notification_on() {
+    with_deadline(|| {
+        let sched = started(1);
+        let pair = Arc::new((Mutex::new(()), Condvar::new()));
+        let p = pair.clone();
+        let a = sched
+            .submit(
+                move || {
+                    let (m, c) = &*p;
+                    let g = m.lock().unwrap();
+                    let _g = c.wait(g).unwrap();
+                },
+                None,
+            )
+            .unwrap();
+        wait_until("fiber A to wait", || {
+            sched.metrics().workers()[0].parks() > 0
+        });
+        let p = pair.clone();
+        let (waiting, waiting_rx) = std::sync::mpsc::channel();
+        let b = thread::spawn(move || {
+            let (m, c) = &*p;
+            let g = m.lock().unwrap();
+            waiting.send(()).unwrap();
+            let (_g, r) = c.wait_timeout(g, LIMIT).unwrap();
+            !r.timed_out()
+        });
+        waiting_rx.recv().unwrap();
+        {
+            // The thread is in its wait once it has let go of the mutex.
+            let _g = pair.0.lock().unwrap();
+            pair.1.notify_one();
+            // A is woken and now waits for this guard; cancel it there.
+            let parks = sched.metrics().workers()[0].parks();
+            wait_until("fiber A to wait for the mutex", || {
+                sched.metrics().workers()[0].parks() > parks
+            });
+            a.cancel();
+            assert!(a.wait_timeout(LIMIT));
+        }
+        assert!(b.join().unwrap(), "the thread waited until its timeout");
+        sched.stop();
+    });
+}

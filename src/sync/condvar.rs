@@ -207,8 +207,29 @@ impl Condvar {
                 true
             }
         };
+        // Notified, then cancelled while waiting for the mutex: the notification is passed
+        // on here too.
+        let pass_on = PassOn {
+            condvar: self,
+            armed: !timed_out,
+        };
         mutex.raw_lock();
+        std::mem::forget(pass_on);
         (MutexGuard::from_raw(mutex, entry), timed_out)
+    }
+}
+
+/// Passes a notification this waiter took on to the next waiter, if dropped (unwinding).
+struct PassOn<'a> {
+    condvar: &'a Condvar,
+    armed: bool,
+}
+
+impl Drop for PassOn<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.condvar.notify_one();
+        }
     }
 }
 
