@@ -376,6 +376,12 @@ pub(crate) struct ThreadSlot {
 }
 
 impl ThreadSlot {
+    fn new() -> Arc<ThreadSlot> {
+        Arc::new(ThreadSlot {
+            word: AtomicU32::new(IDLE),
+        })
+    }
+
     fn unpark(&self, gen: u32) {
         let parked = (gen << STATE_BITS) | PARKED;
         let notified = (gen << STATE_BITS) | NOTIFIED;
@@ -388,14 +394,6 @@ impl ThreadSlot {
         {
             futex::wake(&self.word, 1);
         }
-    }
-}
-
-impl ThreadSlot {
-    fn new() -> Arc<ThreadSlot> {
-        Arc::new(ThreadSlot {
-            word: AtomicU32::new(IDLE),
-        })
     }
 }
 
