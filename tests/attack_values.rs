@@ -2047,3 +2047,51 @@ fn panicking_waker_does_not_swallow_another_waiters_wakeup() {
         assert!(bad.is_empty(), "{bad:#?}");
     });
 }
+
+/// A fiber cancelled with a message in hand passes it on; here the only one to hear of it
+/// is a `recv_async` future whose waker panics. That wake runs while the fiber unwinds,
+/// where a second panic aborts the process: it must end with the panic reported, the
+/// fiber cancelled and the message still in the channel.
+#[test]
+fn a_panicking_waker_woken_by_a_cancelled_receiver_does_not_abort() {
+    child_passes("child_panicking_waker_during_cancel");
+}
+
+#[test]
+#[ignore = "child of a_panicking_waker_woken_by_a_cancelled_receiver_does_not_abort"]
+fn child_panicking_waker_during_cancel() {
+    if !is_child(CHILD_ENV, "child_panicking_waker_during_cancel") {
+        return;
+    }
+    let sched = started(1);
+    let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
+    let rx = Arc::new(rx);
+    let r = rx.clone();
+    let first = Arc::new(sched.submit(move || r.recv().ok(), None).unwrap());
+    while sched.metrics().workers()[0].parks() == 0 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    // A future watching the receiver with a waker that panics.
+    let wakes = Arc::new(PanicWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(wakes.clone());
+    let mut fut = Box::pin(rx.recv_async());
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    let f = first.clone();
+    let ender = sched
+        .submit(
+            move || {
+                tx.send(7).unwrap();
+                f.cancel();
+                tx
+            },
+            None,
+        )
+        .unwrap();
+    let _tx = finish(ender);
+    assert!(first.wait_timeout(BOUND));
+    assert!(first.is_cancelled());
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the future was woken");
+    assert_eq!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(7)));
+    sched.stop();
+}
