@@ -196,7 +196,7 @@ impl Unparker {
             Target::Fiber(job, gen, _) => crate::sched::unpark_fiber(job, *gen),
             Target::Thread(slot, gen) => slot.unpark(*gen),
             Target::Worker(shared, index) => shared.workers[*index].sleep.wake(),
-            Target::Waker(w) => w.wake_by_ref(),
+            Target::Waker(w) => wake_foreign(|| w.wake_by_ref()),
         });
     }
 
@@ -209,8 +209,22 @@ impl Unparker {
             Target::Fiber(job, gen, false) => crate::sched::unpark_fiber_owned(job, gen),
             Target::Thread(slot, gen) => slot.unpark(gen),
             Target::Worker(shared, index) => shared.workers[index].sleep.wake(),
-            Target::Waker(w) => w.wake(),
+            Target::Waker(w) => wake_foreign(|| w.wake()),
         }
+    }
+}
+
+/// Runs a foreign waker's `wake`, user code that may panic. While this thread is already
+/// unwinding (a cancelled fiber's destructors: a `Sender` dropped, a message passed on), a
+/// second panic would abort the process, so then the panic ends here, reported by the
+/// panic hook; otherwise it goes on to the caller.
+#[inline(always)]
+fn wake_foreign(wake: impl FnOnce()) {
+    if !std::thread::panicking() {
+        return wake();
+    }
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(wake)) {
+        crate::join::drop_catching(p);
     }
 }
 

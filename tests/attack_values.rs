@@ -2095,3 +2095,44 @@ fn child_panicking_waker_during_cancel() {
     assert_eq!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(7)));
     sched.stop();
 }
+
+/// The same from a `Sender` that a cancelled fiber's unwind drops: the last sender gone
+/// wakes a `recv_async` future, whose waker panics during that unwind.
+#[test]
+fn a_panicking_waker_woken_by_a_sender_a_cancellation_drops_does_not_abort() {
+    child_passes("child_panicking_waker_sender_drop");
+}
+
+#[test]
+#[ignore = "child of a_panicking_waker_woken_by_a_sender_a_cancellation_drops_does_not_abort"]
+fn child_panicking_waker_sender_drop() {
+    if !is_child(CHILD_ENV, "child_panicking_waker_sender_drop") {
+        return;
+    }
+    let sched = started(1);
+    let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
+    let h = sched
+        .submit(
+            move || {
+                let _tx = tx;
+                fibra::park(drop);
+            },
+            None,
+        )
+        .unwrap();
+    while sched.metrics().workers()[0].parks() == 0 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    let wakes = Arc::new(PanicWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(wakes.clone());
+    let mut fut = Box::pin(rx.recv_async());
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    sched.stop_timeout(Duration::from_millis(10));
+    assert!(h.is_cancelled());
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the future was woken");
+    assert!(matches!(
+        fut.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(Err(_))
+    ));
+}

@@ -101,26 +101,6 @@ impl<S> Guard<'_, S> {
         (&mut self.raw, &mut self.wakes)
     }
 
-    /// Releases the lock, then performs the wake-ups without letting a panic of one (a user
-    /// waker's `wake`) go further: its payload is dropped, the panic hook having reported
-    /// it. For a guard dropped while unwinding, where a second panic would abort.
-    pub(crate) fn release_quietly(self) {
-        let mut this = ManuallyDrop::new(self);
-        // SAFETY: `this` is never dropped, so `raw` is dropped and `wakes` taken exactly
-        // once, here.
-        let wakes = unsafe {
-            ManuallyDrop::drop(&mut this.raw);
-            ManuallyDrop::take(&mut this.wakes)
-        };
-        let Wakeups { first, rest } = wakes;
-        for u in first.into_iter().chain(rest) {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| u.unpark_owned()));
-            if let Err(p) = r {
-                crate::join::drop_catching(p);
-            }
-        }
-    }
-
     /// Fires the select watchers that `of` picks out of the state; they are woken with the
     /// other wake-ups, after the lock is released.
     #[inline]
@@ -590,8 +570,7 @@ impl<'a, S, D: Copy, F: FnOnce(&mut Guard<'a, S>, Option<usize>)> Drop for Withd
             unsafe { (self.list)(&mut g).remove(self.node) };
             on_cancel(&mut g, None);
         }
-        // This runs while the waiter unwinds (a cancellation): a waker that panics in a
-        // wake-up `on_cancel` passed on must not abort the process.
-        g.release_quietly();
+        // The wake-ups `on_cancel` made run as `g` is dropped, while the waiter unwinds: a
+        // foreign waker's panic stops in `Unparker` then (see `park::wake_foreign`).
     }
 }
