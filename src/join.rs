@@ -408,6 +408,11 @@ impl<T> JoinHandle<T> {
         self.cell.on_complete(Box::new(move |_| f()));
     }
 
+    /// Runs `f` with the result once the task has one (at once if it has).
+    pub(crate) fn on_result(&self, f: impl FnOnce(&Result<T, JoinError>) + Send + 'static) {
+        self.cell.on_complete(Box::new(f));
+    }
+
     /// The id of the task's fiber (assigned at submit, before it starts).
     pub fn id(&self) -> FiberId {
         self.cell.header().id
@@ -457,6 +462,9 @@ pub struct JoinError {
 enum Repr {
     Panic(Payload),
     Cancelled,
+    /// Cancelled, and abandoned by the scheduler without ending: the fiber is leaked, alive,
+    /// with whatever its frames borrow (reported as cancelled).
+    Abandoned,
     NoStack(std::io::Error),
 }
 
@@ -473,6 +481,18 @@ impl JoinError {
         }
     }
 
+    pub(crate) fn abandoned() -> Self {
+        JoinError {
+            repr: Repr::Abandoned,
+        }
+    }
+
+    /// The task's fiber did not end: the scheduler gave up on it after cancelling it (see
+    /// `Scheduler::stop_timeout`), and it stays alive, leaked.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        matches!(self.repr, Repr::Abandoned)
+    }
+
     pub(crate) fn no_stack(e: std::io::Error) -> Self {
         JoinError {
             repr: Repr::NoStack(e),
@@ -485,8 +505,10 @@ impl JoinError {
     }
 
     /// The task was cancelled (by `stop_timeout`) before it finished, or never started.
+    /// That includes a fiber that did not end once cancelled, which the scheduler abandoned
+    /// (it is leaked, never resumed).
     pub fn is_cancelled(&self) -> bool {
-        matches!(self.repr, Repr::Cancelled)
+        matches!(self.repr, Repr::Cancelled | Repr::Abandoned)
     }
 
     /// No fiber stack could be allocated for the task, so it never ran. The closure was
@@ -545,6 +567,7 @@ impl fmt::Debug for JoinError {
         match &self.repr {
             Repr::Panic(p) => write!(f, "JoinError::Panic({:?})", p.message()),
             Repr::Cancelled => f.write_str("JoinError::Cancelled"),
+            Repr::Abandoned => f.write_str("JoinError::Cancelled (abandoned)"),
             Repr::NoStack(e) => write!(f, "JoinError::NoStack({e:?})"),
         }
     }
@@ -555,6 +578,9 @@ impl fmt::Display for JoinError {
         match &self.repr {
             Repr::Panic(p) => write!(f, "task panicked: {}", p.message()),
             Repr::Cancelled => f.write_str("task was cancelled"),
+            Repr::Abandoned => {
+                f.write_str("task was cancelled and did not end: its fiber was abandoned")
+            }
             Repr::NoStack(e) => write!(f, "task could not start: no fiber stack: {e}"),
         }
     }

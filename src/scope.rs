@@ -48,9 +48,11 @@ pub struct ScopedJoinHandle<'scope, T> {
 /// scheduler instead of threads. Inside a fiber only the fiber waits.
 ///
 /// All scoped fibers are waited for also when `f` panics or when one of them panics, and
-/// also when the calling fiber is cancelled while it waits (the wait goes on while it
-/// unwinds). Then `f`'s panic is resumed, or, if a scoped fiber panicked and its handle was
-/// not joined, this panics.
+/// also when the calling fiber is cancelled (the cancellation is raised once they have all
+/// ended). Then `f`'s panic is resumed, or, if a scoped fiber panicked and its handle was
+/// not joined, this panics. A scoped fiber that a stopping scheduler abandons (it did not
+/// end when cancelled; see [`Scheduler::stop_timeout`](crate::Scheduler::stop_timeout))
+/// never ends, so neither does the scope: its caller is abandoned with it.
 ///
 /// # Panics
 /// Outside a fiber of a scheduler (from a plain thread, run it in one with
@@ -161,14 +163,22 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         // every fiber spawned here has ended — `WaitAll` waits for the count that each
         // one's completion hook decrements, and a fiber's completion comes after its body
         // and the drop of its closure. The packet that may hold a `T` is read only through
-        // a `ScopedJoinHandle`, which cannot outlive `'scope`. If the calling fiber is abandoned by
-        // the scheduler instead, it is never resumed and its stack is never freed, so the
-        // borrows stay valid.
+        // a `ScopedJoinHandle`, which cannot outlive `'scope`. A cancellation of the caller
+        // while it waits is held back until they have ended (`wait_all`). A scoped fiber
+        // abandoned by a stopping scheduler has not ended and is not counted down (see the
+        // hook below); its scope then waits until the caller is abandoned too, never resumed,
+        // its stack never freed, so the borrows stay valid.
         let body: Box<dyn FnOnce() + Send + 'static> = unsafe { std::mem::transmute(body) };
         self.running.lock().count += 1;
         let handle = crate::sched::spawn_on(&self.shared, body);
         let running = self.running.clone();
-        handle.on_complete(move || {
+        handle.on_result(move |r| {
+            if r.as_ref().is_err_and(JoinError::is_abandoned) {
+                // Not ended: abandoned alive by a stopping scheduler, its frames may still
+                // borrow the caller's (a blocking-pool call, say). The scope keeps waiting;
+                // its caller, a fiber of that scheduler, is abandoned in turn.
+                return;
+            }
             let mut g = running.lock();
             g.count -= 1;
             if g.count == 0 {
@@ -184,22 +194,35 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         }
     }
 
-    /// Waits until no fiber of the scope runs.
+    /// Waits until no fiber of the scope runs. A cancellation of the caller that arrives
+    /// meanwhile is raised only then: unwinding out of the scope earlier would free what its
+    /// fibers borrow.
     fn wait_all(&self) {
+        let mut cancelled = None;
         loop {
             let g = self.running.lock();
             if g.count == 0 {
-                return;
+                break;
             }
-            let _ = wait(
-                g,
-                |st| &mut st.waiters,
-                (),
-                None,
-                WaitOn::Other("scope"),
-                || {},
-                |_, _| {},
-            );
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                let _ = wait(
+                    g,
+                    |st| &mut st.waiters,
+                    (),
+                    None,
+                    WaitOn::Other("scope"),
+                    || {},
+                    |_, _| {},
+                );
+            }));
+            match r {
+                Ok(()) => {}
+                Err(p) if p.is::<Cancelled>() => cancelled = Some(p),
+                Err(p) => resume_unwind(p),
+            }
+        }
+        if let Some(p) = cancelled {
+            resume_unwind(p);
         }
     }
 }

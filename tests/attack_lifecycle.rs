@@ -1010,6 +1010,100 @@ fn stop_timeout_zero_with_a_spinning_fiber_and_parked_ones() {
     });
 }
 
+/// A scope's caller A on worker 0 lends `data` to its scoped fibers; one of them, B, on
+/// worker 1, sits in `unblock` with a closure that borrows it. Worker 0's thread is held
+/// (a fiber that does not suspend) through `stop_timeout`'s deadline and grace, so worker 1
+/// abandons B while A's worker is late. B's abandonment used to count as its end: it woke
+/// A, which worker 0, catching up, resumed; A left the scope and dropped `data` while the
+/// pool thread still borrowed it (a use after free). An abandoned scoped fiber must keep
+/// the scope waiting, so A is abandoned in turn and `data` stays.
+#[test]
+fn an_abandoned_scoped_fiber_keeps_its_scope_waiting() {
+    let (status, stderr) = run_child(CHILD_ENV, "child_abandoned_scoped_fiber");
+    assert!(
+        status.success() && stderr.contains("CHILD OK"),
+        "{status:?}\n{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "child of an_abandoned_scoped_fiber_keeps_its_scope_waiting"]
+fn child_abandoned_scoped_fiber() {
+    use std::sync::atomic::AtomicU64;
+    if !is_child(CHILD_ENV, "child_abandoned_scoped_fiber") {
+        return;
+    }
+    static DROPPED: AtomicBool = AtomicBool::new(false);
+    static CLAIMED: AtomicBool = AtomicBool::new(false);
+    struct Canary(AtomicU64);
+    impl Drop for Canary {
+        fn drop(&mut self) {
+            DROPPED.store(true, Ordering::SeqCst);
+        }
+    }
+    let sched = started(2);
+    let (in_pool, in_pool_rx) = mpsc::channel::<()>();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let (seen, seen_rx) = mpsc::channel::<(bool, u64)>();
+    let release_rx = Arc::new(Mutex::new(release_rx));
+    let a = sched
+        .submit(
+            move || {
+                let data = Canary(AtomicU64::new(7));
+                let r = &data;
+                fibra::scope(|s| {
+                    for _ in 0..8 {
+                        let (in_pool, release_rx, seen) =
+                            (in_pool.clone(), release_rx.clone(), seen.clone());
+                        s.spawn(move || {
+                            if fibra::current_worker() == Some(1)
+                                && !CLAIMED.swap(true, Ordering::SeqCst)
+                            {
+                                fibra::unblock(move || {
+                                    in_pool.send(()).unwrap();
+                                    let _ = release_rx.lock().unwrap().recv();
+                                    let dropped = DROPPED.load(Ordering::SeqCst);
+                                    seen.send((dropped, r.0.load(Ordering::SeqCst))).unwrap();
+                                });
+                            }
+                        });
+                    }
+                    // Holds worker 0, so that worker 1 takes some of the scoped fibers.
+                    block_thread(Duration::from_millis(300));
+                });
+            },
+            Some(0),
+        )
+        .unwrap();
+    in_pool_rx
+        .recv_timeout(BOUND)
+        .expect("a scoped fiber of worker 1 in unblock");
+    // Worker 0 late: its thread held past the deadline and the grace.
+    let hold = fibra::CANCEL_GRACE + Duration::from_millis(1500);
+    let (held, held_rx) = mpsc::channel();
+    sched
+        .submit(
+            move || {
+                held.send(()).unwrap();
+                block_thread(hold);
+            },
+            Some(0),
+        )
+        .unwrap();
+    held_rx.recv_timeout(BOUND).unwrap();
+    sched.stop_timeout(Duration::from_millis(50));
+    // Let worker 0 come back and do what it would with A.
+    thread::sleep(hold);
+    assert!(a.wait_timeout(BOUND), "A's handle reports its end");
+    release.send(()).unwrap();
+    let (dropped, value) = seen_rx.recv_timeout(BOUND).unwrap();
+    assert!(
+        !dropped && value == 7,
+        "the scope's caller dropped data that an abandoned scoped fiber still borrowed"
+    );
+    eprintln!("CHILD OK");
+}
+
 // =============================================================== aborts (child processes)
 
 /// A standalone fiber's overflow names the fiber.

@@ -186,3 +186,45 @@ fn scope_outside_a_fiber_panics_with_a_clear_message() {
         "{msg}"
     );
 }
+
+/// The caller cancelled while it waits for its fibers after `f` returned (not while `f`
+/// runs): the cancellation must wait for them too. It used to unwind out of the scope at
+/// once, freeing the frame its fibers still borrowed.
+#[test]
+fn a_scope_cancelled_while_it_waits_for_its_fibers_still_waits() {
+    with_deadline(|| {
+        let sched = started(2);
+        let ended = Arc::new(AtomicUsize::new(0));
+        let e = ended.clone();
+        let (waiting, waiting_rx) = std::sync::mpsc::channel();
+        let h = sched
+            .submit(
+                move || {
+                    let local = AtomicUsize::new(0);
+                    fibra::scope(|s| {
+                        for _ in 0..4 {
+                            s.spawn(|| {
+                                fibra::sleep(Duration::from_millis(200));
+                                local.fetch_add(1, Ordering::SeqCst);
+                                e.fetch_add(1, Ordering::SeqCst);
+                            });
+                        }
+                        waiting.send(()).unwrap();
+                    });
+                },
+                None,
+            )
+            .unwrap();
+        waiting_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        h.cancel();
+        assert!(h.wait_timeout(LIMIT));
+        assert!(h.is_cancelled());
+        assert_eq!(
+            ended.load(Ordering::SeqCst),
+            4,
+            "the scope returned before its fibers"
+        );
+        sched.stop();
+    });
+}

@@ -2379,7 +2379,7 @@ impl Worker {
                 std::mem::forget(coro);
             }
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
-            job.fail(JoinError::cancelled());
+            job.fail(JoinError::abandoned());
             self.stats().finished.add(1);
             self.shared.task_done(Some(self.index));
         }
