@@ -180,10 +180,14 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         msg_from(msg, off, Some(control), |part| {
             let r = real::recvmsg(fd, part, flags);
             filled |= r >= 0;
-            if r > 0 && (*part).msg_controllen > 0 {
+            // A part that brought ancillary data, or had some and no room for it (its fds
+            // closed, MSG_CTRUNC), ends the kernel's receive.
+            if r > 0 && ((*part).msg_controllen > 0 || (*part).msg_flags & libc::MSG_CTRUNC != 0) {
                 ended = true;
-                (*msg).msg_controllen = (*part).msg_controllen;
-                (*msg).msg_flags = (*part).msg_flags;
+                if part != msg {
+                    (*msg).msg_controllen = (*part).msg_controllen;
+                    (*msg).msg_flags |= (*part).msg_flags;
+                }
             }
             r
         })
@@ -446,7 +450,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
     let r = io(fd, READ, 0, |_| unsafe { real::accept(fd, addr, len) }
         as isize) as c_int;
     if r >= 0 {
-        fd::forget(r);
+        fd::created(r);
     }
     r
 }
@@ -466,7 +470,7 @@ pub unsafe extern "C" fn accept4(
         |_| unsafe { real::accept4(fd, addr, len, flags) } as isize,
     ) as c_int;
     if r >= 0 {
-        fd::forget(r);
+        fd::created(r);
     }
     r
 }
@@ -730,6 +734,109 @@ pub unsafe extern "C" fn getaddrinfo(
     rc
 }
 
+// ---- other names of the same calls ----
+//
+// C code built with `_FILE_OFFSET_BITS=64` calls `fcntl64` (glibc's headers rename `fcntl`),
+// and code built with `_FORTIFY_SOURCE` calls the `__*_chk` forms where the compiler knows
+// the buffer's size: without these, such code would bypass the hooks and block a worker.
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the caller's arguments, as `fcntl` takes them.
+    unsafe { fcntl(fd, cmd, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as above.
+    unsafe { fcntl(fd, cmd, arg) }
+}
+
+extern "C" {
+    /// glibc's report of a buffer overflow caught by a `_chk` function: it aborts.
+    fn __chk_fail() -> !;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: no arguments; it does not return.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: the caller's arguments, checked as glibc's `__read_chk` does.
+    unsafe { read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: as above.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: as above.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen {
+        // SAFETY: as above.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: as above.
+    unsafe { recvfrom(fd, buf, n, flags, addr, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
+    if fdslen / std::mem::size_of::<pollfd>() < n as usize {
+        // SAFETY: as above.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: as above.
+    unsafe { poll(fds, n, timeout) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: *const timespec,
+    mask: *const libc::sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if fdslen / std::mem::size_of::<pollfd>() < n as usize {
+        // SAFETY: as above.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: as above.
+    unsafe { ppoll(fds, n, timeout, mask) }
+}
+
 // ---- descriptors: keep the table right ----
 
 #[no_mangle]
@@ -748,7 +855,12 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
         libc::F_GETFL => {
             // SAFETY: F_GETFL takes no argument.
             let flags = unsafe { real::fcntl(fd, cmd, arg) };
-            match fd::lookup(fd).map(|s| s.state()) {
+            let state = if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+                fd::look_nonblocking(fd)
+            } else {
+                fd::lookup(fd).map(|s| s.state())
+            };
+            match state {
                 Some(s) if flags >= 0 && s & 3 == fd::HOOKED => {
                     (flags & !libc::O_NONBLOCK)
                         | if s & fd::USER_NONBLOCK != 0 {
@@ -761,15 +873,18 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             }
         }
         libc::F_SETFL => {
-            let user_nb = arg as c_int & libc::O_NONBLOCK != 0;
-            let hooked = fd::lookup(fd).is_some_and(|s| s.set_user_nonblock(user_nb));
-            let arg = if hooked {
-                arg | libc::O_NONBLOCK as c_ulong
-            } else {
-                arg
+            let Some(slot) = fd::lookup(fd).filter(|s| s.hooked()) else {
+                // SAFETY: F_SETFL takes an int of flags.
+                return unsafe { real::fcntl(fd, cmd, arg) };
             };
-            // SAFETY: F_SETFL takes an int of flags.
-            unsafe { real::fcntl(fd, cmd, arg) }
+            // The kernel mode stays non-blocking; the user's view changes only if the kernel
+            // takes the rest of the request.
+            // SAFETY: as above.
+            let r = unsafe { real::fcntl(fd, cmd, arg | libc::O_NONBLOCK as c_ulong) };
+            if r == 0 {
+                slot.set_user_nonblock(fd, arg as c_int & libc::O_NONBLOCK != 0);
+            }
+            r
         }
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             // SAFETY: the caller's arguments.
@@ -788,13 +903,17 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if request == libc::FIONBIO as c_ulong && arg != 0 {
-        // SAFETY: FIONBIO's argument points to the caller's int.
-        let on = unsafe { *(arg as *const c_int) } != 0;
-        if fd::lookup(fd).is_some_and(|s| s.set_user_nonblock(on)) {
+        if let Some(slot) = fd::lookup(fd).filter(|s| s.hooked()) {
+            // SAFETY: FIONBIO's argument points to the caller's int.
+            let on = unsafe { *(arg as *const c_int) } != 0;
             let one: c_int = 1;
             // SAFETY: FIONBIO with a pointer to a live int: the kernel mode stays
-            // non-blocking; the user's view was recorded above.
-            return unsafe { real::ioctl(fd, request, &one as *const c_int as c_ulong) };
+            // non-blocking; the user's view changes if the kernel takes the request.
+            let r = unsafe { real::ioctl(fd, request, &one as *const c_int as c_ulong) };
+            if r == 0 {
+                slot.set_user_nonblock(fd, on);
+            }
+            return r;
         }
     }
     // SAFETY: the caller's arguments, passed on in the same registers.
@@ -811,10 +930,17 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     r
 }
 
+/// Whether `fd` is open (a failed `dup2`/`dup3` must leave its target alone).
+fn is_open(fd: c_int) -> bool {
+    // SAFETY: F_GETFD takes no argument.
+    unsafe { real::fcntl(fd, libc::F_GETFD, 0) >= 0 }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
-    if fd != new {
-        // `new` is closed by the call: forget it first, as `close` would.
+    if fd != new && is_open(fd) {
+        // `new` is closed by the call: forget it first, as `close` would (after, a waiter
+        // or the reactor would meet the number's new file).
         fd::forget(new);
     }
     // SAFETY: the caller's fds.
@@ -827,7 +953,8 @@ pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
-    if fd != new {
+    // The kernel refuses these before touching `new`.
+    if fd != new && flags & !libc::O_CLOEXEC == 0 && is_open(fd) {
         fd::forget(new);
     }
     // SAFETY: the caller's arguments.
@@ -843,7 +970,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     // SAFETY: no pointers.
     let r = unsafe { real::socket(domain, ty, proto) };
     if r >= 0 {
-        fd::forget(r);
+        fd::created(r);
     }
     r
 }
@@ -889,6 +1016,6 @@ pub unsafe extern "C" fn pipe2(fds: *mut c_int, flags: c_int) -> c_int {
 unsafe fn forget_pair(fds: *const c_int) {
     // SAFETY: the caller's two-fd array.
     let (a, b) = unsafe { (*fds, *fds.add(1)) };
-    fd::forget(a);
-    fd::forget(b);
+    fd::created(a);
+    fd::created(b);
 }

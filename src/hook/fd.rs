@@ -40,8 +40,15 @@ pub(crate) const USER_NONBLOCK: u32 = 4;
 /// The fd is a socket (it may have `SO_RCVTIMEO`/`SO_SNDTIMEO`).
 pub(crate) const SOCKET: u32 = 8;
 /// Other hooked fds may share this one's open file (a duplicate made through the hooks, or
-/// an fd received over `SCM_RIGHTS`): a change of the user's blocking mode goes to them too.
+/// an fd whose open file another hooked fd holds): a change of the user's blocking mode goes
+/// to them too.
 const SHARED: u32 = 16;
+/// Hooked, and fibra set `O_NONBLOCK` on the open file (the user's view was blocking): an fd
+/// of the same open file met later finds the flag set by fibra, not by the user.
+const SWITCHED: u32 = 32;
+/// Not hooked yet, and made by a hooked call that creates fds (`socket`, `accept`, `pipe`,
+/// ...): no other fd shares its open file, so its first look need not search for one.
+const FRESH: u32 = 64;
 
 pub(crate) struct Slot {
     state: AtomicU32,
@@ -166,6 +173,14 @@ impl Slot {
         if flags < 0 {
             return PASS;
         }
+        if flags & libc::O_NONBLOCK != 0 && s & FRESH == 0 {
+            // Non-blocking: the user's choice, unless fibra switched this open file through
+            // another fd (a duplicate made before the switch, a received copy): then it
+            // takes that fd's view.
+            if let Some(s) = self.adopt(fd, &st) {
+                return s;
+            }
+        }
         static FILES: AtomicU64 = AtomicU64::new(1);
         self.file
             .store(FILES.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
@@ -178,7 +193,7 @@ impl Slot {
         }
         // Published before the switch: a plain thread that sees the fd non-blocking must
         // already know to emulate blocking.
-        let s = HOOKED | socket;
+        let s = HOOKED | SWITCHED | socket;
         self.state.store(s, Ordering::Release);
         // SAFETY: F_SETFL takes an int of flags.
         if unsafe { super::real::fcntl(fd, libc::F_SETFL, (flags | libc::O_NONBLOCK) as _) } < 0 {
@@ -188,14 +203,18 @@ impl Slot {
         s
     }
 
-    /// Records the user's blocking mode of a hooked fd, and of the hooked fds known to share
-    /// its open file (the kernel's flag belongs to the open file); returns false if the fd
-    /// is not hooked (the caller then passes the request to the kernel as is).
-    pub(crate) fn set_user_nonblock(&self, on: bool) -> bool {
-        if self.state() & KIND != HOOKED {
-            return false;
-        }
-        let _views = VIEWS.lock();
+    /// Whether calls on this fd are hooked (its blocking mode is the user's view).
+    pub(crate) fn hooked(&self) -> bool {
+        self.state() & KIND == HOOKED
+    }
+
+    /// Records the user's blocking mode of hooked `fd` (this slot's), after the kernel took
+    /// the request, and of the hooked fds that share its open file (the kernel's flag
+    /// belongs to the open file). A slot whose fd turns out not to share it is stale (its
+    /// fd was closed behind the hooks' back and the number reused) and is reset.
+    pub(crate) fn set_user_nonblock(&self, fd: libc::c_int, on: bool) {
+        let mut stale = Vec::new();
+        let views = VIEWS.lock();
         let set = |slot: &Slot| {
             slot.state
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
@@ -205,18 +224,63 @@ impl Slot {
                         s & !USER_NONBLOCK
                     })
                 })
-                .map_or(0, |s| s)
+                .unwrap_or(0)
         };
-        let s = set(self);
-        if s & SHARED != 0 {
-            let file = self.file.load(Ordering::Relaxed);
-            for_each_hooked(|_, other| {
-                if other.file.load(Ordering::Relaxed) == file {
+        if set(self) & SHARED == 0 {
+            return;
+        }
+        let file = self.file.load(Ordering::Relaxed);
+        let socket = self.state() & SOCKET != 0;
+        for_each_hooked(|other_fd, other| {
+            if other_fd == fd || other.file.load(Ordering::Relaxed) != file {
+                return;
+            }
+            match same_open_file(fd, other_fd, socket) {
+                Same::Yes => {
                     set(other);
                 }
-            });
+                Same::No => stale.push(other),
+                Same::Unknown => {}
+            }
+        });
+        // Reset outside the lock: a reset takes the slot's own lock, which a first look
+        // holds while it takes this one.
+        drop(views);
+        for other in stale {
+            other.reset();
         }
-        s & KIND == HOOKED
+    }
+
+    /// Takes the view of a hooked fd that fibra switched and that shares `fd`'s open file
+    /// (`st` is `fd`'s), if there is one: then the kernel's `O_NONBLOCK` on `fd` is fibra's.
+    /// Both are marked shared. Returns the new state.
+    ///
+    /// Candidates share `fd`'s inode, and each costs a `kcmp`. A socket's or a pipe's inode
+    /// has one or two open files; every eventfd, timerfd or epoll fd shares one anonymous
+    /// inode, so after [`ADOPT_TRIES`] candidates the search gives up (the fd's mode is
+    /// then taken as the user's): 18 000 switched eventfds made a received one cost 10 ms.
+    fn adopt(&self, fd: libc::c_int, st: &libc::stat) -> Option<u32> {
+        let socket = st.st_mode & libc::S_IFMT == libc::S_IFSOCK;
+        let mut found = None;
+        let mut tries = 0;
+        for_each_hooked(|other_fd, other| {
+            if found.is_none()
+                && tries < ADOPT_TRIES
+                && other_fd != fd
+                && other.state() & SWITCHED != 0
+                && other.dev.load(Ordering::Relaxed) == st.st_dev
+                && other.ino.load(Ordering::Relaxed) == st.st_ino
+            {
+                tries += 1;
+                if same_open_file(fd, other_fd, socket) == Same::Yes {
+                    found = Some(other);
+                }
+            }
+        });
+        let other = found?;
+        let _views = VIEWS.lock();
+        self.copy_from(other);
+        Some(self.state())
     }
 
     /// The reactor record, if this fd has one.
@@ -275,6 +339,9 @@ impl Slot {
     }
 }
 
+/// How many fds of the same inode [`Slot::adopt`] compares with at most.
+const ADOPT_TRIES: usize = 64;
+
 /// Serialises changes of the user's blocking mode with the copies of it that duplicates and
 /// received fds take, so that fds sharing an open file never end up with different views.
 static VIEWS: Mutex<()> = Mutex::new(());
@@ -296,41 +363,79 @@ fn for_each_hooked(mut f: impl FnMut(libc::c_int, &'static Slot)) {
     }
 }
 
-/// `fd` is about to be closed, or was just created: forget what we knew.
+/// `fd` is about to be closed, or its number is new: forget what we knew. In a forked child
+/// only the state is cleared: a lock or the reactor may have been held by a thread of the
+/// parent, which the child does not have.
 pub(crate) fn forget(fd: libc::c_int) {
-    if super::in_forked_child() {
-        return;
-    }
     if let Some(s) = lookup(fd) {
-        if s.state() != UNKNOWN || s.record.lock().is_some() {
+        if super::in_forked_child() {
+            s.generation.fetch_add(1, Ordering::AcqRel);
+            s.state.store(UNKNOWN, Ordering::Release);
+        } else if s.state() != UNKNOWN || s.record.lock().is_some() {
             s.reset();
         }
     }
 }
 
+/// `fd` was just made by a hooked call that creates fds: forget what we knew, and remember
+/// that no other fd shares its open file.
+pub(crate) fn created(fd: libc::c_int) {
+    forget(fd);
+    if let Some(s) = slot(fd) {
+        let _ = s
+            .state
+            .compare_exchange(UNKNOWN, FRESH, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
 /// `new` was just made a duplicate of `old`.
 pub(crate) fn duplicated(old: libc::c_int, new: libc::c_int) {
+    forget(new);
+    let (Some(o), Some(n)) = (lookup(old), slot(new)) else {
+        return;
+    };
     if super::in_forked_child() {
+        // No locks here (see `forget`); the duplicate shares the switched open file, so it
+        // goes on emulating blocking as `old` does.
+        let s = o.state();
+        if s & KIND == HOOKED {
+            n.state.store(s, Ordering::Release);
+        }
         return;
     }
-    forget(new);
-    if let (Some(o), Some(n)) = (lookup(old), slot(new)) {
-        let _views = VIEWS.lock();
-        n.copy_from(o);
+    let _views = VIEWS.lock();
+    // `old`'s open file is shared now: its first look must search, like `new`'s.
+    o.state.fetch_and(!FRESH, Ordering::AcqRel);
+    n.copy_from(o);
+}
+
+/// The state of `fd`; a slot never looked at, of an fd that `O_NONBLOCK` in the kernel, is
+/// looked at now, so that an fd whose open file fibra switched through another fd (a
+/// duplicate made before the switch, a received copy) shows the user's view. This never
+/// switches an fd (a plain thread may call it): a blocking one is left unlooked.
+pub(crate) fn look_nonblocking(fd: libc::c_int) -> Option<u32> {
+    let s = slot(fd)?;
+    let st = s.state();
+    if st & KIND != UNKNOWN || st & FRESH != 0 || super::in_forked_child() {
+        return Some(st);
     }
+    // SAFETY: F_GETFL takes no argument.
+    let flags = unsafe { super::real::fcntl(fd, libc::F_GETFL, 0) };
+    if flags < 0 || flags & libc::O_NONBLOCK == 0 {
+        return Some(st);
+    }
+    Some(s.classify(fd))
 }
 
 /// `fd` just arrived over `SCM_RIGHTS`. Its number is new to the hooks; its open file may
 /// be one the hooks switched to non-blocking mode through another fd of this process, in
 /// which case it takes that fd's view of the blocking mode instead of the kernel's flag
-/// (which fibra set, not the user). Found by `st_dev`/`st_ino` and confirmed with
-/// `kcmp(KCMP_FILE)`; where `kcmp` is not available, sockets are matched by inode alone
-/// (a socket has one open file), other fds not at all.
+/// (which fibra set, not the user): see [`Slot::adopt`].
 pub(crate) fn received(fd: libc::c_int) {
+    forget(fd);
     if super::in_forked_child() {
         return;
     }
-    forget(fd);
     // SAFETY: an all-zero `stat` is a valid value to be overwritten.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is a live, writable stat buffer.
@@ -343,26 +448,27 @@ pub(crate) fn received(fd: libc::c_int) {
         // Not switched (by this process, at least): the first look classifies it as usual.
         return;
     }
-    let socket = st.st_mode & libc::S_IFMT == libc::S_IFSOCK;
-    let mut found = None;
-    for_each_hooked(|other_fd, other| {
-        if found.is_none()
-            && other_fd != fd
-            && other.dev.load(Ordering::Relaxed) == st.st_dev
-            && other.ino.load(Ordering::Relaxed) == st.st_ino
-            && same_open_file(fd, other_fd, socket)
-        {
-            found = Some(other);
+    if let Some(new) = slot(fd) {
+        let _first = new.record.lock();
+        if new.state() == UNKNOWN {
+            new.adopt(fd, &st);
         }
-    });
-    if let (Some(other), Some(new)) = (found, slot(fd)) {
-        let _views = VIEWS.lock();
-        new.copy_from(other);
     }
 }
 
-/// Whether `a` and `b` are the same open file; `socket`: they are sockets with one inode.
-fn same_open_file(a: libc::c_int, b: libc::c_int, socket: bool) -> bool {
+#[derive(PartialEq, Eq)]
+enum Same {
+    Yes,
+    /// Not the same open file, or `b` is not open.
+    No,
+    /// Cannot tell (no `kcmp` here, and not sockets).
+    Unknown,
+}
+
+/// Whether `a` and `b` are the same open file: `kcmp(KCMP_FILE)`; where it is not available
+/// (ENOSYS, or EPERM under a restrictive policy), sockets (`socket`: `a` is one) compare by
+/// inode, which is one open file for a socket.
+fn same_open_file(a: libc::c_int, b: libc::c_int, socket: bool) -> Same {
     const KCMP_FILE: libc::c_int = 0;
     // SAFETY: getpid has no preconditions; kcmp only compares this process's fds.
     let r = unsafe {
@@ -370,10 +476,25 @@ fn same_open_file(a: libc::c_int, b: libc::c_int, socket: bool) -> bool {
         libc::syscall(libc::SYS_kcmp, pid, pid, KCMP_FILE, a, b)
     };
     match r {
-        0 => true,
-        r if r > 0 => false,
-        // No kcmp here (ENOSYS, or EPERM under a restrictive policy).
-        _ => socket,
+        0 => return Same::Yes,
+        r if r > 0 => return Same::No,
+        _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF) => {
+            return Same::No
+        }
+        _ => {}
+    }
+    if !socket {
+        return Same::Unknown;
+    }
+    let ident = |fd| {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a live, writable stat buffer.
+        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    };
+    match (ident(a), ident(b)) {
+        (Some(x), Some(y)) if x == y => Same::Yes,
+        _ => Same::No,
     }
 }
 

@@ -33,6 +33,10 @@
 //! | `close` | wakes fibers waiting on the fd (they fail with `EBADF`), forgets it in the reactor |
 //! | `fcntl` (`F_GETFL`, `F_SETFL`, `F_DUPFD`…), `ioctl(FIONBIO)`, `dup`, `dup2`, `dup3`, `socket`, `socketpair`, `pipe`, `pipe2` | keep the per-fd state right; otherwise the real call |
 //!
+//! Other names of the same calls are hooked too: `fcntl64` and `__fcntl` (C code built with
+//! `_FILE_OFFSET_BITS=64` calls `fcntl64`), and the `_FORTIFY_SOURCE` forms `__read_chk`,
+//! `__recv_chk`, `__recvfrom_chk`, `__poll_chk` and `__ppoll_chk`.
+//!
 //! MSG_DONTWAIT makes a call not wait, as it would in the kernel. Every hooked call that may
 //! wait spends one unit of the fiber's [cooperative budget](crate::coop).
 //!
@@ -68,7 +72,7 @@
 //! - **Shared open files.** A socket or pipe inherited from another process, or passed over a
 //!   Unix socket, is switched like any other: the other process sees the mode change. The
 //!   switch is made to the open file, which every duplicate of the fd shares, and so is the
-//!   user's blocking mode: a duplicate made through the hooks (`dup`, `try_clone`) and an fd
+//!   user's blocking mode: a duplicate (`dup`, `try_clone`, before or after the switch) and an fd
 //!   received over `SCM_RIGHTS` while another fd of this process holds its open file share
 //!   one view, which `O_NONBLOCK` set through any of them changes. What the hooks cannot
 //!   know: an fd received over `SCM_RIGHTS` whose open file was switched in another
@@ -412,29 +416,41 @@ fn route(fd: c_int) -> Route {
     }
 }
 
-/// Where a call that went through unhooked and failed with `EAGAIN` (result `r`) goes on:
-/// `Some` if the fd waits now, that is, fibra switched its open file to non-blocking mode
-/// while the call was on its way or inside the kernel, and the user's view is blocking.
-/// Two ways this happens: a plain thread's real blocking call that a signal interrupts is
-/// restarted by the kernel (`SA_RESTART`) and meets the new flag; or a fiber's first call
-/// switches the fd between a plain thread's look at its slot and its call. A blocking call
-/// never fails with `EAGAIN` then, so it goes on waiting, as if it had been routed.
+/// Where a call that went through unhooked goes on, with how many bytes it already moved:
+/// `Some` if it failed with `EAGAIN`, or moved fewer than the `whole` a blocking call moves
+/// (a pipe's write looks at the flag as it goes), on an fd that waits now. That is, fibra
+/// switched its open file to non-blocking mode while the call was on its way or inside the
+/// kernel, and the user's view is blocking. Two ways this happens: a plain thread's real
+/// blocking call that a signal interrupts is restarted by the kernel (`SA_RESTART`) and
+/// meets the new flag; or a fiber's first call switches the fd between a plain thread's
+/// look at its slot and its call (a long pipe write meets it in the kernel too). A blocking
+/// call never fails with `EAGAIN` nor stops short then, so it goes on waiting, as if it had
+/// been routed.
 ///
-/// A socket with a timeout in this direction keeps its `EAGAIN`: that is how its timeout
+/// A socket with a timeout in this direction keeps its result: that is how its timeout
 /// ends, and the kernel does not restart such calls (it fails them with `EINTR`).
 #[cold]
-fn switched_under(fd: c_int, r: isize, dir: Dir) -> Option<Blocking> {
-    if r >= 0 || errno() != libc::EAGAIN {
-        return None;
-    }
-    let (ctx, slot, state) = match route(fd) {
-        Route::Pass => return None,
-        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+fn switched_under(fd: c_int, r: isize, dir: Dir, whole: usize) -> Option<(Blocking, usize)> {
+    let done = match r {
+        r if r < 0 && errno() == libc::EAGAIN => 0,
+        r if r > 0 && (r as usize) < whole => r as usize,
+        _ => return None,
     };
-    let mut b = Blocking::new(ctx, fd, slot, state, dir);
-    let timed = b.deadline().is_some();
-    set_errno(libc::EAGAIN);
-    (!timed).then_some(b)
+    let saved = errno();
+    let go_on = || {
+        // An fd never looked at (on a plain thread) whose open file fibra switched through
+        // another fd: looking at it now finds that fd's view.
+        fd::look_nonblocking(fd);
+        let (ctx, slot, state) = match route(fd) {
+            Route::Pass => return None,
+            Route::Wait(ctx, slot, state) => (ctx, slot, state),
+        };
+        let mut b = Blocking::new(ctx, fd, slot, state, dir);
+        b.deadline().is_none().then_some((b, done))
+    };
+    let r = go_on();
+    set_errno(saved);
+    r
 }
 
 /// A read- or write-like call on `fd`: `op` is the real call. `whole` is the length the
@@ -442,18 +458,18 @@ fn switched_under(fd: c_int, r: isize, dir: Dir) -> Option<Blocking> {
 /// progress); `op` then gets the offset to go on from.
 #[inline(always)]
 fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> isize {
-    let b = match route(fd) {
+    let (b, start) = match route(fd) {
         Route::Pass => {
             let r = op(0);
-            match switched_under(fd, r, dir) {
-                Some(b) => b,
+            match switched_under(fd, r, dir, whole) {
+                Some(go_on) => go_on,
                 None => return r,
             }
         }
-        Route::Wait(ctx, slot, state) => Blocking::new(ctx, fd, slot, state, dir),
+        Route::Wait(ctx, slot, state) => (Blocking::new(ctx, fd, slot, state, dir), 0),
     };
     let call = |b: &mut Blocking| {
-        let mut done = 0usize;
+        let mut done = start;
         loop {
             let r = b.run(|| op(done));
             if r < 0 {
@@ -489,8 +505,9 @@ pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -
     let b = match route(fd) {
         Route::Pass => {
             let r = op();
-            match switched_under(fd, r, READ) {
-                Some(b) => b,
+            // A short peek is what a non-blocking one gives: only EAGAIN goes on here.
+            match switched_under(fd, r, READ, 0) {
+                Some((b, _)) => b,
                 None => return r,
             }
         }
