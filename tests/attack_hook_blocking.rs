@@ -15,20 +15,12 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{finish, is_child, run_child, with_deadline};
+use common::{
+    both, errno, finish, is_child, run_child, same_as_libc, shared_started, with_deadline,
+};
 use fibra::Scheduler;
 
 const CHILD: &str = "FIBRA_ATTACK_HOOK_BLOCKING_CHILD";
-
-fn sched(threads: usize) -> Arc<Scheduler> {
-    let s = Arc::new(Scheduler::builder().threads(threads).build().unwrap());
-    s.start();
-    s
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
 
 /// A connected TCP pair on 127.0.0.1 made with real calls on this thread: (client, server).
 fn tcp_pair() -> (TcpStream, TcpStream) {
@@ -36,46 +28,6 @@ fn tcp_pair() -> (TcpStream, TcpStream) {
     let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (s, _) = l.accept().unwrap();
     (c, s)
-}
-
-/// Runs `f` in a fiber of a fresh one-worker scheduler and on a plain thread (libc's own
-/// calls), returning (fiber, thread).
-fn both<T: Send + 'static>(f: fn() -> T) -> (T, T) {
-    let plain = std::thread::spawn(f).join().unwrap();
-    let s = sched(1);
-    let h = s.submit(f, None).unwrap();
-    let fib = finish(h);
-    s.stop();
-    (fib, plain)
-}
-
-/// [`both`], checking libc's result against `libc` and the fiber's against libc's.
-fn same_as_libc<T: std::fmt::Debug + PartialEq + Send + 'static>(
-    f: fn() -> T,
-    libc: T,
-    what: &str,
-) {
-    let (fib, plain) = both(f);
-    assert_eq!(plain, libc, "libc's reference");
-    assert_eq!(fib, plain, "fiber: {what}");
-}
-
-fn set_timeout(fd: RawFd, opt: i32, d: Duration) {
-    let tv = libc::timeval {
-        tv_sec: d.as_secs() as _,
-        tv_usec: d.subsec_micros() as _,
-    };
-    // SAFETY: a live timeval of the right size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as _,
-        )
-    };
-    assert_eq!(r, 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -151,7 +103,7 @@ fn peek_waitall() -> (isize, Vec<u8>) {
         c.write_all(b"cd").unwrap();
         c
     });
-    set_timeout(srv.as_raw_fd(), libc::SO_RCVTIMEO, Duration::from_secs(5));
+    common::set_socket_timeout(srv.as_raw_fd(), libc::SO_RCVTIMEO, Duration::from_secs(5));
     let mut buf = [0u8; 4];
     // SAFETY: a live 4-byte buffer.
     let n = unsafe {
@@ -625,7 +577,7 @@ fn shutdown_later(fd: RawFd, how: i32) -> std::thread::JoinHandle<()> {
 /// Makes `call` on `fd` (with a 5 s receive timeout) while another thread shuts the socket
 /// down `how` soon after: (its result, `errno`, whether it returned well before the timeout).
 fn call_while_shut_down(fd: RawFd, how: i32, call: fn(RawFd) -> isize) -> (isize, i32, bool) {
-    set_timeout(fd, libc::SO_RCVTIMEO, Duration::from_secs(5));
+    common::set_socket_timeout(fd, libc::SO_RCVTIMEO, Duration::from_secs(5));
     let t = Instant::now();
     let sh = shutdown_later(fd, how);
     let n = call(fd);
@@ -881,7 +833,7 @@ fn a_received_nonblocking_eventfd_keeps_its_own_mode() {
 #[test]
 fn eventfd_timerfd_and_fifo_park_only_the_fiber() {
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         let dir = std::env::temp_dir().join(format!("fibra_r4b_fifo_{}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
         let c = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
@@ -977,7 +929,7 @@ fn eventfd_timerfd_and_fifo_park_only_the_fiber() {
 #[test]
 fn cat_with_piped_stdin_and_stdout_in_many_fibers() {
     with_deadline(|| {
-        let s = sched(2);
+        let s = shared_started(2);
         let hs: Vec<_> = (0..16)
             .map(|i| {
                 s.submit(
@@ -1189,7 +1141,7 @@ fn poll_and_ppoll_edge_timeouts_match_libc() {
 fn getaddrinfo_localhost_from_300_fibers_on_one_worker() {
     use std::net::ToSocketAddrs;
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         let hs: Vec<_> = (0..300)
             .map(|i| {
                 s.submit(
@@ -1220,7 +1172,7 @@ fn getaddrinfo_localhost_from_300_fibers_on_one_worker() {
 
 fn sndtimeo_partial() -> (bool, bool, i32) {
     let (c, _srv) = tcp_pair();
-    set_timeout(c.as_raw_fd(), libc::SO_SNDTIMEO, Duration::from_millis(300));
+    common::set_socket_timeout(c.as_raw_fd(), libc::SO_SNDTIMEO, Duration::from_millis(300));
     let big = vec![1u8; 64 << 20];
     let t = Instant::now();
     // SAFETY: a live buffer.
@@ -1278,7 +1230,7 @@ trait ListenerTimeout {
 }
 impl ListenerTimeout for TcpListener {
     fn set_read_timeout_compat(&self, d: Duration) {
-        set_timeout(self.as_raw_fd(), libc::SO_RCVTIMEO, d);
+        common::set_socket_timeout(self.as_raw_fd(), libc::SO_RCVTIMEO, d);
     }
 }
 
@@ -1339,7 +1291,7 @@ fn listener_nonblocking_toggle_matches_libc() {
 #[test]
 fn a_thread_spawned_from_a_fiber_gets_libc_semantics_on_switched_fds() {
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         let r = s.block_on(|| {
             let (a, b) = UnixStream::pair().unwrap();
             // Switch `a` in the fiber.
@@ -1445,7 +1397,7 @@ fn child_signals_at_workers() {
         return;
     }
     install(libc::SIGUSR1, false);
-    let s = sched(2);
+    let s = shared_started(2);
     let stop = Arc::new(AtomicBool::new(false));
     let st = stop.clone();
     let signaller = std::thread::spawn(move || {
@@ -1688,7 +1640,7 @@ fn child_plain_thread_eintr() {
         return;
     }
     install(libc::SIGUSR1, false);
-    let s = sched(1);
+    let s = shared_started(1);
     let tid = Arc::new(AtomicI32::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let run_on = |spawn_in_fiber: bool| -> Vec<String> {
@@ -1752,7 +1704,7 @@ fn child_restart_after_switch() {
         return;
     }
     install(libc::SIGUSR1, true);
-    let s = sched(1);
+    let s = shared_started(1);
     let (a, b) = UnixStream::pair().unwrap();
     let a = Arc::new(a);
     let a2 = a.clone();
@@ -1793,7 +1745,7 @@ fn child_restart_after_switch() {
 #[test]
 fn a_timed_read_on_a_plain_thread_ends_at_its_timeout_after_a_fiber_switched_the_socket() {
     const TIMEOUT: Duration = Duration::from_millis(800);
-    let s = sched(1);
+    let s = shared_started(1);
     let (a, _b) = UnixStream::pair().unwrap();
     a.set_read_timeout(Some(TIMEOUT)).unwrap();
     let a = Arc::new(a);
@@ -1840,7 +1792,7 @@ fn child_dup2_onto_std_streams() {
     // harness reports on stdout).
     let saved = unsafe { (libc::dup(0), libc::dup(1)) };
     assert!(saved.0 >= 0 && saved.1 >= 0);
-    let s = sched(1);
+    let s = shared_started(1);
     let r = s.block_on(|| {
         let (a, b) = UnixStream::pair().unwrap();
         // Switch `a` by using it in this fiber.
@@ -1920,7 +1872,7 @@ fn thread_cpu() -> Duration {
 #[test]
 fn a_plain_thread_recv_on_a_switched_udp_socket_after_shutdown() {
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         let u = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
         let u2 = u.clone();
         // Switch it in a fiber (a read that times out).
@@ -1968,7 +1920,7 @@ fn child_largest_timeouts() {
     if !is_child(CHILD, "child_largest_timeouts") {
         return;
     }
-    let s = sched(1);
+    let s = shared_started(1);
     let stop = Arc::new(AtomicBool::new(false));
     let ticks = Arc::new(AtomicUsize::new(0));
     let (st, tk) = (stop.clone(), ticks.clone());
@@ -2095,7 +2047,7 @@ fn child_no_stdin() {
     if !is_child(CHILD, "child_no_stdin") {
         return;
     }
-    let s = sched(1);
+    let s = shared_started(1);
     // /dev/null first (how run_child starts us), then no fd 0 at all.
     let r1 = s.block_on(|| {
         let mut line = String::new();
@@ -2124,7 +2076,7 @@ fn recvmsg_waitall() -> (isize, Vec<u8>) {
         c.write_all(b"cd").unwrap();
         c
     });
-    set_timeout(srv.as_raw_fd(), libc::SO_RCVTIMEO, Duration::from_secs(5));
+    common::set_socket_timeout(srv.as_raw_fd(), libc::SO_RCVTIMEO, Duration::from_secs(5));
     let mut buf = [0u8; 4];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),

@@ -15,41 +15,11 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{finish, is_child, run_child, with_deadline};
-use fibra::Scheduler;
+use common::{
+    both, errno, finish, is_child, run_child, same_as_libc, shared_started, with_deadline,
+};
 
 const CHILD: &str = "FIBRA_ATTACK_HOOK_VIEWS_CHILD";
-
-fn sched(threads: usize) -> Arc<Scheduler> {
-    let s = Arc::new(Scheduler::builder().threads(threads).build().unwrap());
-    s.start();
-    s
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-/// Runs `f` in a fiber of a fresh one-worker scheduler and on a plain thread (libc's own
-/// calls), returning (fiber, thread).
-fn both<T: Send + 'static>(f: fn() -> T) -> (T, T) {
-    let plain = std::thread::spawn(f).join().unwrap();
-    let s = sched(1);
-    let h = s.submit(f, None).unwrap();
-    let fib = finish(h);
-    s.stop();
-    (fib, plain)
-}
-
-fn same_as_libc<T: std::fmt::Debug + PartialEq + Send + 'static>(
-    f: fn() -> T,
-    libc: T,
-    what: &str,
-) {
-    let (fib, plain) = both(f);
-    assert_eq!(plain, libc, "libc's reference");
-    assert_eq!(fib, plain, "fiber: {what}");
-}
 
 fn check_child(helper: &str) {
     let (status, err) = run_child(CHILD, helper);
@@ -125,7 +95,7 @@ fn a_duplicate_made_before_the_switch_keeps_blocking() {
 #[test]
 fn a_duplicate_made_before_the_switch_blocks_on_a_plain_thread() {
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         let (a, b) = UnixStream::pair().unwrap();
         let copy = a.try_clone().unwrap();
         let (mut a, mut b) = s.block_on(move || {
@@ -151,25 +121,28 @@ fn a_duplicate_made_before_the_switch_blocks_on_a_plain_thread() {
 // F_SETFL that fails in the kernel
 // ---------------------------------------------------------------------------------------
 
-/// `fcntl(F_SETFL, O_NONBLOCK | O_DIRECT)` on a socket: the kernel refuses O_DIRECT (EINVAL)
-/// and changes nothing; the fd stays blocking.
-fn setfl_einval() -> (i32, i32, bool, Result<usize, i32>) {
+/// Switches a socket `a` (in a fiber), makes `call` with its fd (a call that fails), then
+/// reports the call's result and errno, whether `a` shows O_NONBLOCK, and how a read of
+/// `a` ends when its peer writes late (blocking: it gets the byte).
+fn after_failed_call(call: impl FnOnce(RawFd) -> i32) -> (i32, i32, bool, Result<usize, i32>) {
     let (mut a, mut b) = UnixStream::pair().unwrap();
     touch(&mut a, &mut b);
-    // SAFETY: F_SETFL on a live fd.
-    let r = unsafe {
-        libc::fcntl(
-            a.as_raw_fd(),
-            libc::F_SETFL,
-            libc::O_NONBLOCK | libc::O_DIRECT,
-        )
-    };
+    let r = call(a.as_raw_fd());
     let e = errno();
     let shows_nb = getfl_nb(a.as_raw_fd());
     let w = write_later(b, 300);
     let got = read1(a.as_raw_fd());
     let _b = w.join().unwrap();
     (r, e, shows_nb, got)
+}
+
+/// `fcntl(F_SETFL, O_NONBLOCK | O_DIRECT)` on a socket: the kernel refuses O_DIRECT (EINVAL)
+/// and changes nothing; the fd stays blocking.
+fn setfl_einval() -> (i32, i32, bool, Result<usize, i32>) {
+    // SAFETY: F_SETFL on a live fd.
+    after_failed_call(|a| unsafe {
+        libc::fcntl(a, libc::F_SETFL, libc::O_NONBLOCK | libc::O_DIRECT)
+    })
 }
 
 #[test]
@@ -186,20 +159,12 @@ fn a_failed_setfl_leaves_the_blocking_mode_alone() {
 /// A duplicate closed behind the hooks' back, then F_SETFL(O_NONBLOCK) on its (now free)
 /// number: libc fails with EBADF and the original is untouched.
 fn setfl_ebadf_on_closed_copy() -> (i32, i32, bool, Result<usize, i32>) {
-    let (mut a, mut b) = UnixStream::pair().unwrap();
-    touch(&mut a, &mut b);
     // SAFETY: plain calls on fds this function owns; `copy` is closed with the raw call.
-    unsafe {
-        let copy = libc::dup(a.as_raw_fd());
+    after_failed_call(|a| unsafe {
+        let copy = libc::dup(a);
         assert_eq!(libc::syscall(libc::SYS_close, copy), 0);
-        let r = libc::fcntl(copy, libc::F_SETFL, libc::O_NONBLOCK);
-        let e = errno();
-        let shows_nb = getfl_nb(a.as_raw_fd());
-        let w = write_later(b, 300);
-        let got = read1(a.as_raw_fd());
-        let _b = w.join().unwrap();
-        (r, e, shows_nb, got)
-    }
+        libc::fcntl(copy, libc::F_SETFL, libc::O_NONBLOCK)
+    })
 }
 
 #[test]
@@ -277,20 +242,12 @@ fn setfl_on_an_unrelated_fd_reusing_a_stale_number_leaves_the_socket_alone() {
 
 /// `dup2(bad, a)` fails with EBADF and leaves `a` alone: it stays blocking.
 fn dup2_bad_source() -> (i32, i32, bool, Result<usize, i32>) {
-    let (mut a, mut b) = UnixStream::pair().unwrap();
-    touch(&mut a, &mut b);
     // SAFETY: a closed fd number as the source: the call fails.
-    unsafe {
-        let bad = libc::dup(a.as_raw_fd());
+    after_failed_call(|a| unsafe {
+        let bad = libc::dup(a);
         libc::close(bad);
-        let r = libc::dup2(bad, a.as_raw_fd());
-        let e = errno();
-        let shows_nb = getfl_nb(a.as_raw_fd());
-        let w = write_later(b, 300);
-        let got = read1(a.as_raw_fd());
-        let _b = w.join().unwrap();
-        (r, e, shows_nb, got)
-    }
+        libc::dup2(bad, a)
+    })
 }
 
 #[test]
@@ -309,7 +266,7 @@ fn a_failed_dup2_leaves_the_target_alone() {
 #[test]
 fn a_failed_dup2_does_not_wake_a_parked_reader_with_ebadf() {
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         let (a, b) = UnixStream::pair().unwrap();
         let fd = a.as_raw_fd();
         let reader = s.submit(move || read1(fd), None).unwrap();
@@ -363,7 +320,7 @@ fn child_fork_reuse() {
     if !is_child(CHILD, "child_fork_reuse") {
         return;
     }
-    let s = sched(1);
+    let s = shared_started(1);
     let (a, b) = UnixStream::pair().unwrap();
     let (a, _b) = s.block_on(move || {
         let (mut a, mut b) = (a, b);
@@ -433,7 +390,7 @@ fn a_plain_threads_blocking_pipe_write_is_not_cut_short_by_the_switch() {
 fn pipe_write_while_switched(switch: bool) {
     {
         const N: usize = 1 << 20;
-        let s = sched(1);
+        let s = shared_started(1);
         let mut p = [0; 2];
         // SAFETY: a live array.
         assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
@@ -839,24 +796,6 @@ fn a_datagram_with_an_fd_and_no_data_matches_libc() {
 // Timed plain-thread calls while a fiber switches the fd
 // ---------------------------------------------------------------------------------------
 
-fn set_timeout(fd: RawFd, opt: i32, d: Duration) {
-    let tv = libc::timeval {
-        tv_sec: d.as_secs() as _,
-        tv_usec: d.subsec_micros() as _,
-    };
-    // SAFETY: a live timeval of the right size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&tv as *const libc::timeval).cast(),
-            16,
-        )
-    };
-    assert_eq!(r, 0);
-}
-
 /// accept (SO_RCVTIMEO) and a write on a full socket (SO_SNDTIMEO) on a plain thread, in the
 /// kernel when a fiber switches the fd (a zero-length write / a read of the listener): each
 /// ends with EAGAIN once, at its own timeout.
@@ -864,11 +803,11 @@ fn set_timeout(fd: RawFd, opt: i32, d: Duration) {
 fn timed_plain_thread_accept_and_write_end_once_after_a_switch() {
     with_deadline(|| {
         const TIMEOUT: Duration = Duration::from_millis(800);
-        let s = sched(1);
+        let s = shared_started(1);
         // accept
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let lfd = l.as_raw_fd();
-        set_timeout(lfd, libc::SO_RCVTIMEO, TIMEOUT);
+        common::set_socket_timeout(lfd, libc::SO_RCVTIMEO, TIMEOUT);
         let acc = std::thread::spawn(move || {
             let t = Instant::now();
             // SAFETY: no address wanted.
@@ -882,7 +821,7 @@ fn timed_plain_thread_accept_and_write_end_once_after_a_switch() {
         let chunk = [0u8; 4096];
         while (&a).write(&chunk).is_ok() {}
         a.set_nonblocking(false).unwrap();
-        set_timeout(afd, libc::SO_SNDTIMEO, TIMEOUT);
+        common::set_socket_timeout(afd, libc::SO_SNDTIMEO, TIMEOUT);
         let wr = std::thread::spawn(move || {
             let t = Instant::now();
             // SAFETY: a live buffer.
@@ -929,7 +868,7 @@ fn timed_plain_thread_accept_and_write_end_once_after_a_switch() {
 #[test]
 fn setfl_racing_dup_leaves_one_view() {
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         let (a, b) = UnixStream::pair().unwrap();
         let (a, _b) = s.block_on(move || {
             let (mut a, mut b) = (a, b);
@@ -1020,7 +959,7 @@ fn child_fcntl64() {
     if !is_child(CHILD, "child_fcntl64") {
         return;
     }
-    let s = sched(1);
+    let s = shared_started(1);
     let (a, b) = UnixStream::pair().unwrap();
     let fd = a.as_raw_fd();
     let (a, mut b) = s.block_on(move || {
@@ -1071,7 +1010,7 @@ extern "C" {
 #[test]
 fn fortified_reads_and_polls_park_only_the_fiber() {
     with_deadline(|| {
-        let s = sched(1);
+        let s = shared_started(1);
         for call in 0..3 {
             let (a, mut b) = UnixStream::pair().unwrap();
             let fd = a.as_raw_fd();

@@ -115,6 +115,13 @@ impl Drop for Bomb {
     }
 }
 
+/// A waker whose wake panics, and the count of its wakes.
+fn panicking_waker() -> (Arc<PanicWaker>, Waker) {
+    let wakes = Arc::new(PanicWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(wakes.clone());
+    (wakes, waker)
+}
+
 /// A waker whose wake panics.
 struct PanicWaker(AtomicUsize);
 impl Wake for PanicWaker {
@@ -2066,31 +2073,13 @@ fn child_panicking_waker_during_cancel() {
     let sched = started(1);
     let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
     let rx = Arc::new(rx);
-    let r = rx.clone();
-    let first = Arc::new(sched.submit(move || r.recv().ok(), None).unwrap());
-    while sched.metrics().workers()[0].parks() == 0 {
-        thread::sleep(Duration::from_millis(1));
-    }
-    // A future watching the receiver with a waker that panics.
-    let wakes = Arc::new(PanicWaker(AtomicUsize::new(0)));
-    let waker = Waker::from(wakes.clone());
+    let (wakes, waker) = panicking_waker();
     let mut fut = Box::pin(rx.recv_async());
     let mut cx = std::task::Context::from_waker(&waker);
-    assert!(fut.as_mut().poll(&mut cx).is_pending());
-    let f = first.clone();
-    let ender = sched
-        .submit(
-            move || {
-                tx.send(7).unwrap();
-                f.cancel();
-                tx
-            },
-            None,
-        )
-        .unwrap();
-    let _tx = finish(ender);
-    assert!(first.wait_timeout(BOUND));
-    assert!(first.is_cancelled());
+    let _tx = common::cancel_a_receiver_holding_a_message(&sched, tx, &rx, 7, || {
+        // A future watching the receiver with a waker that panics.
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+    });
     assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the future was woken");
     assert_eq!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(7)));
     sched.stop();
@@ -2120,11 +2109,8 @@ fn child_panicking_waker_sender_drop() {
             None,
         )
         .unwrap();
-    while sched.metrics().workers()[0].parks() == 0 {
-        thread::sleep(Duration::from_millis(1));
-    }
-    let wakes = Arc::new(PanicWaker(AtomicUsize::new(0)));
-    let waker = Waker::from(wakes.clone());
+    common::a_fiber_parked(&sched);
+    let (wakes, waker) = panicking_waker();
     let mut fut = Box::pin(rx.recv_async());
     let mut cx = std::task::Context::from_waker(&waker);
     assert!(fut.as_mut().poll(&mut cx).is_pending());

@@ -139,64 +139,16 @@ fn the_scope_waits_when_its_own_body_panics() {
     });
 }
 
-#[test]
-fn a_cancelled_scope_still_waits_for_its_fibers() {
-    with_deadline(|| {
+/// The scope's caller is cancelled while four fibers borrowing its frame run: in `f` (it
+/// sleeps there), or, with `f_returns`, once `f` has returned and the scope waits for them.
+/// The cancellation must wait for the fibers either way. In the second case it used to
+/// unwind out of the scope at once, freeing the frame its fibers still borrowed.
+fn a_cancelled_scope_waits_for_its_fibers(f_returns: bool) {
+    with_deadline(move || {
         let sched = started(2);
         let ended = Arc::new(AtomicUsize::new(0));
         let e = ended.clone();
-        let h = sched
-            .submit(
-                move || {
-                    let local = AtomicUsize::new(0);
-                    fibra::scope(|s| {
-                        for _ in 0..4 {
-                            s.spawn(|| {
-                                fibra::sleep(Duration::from_millis(50));
-                                // Borrows the cancelled fiber's frame: still alive.
-                                local.fetch_add(1, Ordering::SeqCst);
-                                e.fetch_add(1, Ordering::SeqCst);
-                            });
-                        }
-                        fibra::sleep(Duration::from_secs(3600));
-                    });
-                },
-                None,
-            )
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(10));
-        h.cancel();
-        assert!(h.wait_timeout(LIMIT));
-        assert!(h.is_cancelled());
-        assert_eq!(
-            ended.load(Ordering::SeqCst),
-            4,
-            "the scope returned before its fibers"
-        );
-        sched.stop();
-    });
-}
-
-#[test]
-fn scope_outside_a_fiber_panics_with_a_clear_message() {
-    let r = std::panic::catch_unwind(|| fibra::scope(|_| ()));
-    let msg = common::panic_message(&*r.unwrap_err()).unwrap_or_default();
-    assert!(
-        msg.contains("fibra::scope must be called from a fiber"),
-        "{msg}"
-    );
-}
-
-/// The caller cancelled while it waits for its fibers after `f` returned (not while `f`
-/// runs): the cancellation must wait for them too. It used to unwind out of the scope at
-/// once, freeing the frame its fibers still borrowed.
-#[test]
-fn a_scope_cancelled_while_it_waits_for_its_fibers_still_waits() {
-    with_deadline(|| {
-        let sched = started(2);
-        let ended = Arc::new(AtomicUsize::new(0));
-        let e = ended.clone();
-        let (waiting, waiting_rx) = std::sync::mpsc::channel();
+        let (spawned, spawned_rx) = std::sync::mpsc::channel();
         let h = sched
             .submit(
                 move || {
@@ -205,17 +157,21 @@ fn a_scope_cancelled_while_it_waits_for_its_fibers_still_waits() {
                         for _ in 0..4 {
                             s.spawn(|| {
                                 fibra::sleep(Duration::from_millis(200));
+                                // Borrows the cancelled fiber's frame: still alive.
                                 local.fetch_add(1, Ordering::SeqCst);
                                 e.fetch_add(1, Ordering::SeqCst);
                             });
                         }
-                        waiting.send(()).unwrap();
+                        spawned.send(()).unwrap();
+                        if !f_returns {
+                            fibra::sleep(Duration::from_secs(3600));
+                        }
                     });
                 },
                 None,
             )
             .unwrap();
-        waiting_rx.recv().unwrap();
+        spawned_rx.recv().unwrap();
         std::thread::sleep(Duration::from_millis(20));
         h.cancel();
         assert!(h.wait_timeout(LIMIT));
@@ -227,4 +183,24 @@ fn a_scope_cancelled_while_it_waits_for_its_fibers_still_waits() {
         );
         sched.stop();
     });
+}
+
+#[test]
+fn a_cancelled_scope_still_waits_for_its_fibers() {
+    a_cancelled_scope_waits_for_its_fibers(false);
+}
+
+#[test]
+fn a_scope_cancelled_while_it_waits_for_its_fibers_still_waits() {
+    a_cancelled_scope_waits_for_its_fibers(true);
+}
+
+#[test]
+fn scope_outside_a_fiber_panics_with_a_clear_message() {
+    let r = std::panic::catch_unwind(|| fibra::scope(|_| ()));
+    let msg = common::panic_message(&*r.unwrap_err()).unwrap_or_default();
+    assert!(
+        msg.contains("fibra::scope must be called from a fiber"),
+        "{msg}"
+    );
 }

@@ -477,25 +477,12 @@ fn a_cancelled_receivers_message_reaches(
     let sched = started(1);
     let (tx, rx) = mpsc::channel::<u32>();
     let rx = Arc::new(rx);
-    let r = rx.clone();
-    let first = Arc::new(sched.submit(move || r.recv().ok(), None).unwrap());
-    wait_until("the first receiver to wait", || rx_waiting(&sched));
-    let second = second(rx.clone());
-    thread::sleep(Duration::from_millis(20));
-    let f = first.clone();
-    let ender = sched
-        .submit(
-            move || {
-                tx.send(7).unwrap();
-                f.cancel();
-                tx
-            },
-            None,
-        )
-        .unwrap();
-    let _tx = finish(ender);
-    assert!(first.wait_timeout(LIMIT));
-    assert!(first.is_cancelled(), "the first receiver was cancelled");
+    let mut second_waiter = None;
+    let _tx = common::cancel_a_receiver_holding_a_message(&sched, tx, &rx, 7, || {
+        second_waiter = Some(second(rx.clone()));
+        thread::sleep(Duration::from_millis(20));
+    });
+    let second = second_waiter.expect("started");
     assert_eq!(
         second.join().unwrap(),
         Some(7),
@@ -503,11 +490,6 @@ fn a_cancelled_receivers_message_reaches(
         rx.try_recv()
     );
     sched.stop();
-}
-
-/// Whether the scheduler's one fiber is parked (the first receiver is waiting).
-fn rx_waiting(sched: &fibra::Scheduler) -> bool {
-    sched.metrics().workers()[0].parks() > 0
 }
 
 #[test]

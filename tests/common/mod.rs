@@ -303,3 +303,94 @@ pub fn block_thread(d: Duration) {
         };
     }
 }
+
+/// A started scheduler with `threads` workers, shared.
+pub fn shared_started(threads: usize) -> Arc<Scheduler> {
+    Arc::new(started(threads))
+}
+
+/// The calling thread's `errno`.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Runs `f` in a fiber of a fresh one-worker scheduler and on a plain thread (with the
+/// `hook` feature: libc's own calls on fds no fiber switched), returning (fiber, thread).
+pub fn both<T: Send + 'static>(f: fn() -> T) -> (T, T) {
+    let plain = thread::spawn(f).join().unwrap();
+    let s = started(1);
+    let fib = finish(s.submit(f, None).unwrap());
+    s.stop();
+    (fib, plain)
+}
+
+/// [`both`], checking the thread's result against `libc` and the fiber's against the
+/// thread's.
+pub fn same_as_libc<T: std::fmt::Debug + PartialEq + Send + 'static>(
+    f: fn() -> T,
+    libc: T,
+    what: &str,
+) {
+    let (fib, plain) = both(f);
+    assert_eq!(plain, libc, "libc's reference");
+    assert_eq!(fib, plain, "fiber: {what}");
+}
+
+/// Waits until worker 0 of `sched` has parked a fiber.
+pub fn a_fiber_parked(sched: &Scheduler) {
+    wait_until("a fiber to park", || {
+        sched.metrics().workers()[0].parks() > 0
+    });
+}
+
+/// On a one-worker `sched`: a fiber waits first in `rx.recv()`; once it waits, `between`
+/// runs (more waiters join); then a fiber of the same worker sends `msg` (into the first
+/// receiver's slot) and cancels that receiver, which the worker handles before the receiver
+/// resumes, so it unwinds with the message in hand. Returns once the first receiver has
+/// ended, cancelled, with the sender (still connected).
+pub fn cancel_a_receiver_holding_a_message(
+    sched: &Scheduler,
+    tx: fibra::sync::mpsc::Sender<u32>,
+    rx: &Arc<fibra::sync::mpsc::Receiver<u32>>,
+    msg: u32,
+    between: impl FnOnce(),
+) -> fibra::sync::mpsc::Sender<u32> {
+    let r = rx.clone();
+    let first = Arc::new(sched.submit(move || r.recv().ok(), None).unwrap());
+    a_fiber_parked(sched);
+    between();
+    let f = first.clone();
+    let ender = sched
+        .submit(
+            move || {
+                tx.send(msg).unwrap();
+                f.cancel();
+                tx
+            },
+            None,
+        )
+        .unwrap();
+    let tx = finish(ender);
+    assert!(first.wait_timeout(LIMIT));
+    assert!(first.is_cancelled(), "the first receiver was cancelled");
+    tx
+}
+
+/// Sets the socket timeout `opt` (`SO_RCVTIMEO` or `SO_SNDTIMEO`) of `fd` with a real call.
+pub fn set_socket_timeout(fd: std::os::fd::RawFd, opt: i32, d: Duration) {
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as _,
+        tv_usec: d.subsec_micros() as _,
+    };
+    // SAFETY: a live timeval of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as _,
+        )
+    };
+    assert_eq!(r, 0, "setsockopt");
+}
