@@ -206,9 +206,10 @@ fn a_notified_waiter_cancelled_while_relocking_passes_the_notification_on() {
         {
             // The thread is in its wait once it has let go of the mutex.
             let _g = pair.0.lock().unwrap();
+            // Counted before the notification: A may park again at once.
+            let parks = sched.metrics().workers()[0].parks();
             pair.1.notify_one();
             // A is woken and now waits for this guard; cancel it there.
-            let parks = sched.metrics().workers()[0].parks();
             wait_until("fiber A to wait for the mutex", || {
                 sched.metrics().workers()[0].parks() > parks
             });
