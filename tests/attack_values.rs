@@ -2122,3 +2122,50 @@ fn child_panicking_waker_sender_drop() {
         std::task::Poll::Ready(Err(_))
     ));
 }
+
+/// A blocking send on a rendezvous channel links its node, then lets the channel's lock go,
+/// which wakes a `recv_async` future's waker, and that waker panics: the send unwinds. Its
+/// node used to stay linked to the dead frame, and a later receive read a message out of
+/// freed stack memory. Now the send fails with the waker's panic, nothing is received that
+/// was not sent, and the channel still works.
+#[test]
+fn a_waker_panicking_as_a_blocked_send_waits_leaves_no_node_behind() {
+    child_passes("child_panicking_waker_blocked_sender");
+}
+
+#[test]
+#[ignore = "child of a_waker_panicking_as_a_blocked_send_waits_leaves_no_node_behind"]
+fn child_panicking_waker_blocked_sender() {
+    if !is_child(CHILD_ENV, "child_panicking_waker_blocked_sender") {
+        return;
+    }
+    /// Overwrites the stack below the caller with a pattern.
+    #[inline(never)]
+    fn scribble_stack(seed: u64) -> u64 {
+        let mut buf = [0u64; 2048];
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = seed.wrapping_mul(i as u64 + 0x9E37_79B9);
+        }
+        std::hint::black_box(&mut buf);
+        buf.iter().fold(0, |a, b| a ^ b)
+    }
+    let (tx, rx) = fibra::sync::mpsc::sync_channel::<u64>(0);
+    let (_wakes, waker) = panicking_waker();
+    let mut fut = Box::pin(rx.recv_async());
+    assert!(fut
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(&waker))
+        .is_pending());
+    let sent = panic::catch_unwind(AssertUnwindSafe(|| tx.send(0xABCD)));
+    assert!(sent.is_err(), "the send ends with the waker's panic");
+    drop(fut);
+    std::hint::black_box(scribble_stack(0xDEAD_BEEF_DEAD_BEEF));
+    let got = rx.try_recv();
+    assert!(
+        matches!(got, Err(fibra::sync::mpsc::TryRecvError::Empty)),
+        "a message that was never sent: {got:?}"
+    );
+    let t = thread::spawn(move || tx.send(7));
+    assert_eq!(rx.recv_timeout(BOUND), Ok(7));
+    assert!(t.join().unwrap().is_ok());
+}

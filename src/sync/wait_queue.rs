@@ -463,14 +463,15 @@ pub(crate) fn wait<'a, S, D: Copy>(
     // SAFETY: the node is pinned in this frame, and this frame is not left (returned from or
     // unwound) while it is linked: see `Withdraw`.
     unsafe { list(&mut guard).push_back(ptr) };
-    let lock = guard.lock;
-    drop(guard);
+    // Armed before the guard goes: dropping it performs the wake-ups the caller collected,
+    // and a foreign waker that panics there unwinds this frame, which must unlink the node.
     let withdraw = Withdraw {
-        lock,
+        lock: guard.lock,
         list,
         node: ptr,
         on_cancel: Some(on_cancel),
     };
+    drop(guard);
     before_park();
     if may_spin() {
         for step in 0..SPIN_STEPS {
@@ -499,7 +500,7 @@ pub(crate) fn wait<'a, S, D: Copy>(
         // promises none, but the node must never be left linked when this frame goes away,
         // so re-arm it under the lock and park again.
         let stale = {
-            let _g = lock.lock();
+            let _g = withdraw.lock.lock();
             // Relaxed: under the lock, which every waker holds when it swaps to WOKEN.
             if node.state.load(Ordering::Relaxed) == WOKEN {
                 drop(_g);
