@@ -220,3 +220,71 @@ fn a_notified_waiter_cancelled_while_relocking_passes_the_notification_on() {
         sched.stop();
     });
 }
+
+/// `notify_all` wakes W1 and W2, which then wait for the mutex the notifier H holds; H
+/// cancels W1, then waits on the condvar itself. W1's cancellation must not wake H: H
+/// started waiting after the only notification, and a fibra condvar has no spurious
+/// wake-ups. (A cancelled waiter used to pass on whatever woke it, to whoever waited.)
+fn notify_all_then_a_cancelled_waiter(threads: usize) -> (bool, usize) {
+    let sched = started(threads);
+    let pair = Arc::new((Mutex::new(0u32), Condvar::new()));
+    let returned = Arc::new(AtomicUsize::new(0));
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let mut ws = Vec::new();
+    for _ in 0..2 {
+        let (p, r, w) = (pair.clone(), returned.clone(), waiting.clone());
+        // All on worker 0, so that the order below is the worker's.
+        let h = sched.submit(
+            move || {
+                let (m, cv) = &*p;
+                let g = m.lock().unwrap();
+                w.fetch_add(1, Ordering::SeqCst);
+                let _g = cv.wait(g).unwrap();
+                r.fetch_add(1, Ordering::SeqCst);
+            },
+            Some(0),
+        );
+        ws.push(Arc::new(h.unwrap()));
+    }
+    wait_until("both waiting", || waiting.load(Ordering::SeqCst) == 2);
+    thread::sleep(Duration::from_millis(20));
+    let (p, w1) = (pair.clone(), ws[0].clone());
+    let h = sched
+        .submit(
+            move || {
+                let (m, cv) = &*p;
+                let g = m.lock().unwrap();
+                cv.notify_all();
+                // W1 and W2 run and queue for the mutex held here (or are about to).
+                fibra::sleep(Duration::from_millis(20));
+                w1.cancel();
+                let (_g, res) = cv.wait_timeout(g, Duration::from_millis(300)).unwrap();
+                res.timed_out()
+            },
+            Some(0),
+        )
+        .unwrap();
+    let timed_out = finish(h);
+    for w in &ws {
+        assert!(w.wait_timeout(LIMIT));
+    }
+    sched.stop();
+    (timed_out, returned.load(Ordering::SeqCst))
+}
+
+#[test]
+fn a_waiter_cancelled_after_notify_all_wakes_no_later_waiter() {
+    with_deadline(|| {
+        for threads in [1, 2] {
+            for round in 0..3 {
+                let (timed_out, returned) = notify_all_then_a_cancelled_waiter(threads);
+                assert_eq!(returned, 1, "W2 returned, W1 was cancelled");
+                assert!(
+                    timed_out,
+                    "{threads} workers, round {round}: a waiter that began after notify_all \
+                     was woken by a cancelled waiter"
+                );
+            }
+        }
+    });
+}

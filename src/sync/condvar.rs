@@ -14,8 +14,31 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::sync::LockResult;
 use std::time::{Duration, Instant};
 
-/// The token of a notified waiter.
-const NOTIFIED: usize = 1;
+/// The token of a waiter woken by `notify_all`. One woken by `notify_one` gets
+/// `one(bound)`, odd: its notification may be passed on only to a waiter whose ticket is
+/// below `bound`, one that was already waiting when `notify_one` was called.
+const NOTIFIED_ALL: usize = 2;
+
+fn one(bound: u64) -> usize {
+    ((bound as usize) << 1) | 1
+}
+
+/// The waiters, each with its ticket (the order it started waiting in), and the next ticket.
+struct Waiters {
+    list: WaitList<u64>,
+    next: u64,
+}
+
+impl Waiters {
+    /// Passes on the notification a cancelled waiter took (`token`): only `notify_one`'s,
+    /// and only to a waiter that was already waiting when it was called, so that no waiter
+    /// wakes that no notification was meant for.
+    fn pass_on(&mut self, token: usize, wakes: &mut super::wait_queue::Wakeups) {
+        if token & 1 == 1 && self.list.front().is_some_and(|t| t < (token >> 1) as u64) {
+            self.list.wake_front(token, wakes);
+        }
+    }
+}
 
 /// A condition variable for fibers and threads, like [`std::sync::Condvar`], used with a
 /// [`fibra::sync::Mutex`](Mutex).
@@ -48,7 +71,7 @@ const NOTIFIED: usize = 1;
 /// # Ok::<(), fibra::Error>(())
 /// ```
 pub struct Condvar {
-    waiters: Lock<WaitList<()>>,
+    waiters: Lock<Waiters>,
 }
 
 /// Whether a timed wait on a [`Condvar`] returned because its time ran out; like
@@ -69,7 +92,10 @@ impl Condvar {
         /// Creates a condition variable with no waiters. `const`, so it can be a `static`.
         pub fn new() -> Condvar {
             Condvar {
-                waiters: Lock::new(WaitList::new()),
+                waiters: Lock::new(Waiters {
+                    list: WaitList::new(),
+                    next: 0,
+                }),
             }
         }
     }
@@ -164,15 +190,15 @@ impl Condvar {
     /// Wakes the longest-waiting fiber or thread, if any.
     pub fn notify_one(&self) {
         let mut g = self.waiters.lock();
-        let (list, wakes) = g.parts();
-        list.wake_front(NOTIFIED, wakes);
+        let (st, wakes) = g.parts();
+        st.list.wake_front(one(st.next), wakes);
     }
 
     /// Wakes every waiter, in the order they started waiting.
     pub fn notify_all(&self) {
         let mut g = self.waiters.lock();
-        let (list, wakes) = g.parts();
-        list.wake_all(NOTIFIED, wakes);
+        let (st, wakes) = g.parts();
+        st.list.wake_all(NOTIFIED_ALL, wakes);
     }
 
     /// Waits (until `deadline`, if any) and relocks; returns whether it timed out.
@@ -182,36 +208,38 @@ impl Condvar {
         deadline: Option<Instant>,
     ) -> (LockResult<MutexGuard<'a, T>>, bool) {
         let (mutex, entry): (&'a Mutex<T>, _) = guard.into_raw();
-        let g = self.waiters.lock();
-        let timed_out = match wait(
+        let mut g = self.waiters.lock();
+        let ticket = g.next;
+        g.next += 1;
+        let (token, timed_out) = match wait(
             g,
-            |list| list,
-            (),
+            |st| &mut st.list,
+            ticket,
             deadline,
             WaitOn::Other("Condvar::wait"),
             // Linked first, unlocked second: a notifier that takes the mutex after this
             // finds our node.
             || mutex.raw_unlock(),
             |g, token| {
-                if token.is_some() {
+                if let Some(token) = token {
                     // We were notified but are being cancelled: pass it on, so that a
                     // `notify_one` still wakes somebody.
-                    let (list, wakes) = g.parts();
-                    list.wake_front(NOTIFIED, wakes);
+                    let (st, wakes) = g.parts();
+                    st.pass_on(token, wakes);
                 }
             },
         ) {
-            Wait::Woken(_) => false,
+            Wait::Woken(token) => (Some(token), false),
             Wait::TimedOut(g) => {
                 drop(g);
-                true
+                (None, true)
             }
         };
         // Notified, then cancelled while waiting for the mutex: the notification is passed
         // on here too.
         let pass_on = PassOn {
             condvar: self,
-            armed: !timed_out,
+            token,
         };
         mutex.raw_lock();
         std::mem::forget(pass_on);
@@ -219,16 +247,19 @@ impl Condvar {
     }
 }
 
-/// Passes a notification this waiter took on to the next waiter, if dropped (unwinding).
+/// Passes a notification this waiter took (`token`) on, if dropped (unwinding): see
+/// [`Waiters::pass_on`].
 struct PassOn<'a> {
     condvar: &'a Condvar,
-    armed: bool,
+    token: Option<usize>,
 }
 
 impl Drop for PassOn<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            self.condvar.notify_one();
+        if let Some(token) = self.token {
+            let mut g = self.condvar.waiters.lock();
+            let (st, wakes) = g.parts();
+            st.pass_on(token, wakes);
         }
     }
 }
