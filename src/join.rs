@@ -348,7 +348,10 @@ impl<T> JoinHandle<T> {
     /// Runs `f` with the error when the task fails (panics, is cancelled, or cannot start) —
     /// Same rules as [`then`](JoinHandle::then): it runs inside a
     /// fiber (the failed task's own, or one started to report the failure of a task that
-    /// never ran), so it may join, sleep or lock.
+    /// never ran), so it may join, sleep or lock. The exception is a stopping scheduler that
+    /// gives up: the continuations of a task it abandons (it did not end when cancelled; see
+    /// [`Scheduler::stop_timeout`](crate::Scheduler::stop_timeout)) or of one that never
+    /// started run on the worker thread as it leaves, where a wait blocks that thread.
     pub fn catching(&self, f: impl FnOnce(&JoinError) + Send + 'static) -> &Self {
         self.cell.on_complete(Box::new(move |r| {
             if let Err(e) = r {
@@ -359,7 +362,7 @@ impl<T> JoinHandle<T> {
     }
 
     /// Runs `f` when the task completes either way. Same rules as
-    /// [`then`](JoinHandle::then).
+    /// [`catching`](JoinHandle::catching), abandoned tasks included.
     pub fn finally(&self, f: impl FnOnce() + Send + 'static) -> &Self {
         self.cell.on_complete(Box::new(move |_| f()));
         self
