@@ -221,7 +221,9 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 Err(p) => resume_unwind(p),
             }
         }
-        if let Some(p) = cancelled {
+        // Raised now, unless this wait runs while the thread already unwinds: a second panic
+        // there would abort, and that unwind ends the fiber anyway.
+        if let Some(p) = cancelled.filter(|_| !std::thread::panicking()) {
             resume_unwind(p);
         }
     }

@@ -204,3 +204,47 @@ fn scope_outside_a_fiber_panics_with_a_clear_message() {
         "{msg}"
     );
 }
+
+/// `f` panics while its fibers still run, and the caller is cancelled while the scope waits
+/// for them: the wait goes on, nothing aborts, and the handle reports the end (the
+/// cancellation, raised once the fibers have ended, or `f`'s panic).
+#[test]
+fn a_scope_cancelled_after_f_panicked_still_waits() {
+    with_deadline(|| {
+        let sched = started(2);
+        let ended = Arc::new(AtomicUsize::new(0));
+        let e = ended.clone();
+        let (spawned, spawned_rx) = std::sync::mpsc::channel();
+        let h = sched
+            .submit(
+                move || {
+                    let local = AtomicUsize::new(0);
+                    fibra::scope(|s| {
+                        for _ in 0..4 {
+                            s.spawn(|| {
+                                fibra::sleep(Duration::from_millis(200));
+                                local.fetch_add(1, Ordering::SeqCst);
+                                e.fetch_add(1, Ordering::SeqCst);
+                            });
+                        }
+                        spawned.send(()).unwrap();
+                        panic!("f gives up");
+                    });
+                },
+                None,
+            )
+            .unwrap();
+        spawned_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        h.cancel();
+        assert!(h.wait_timeout(LIMIT));
+        assert_eq!(
+            ended.load(Ordering::SeqCst),
+            4,
+            "the scope returned before its fibers"
+        );
+        let err = h.join().unwrap_err();
+        assert!(err.is_panic() || err.is_cancelled(), "{err:?}");
+        sched.stop();
+    });
+}
