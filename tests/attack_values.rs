@@ -986,15 +986,19 @@ fn panicking_waker_on_an_unstarted_task_failed_by_cancel_and_stop() {
         every_worker_runs(&sched);
         // Now queued tasks failed by stop_timeout.
         let (tx, rx) = stdmpsc::channel::<()>();
+        let (running, running_rx) = stdmpsc::channel::<()>();
         let blocker = sched
             .submit(
                 move || {
+                    running.send(()).unwrap();
                     let _ = rx.recv_timeout(Duration::from_millis(300));
                 },
                 Some(0),
             )
             .unwrap();
-        thread::sleep(Duration::from_millis(30));
+        // The blocker holds the worker from here on (under load it may start late: then
+        // stop_timeout would cancel it unstarted and count it).
+        running_rx.recv().unwrap();
         let mut d = sched.submit(|| 4, Some(0)).unwrap();
         assert!(poll_once(&mut d, &waker).is_pending());
         let n = sched.stop_timeout(Duration::from_millis(10));
@@ -1328,15 +1332,19 @@ fn stop_timeout_counts_a_discarded_queued_task_with_a_panicking_waker() {
         let pw = Arc::new(PanicWaker(AtomicUsize::new(0)));
         let waker = Waker::from(pw.clone());
         let (tx, rx) = stdmpsc::channel::<()>();
+        let (running, running_rx) = stdmpsc::channel::<()>();
         let blocker = sched
             .submit(
                 move || {
+                    running.send(()).unwrap();
                     let _ = rx.recv_timeout(Duration::from_millis(300));
                 },
                 Some(0),
             )
             .unwrap();
-        thread::sleep(Duration::from_millis(30));
+        // The blocker holds the worker from here on (under load it may start late: then
+        // stop_timeout would cancel it unstarted and count it).
+        running_rx.recv().unwrap();
         let mut d = sched.submit(|| 4, Some(0)).unwrap();
         if with_waker {
             assert!(poll_once(&mut d, &waker).is_pending());
