@@ -8,7 +8,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,25 +19,6 @@ fn sched(threads: usize) -> Arc<Scheduler> {
     let s = Arc::new(Scheduler::builder().threads(threads).build().unwrap());
     s.start();
     s
-}
-
-/// Counts while it runs: proof that the worker it shares with a hooked call keeps running
-/// other fibers.
-fn ticker(s: &Scheduler, stop: Arc<AtomicBool>) -> (Arc<AtomicUsize>, fibra::JoinHandle<()>) {
-    let ticks = Arc::new(AtomicUsize::new(0));
-    let t = ticks.clone();
-    let h = s
-        .submit(
-            move || {
-                while !stop.load(Ordering::Relaxed) {
-                    t.fetch_add(1, Ordering::Relaxed);
-                    fibra::sleep(Duration::from_millis(1));
-                }
-            },
-            None,
-        )
-        .unwrap();
-    (ticks, h)
 }
 
 /// The kernel's view of an fd's flags (`/proc/self/fdinfo`), which the hooks do not touch.
@@ -257,7 +238,7 @@ fn read_timeouts_fire_while_other_fibers_run() {
     with_deadline(|| {
         let s = sched(1);
         let stop = Arc::new(AtomicBool::new(false));
-        let (ticks, tick) = ticker(&s, stop.clone());
+        let (ticks, tick) = common::ticker(&s, stop.clone(), Duration::from_millis(1));
         let (a, _b) = UnixStream::pair().unwrap();
         let (kind, took, ticked) = s.block_on(move || {
             let mut a = a;
@@ -319,7 +300,7 @@ fn without_makes_calls_block_the_worker() {
     with_deadline(|| {
         let s = sched(1);
         let stop = Arc::new(AtomicBool::new(false));
-        let (ticks, tick) = ticker(&s, stop.clone());
+        let (ticks, tick) = common::ticker(&s, stop.clone(), Duration::from_millis(1));
         let (during, after) = s.block_on(move || {
             fibra::sleep(Duration::from_millis(20));
             let t0 = ticks.load(Ordering::Relaxed);
@@ -977,7 +958,7 @@ fn a_connect_to_a_full_backlog_honours_so_sndtimeo() {
         };
         let s = sched(1);
         let stop = Arc::new(AtomicBool::new(false));
-        let (ticks, tick) = ticker(&s, stop.clone());
+        let (ticks, tick) = common::ticker(&s, stop.clone(), Duration::from_millis(1));
         let outcomes = s.block_on(move || {
             let mut outcomes = Vec::new();
             for _ in 0..4 {

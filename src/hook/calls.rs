@@ -382,12 +382,14 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         let r = unsafe { real::connect(fd, addr, len) };
         match errno() {
             _ if r == 0 => return 0,
-            // A Unix socket's full backlog: retry as room appears.
             libc::EAGAIN => {
                 // SAFETY: as above.
-                return b.run(|| unsafe { real::connect(fd, addr, len) } as isize) as c_int;
+                let retry = || unsafe { real::connect(fd, addr, len) };
+                return unix_backlog_full(&mut b, retry);
             }
-            libc::EINPROGRESS => {}
+            // EALREADY: an earlier connect (one that timed out) is still under way; a
+            // blocking connect waits for it, as for a new one.
+            libc::EINPROGRESS | libc::EALREADY => {}
             _ => return r,
         }
         // Connecting: wait until the socket is writable, which is when the kernel is done.
@@ -417,21 +419,14 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                 return -1;
             }
         }
-        let mut err: c_int = 0;
-        let mut n = std::mem::size_of::<c_int>() as socklen_t;
-        // SAFETY: `err` and `n` are live and sized for SO_ERROR.
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_ERROR,
-                (&mut err as *mut c_int).cast(),
-                &mut n,
-            )
-        };
-        if r == 0 && err != 0 {
-            set_errno(err);
-            return -1;
+        // Done: connecting again reports how it ended (0, or the kernel's error such as
+        // ECONNREFUSED) and, on failure, resets the socket as a blocking connect's failure
+        // does, so that the caller may try again (reading SO_ERROR instead left it half
+        // connecting: a retry failed with ECONNABORTED).
+        // SAFETY: as above.
+        let r = unsafe { real::connect(fd, addr, len) };
+        if r == 0 || errno() == libc::EISCONN {
+            return 0;
         }
         r
     };
@@ -441,6 +436,40 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             crate::coop::spend();
             call()
         }),
+    }
+}
+
+/// A blocking `connect` to a Unix socket whose listener's backlog is full (`EAGAIN` on the
+/// non-blocking socket): room in the listener's queue wakes nothing this socket can wait
+/// on, so `retry` (the connect) runs again on a timer, 1 ms doubling to 50 ms, until it
+/// does not fail with `EAGAIN` or the socket's timeout passes (then `EAGAIN`, as the
+/// kernel's blocking connect reports it).
+fn unix_backlog_full(b: &mut Blocking, mut retry: impl FnMut() -> c_int) -> c_int {
+    let deadline = b.deadline();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let now = std::time::Instant::now();
+        let left = deadline.map(|d| d.saturating_duration_since(now));
+        if left.is_some_and(|l| l.is_zero()) {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let nap = left.map_or(pause, |l| l.min(pause));
+        match b.ctx {
+            Ctx::Fiber(meta) => {
+                if meta.hook_cancel.get() {
+                    set_errno(libc::ECANCELED);
+                    return -1;
+                }
+                crate::time::sleep(nap);
+            }
+            Ctx::Thread => std::thread::sleep(nap),
+        }
+        let r = retry();
+        if r == 0 || errno() != libc::EAGAIN {
+            return r;
+        }
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
 
@@ -480,7 +509,8 @@ pub unsafe extern "C" fn accept4(
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     match active() {
-        Some(meta) if timeout != 0 && nfds_ok(n) => {
+        // A null array of entries is the kernel's to refuse (EFAULT).
+        Some(meta) if timeout != 0 && nfds_ok(n) && (n == 0 || !fds.is_null()) => {
             let deadline =
                 (timeout > 0).then(|| deadline_after(Duration::from_millis(timeout as u64)));
             // SAFETY: the caller's array of `n` pollfds.
@@ -501,7 +531,7 @@ pub unsafe extern "C" fn ppoll(
 ) -> c_int {
     let meta = match active() {
         // With a signal mask the caller waits for signals too: only the kernel can do that.
-        Some(meta) if mask.is_null() && nfds_ok(n) => meta,
+        Some(meta) if mask.is_null() && nfds_ok(n) && (n == 0 || !fds.is_null()) => meta,
         // SAFETY: the caller's arguments.
         _ => return unsafe { real::ppoll(fds, n, timeout, mask) },
     };
@@ -531,7 +561,9 @@ pub unsafe extern "C" fn select(
     timeout: *mut libc::timeval,
 ) -> c_int {
     let meta = match active() {
-        Some(meta) if (0..=libc::FD_SETSIZE as c_int).contains(&n) => meta,
+        // Past FD_SETSIZE the caller's sets are larger than `fd_set` (glibc's select passes
+        // any `n` on); past the descriptor limit the kernel refuses.
+        Some(meta) if n >= 0 && nfds_ok(n as nfds_t) => meta,
         // SAFETY: the caller's arguments.
         _ => return unsafe { real::select(n, r, w, e, timeout) },
     };

@@ -25,9 +25,9 @@
 //! |---|---|
 //! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`, `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream socket wait for the whole buffer (with `MSG_PEEK` too: they peek it whole), as the kernel's do (a datagram socket's return one datagram, and a receive ends with a part that brings ancillary data such as fds); a datagram socket whose receive side is shut down returns 0 at once |
 //! | `write`, `writev`, `send`, `sendto`, `sendmsg` | wait until writable (`SO_SNDTIMEO`); on a blocking fd they return only when all bytes went, as the kernel's do (`sendmsg`'s ancillary data goes with the first part) |
-//! | `connect` | waits for the connection (`SO_SNDTIMEO`: `EINPROGRESS` at the timeout, as Linux does) |
+//! | `connect` | waits for the connection (`SO_SNDTIMEO`: `EINPROGRESS` at the timeout, as Linux does), also for one an earlier timed-out call left under way; a failure leaves the socket ready for another try; a Unix socket whose listener's backlog is full is tried again on a timer (1 ms, doubling to 50 ms) |
 //! | `accept`, `accept4` | wait for a connection (`SO_RCVTIMEO`) |
-//! | `poll`, `ppoll` (without a signal mask), `select` | park until an fd is ready (`POLLPRI` and `select`'s exception set: urgent data too) or the timeout passes; a zero timeout is the real call |
+//! | `poll`, `ppoll` (without a signal mask), `select` | park until an fd is ready (`POLLPRI` and `select`'s exception set: urgent data too; `POLLRDNORM`, `POLLWRNORM` and the band bits as their plain forms) or the timeout passes; a zero timeout is the real call; `select` takes any `n` up to the descriptor limit, sets larger than `fd_set` included |
 //! | `sleep`, `usleep`, `nanosleep`, `clock_nanosleep` (relative and `TIMER_ABSTIME`, realtime, monotonic and boottime clocks) | [`crate::sleep`]: std's `thread::sleep` uses `nanosleep` |
 //! | `getaddrinfo` | runs on fibra's blocking pool ([`unblock`](crate::unblock())) |
 //! | `close` | wakes fibers waiting on the fd (they fail with `EBADF`), forgets it in the reactor |

@@ -18,10 +18,11 @@ pub(super) fn poll(meta: &FiberMeta, fds: &mut [pollfd], deadline: Option<Instan
             continue;
         }
         let mut interest = 0;
-        if p.events & (libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP) != 0 {
+        let read = libc::POLLIN | libc::POLLPRI | libc::POLLRDHUP | libc::POLLRDNORM;
+        if p.events & (read | libc::POLLRDBAND) != 0 {
             interest |= READABLE;
         }
-        if p.events & libc::POLLOUT != 0 {
+        if p.events & (libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND) != 0 {
             interest |= WRITABLE;
         }
         if let Some(rec) = fd::slot(p.fd).and_then(|s| s.register(p.fd).ok()) {
@@ -78,8 +79,8 @@ pub(super) unsafe fn select(
     for fd in 0..n {
         let mut events = 0;
         for (set, ev) in sets.iter().zip(EVENTS) {
-            // SAFETY: a non-null set is the caller's; `fd < n <= FD_SETSIZE`.
-            if !set.is_null() && unsafe { libc::FD_ISSET(fd, *set) } {
+            // SAFETY: a non-null set is the caller's, `n` bits long at least (`fd < n`).
+            if !set.is_null() && unsafe { FdBits(*set).get(fd) } {
                 events |= ev;
             }
         }
@@ -109,8 +110,8 @@ pub(super) unsafe fn select(
     }
     let mut count = 0;
     for set in sets.iter().filter(|s| !s.is_null()) {
-        // SAFETY: the caller's set.
-        unsafe { libc::FD_ZERO(*set) };
+        // SAFETY: the caller's set, `n` bits long at least.
+        unsafe { FdBits(*set).clear(n) };
     }
     for p in &fds {
         let ready = [
@@ -121,10 +122,51 @@ pub(super) unsafe fn select(
         for ((set, ev), hit) in sets.iter().zip(EVENTS).zip(ready) {
             if !set.is_null() && p.events & ev != 0 && hit {
                 // SAFETY: the caller's set; `p.fd < n`.
-                unsafe { libc::FD_SET(p.fd, *set) };
+                unsafe { FdBits(*set).set(p.fd) };
                 count += 1;
             }
         }
     }
     count
+}
+
+/// A caller's `fd_set`, as the kernel reads it: an array of words of which the first
+/// `ceil(n / bits)` count, however many `FD_SETSIZE` says (a program may allocate a larger
+/// set for fds past 1 024).
+struct FdBits(*mut libc::fd_set);
+
+impl FdBits {
+    const BITS: usize = libc::c_ulong::BITS as usize;
+
+    fn word(&self, fd: c_int) -> *mut libc::c_ulong {
+        // In bounds by the callers' contracts: the set holds `fd`'s word.
+        self.0
+            .cast::<libc::c_ulong>()
+            .wrapping_add(fd as usize / Self::BITS)
+    }
+
+    /// # Safety
+    /// The set holds at least `fd + 1` bits.
+    unsafe fn get(&self, fd: c_int) -> bool {
+        // SAFETY: the caller's guarantee.
+        unsafe { *self.word(fd) >> (fd as usize % Self::BITS) & 1 != 0 }
+    }
+
+    /// # Safety
+    /// As for [`get`](FdBits::get).
+    unsafe fn set(&self, fd: c_int) {
+        // SAFETY: the caller's guarantee.
+        unsafe { *self.word(fd) |= 1 << (fd as usize % Self::BITS) };
+    }
+
+    /// Clears the words that hold the first `n` bits, as the kernel writes them back.
+    ///
+    /// # Safety
+    /// The set holds at least `n` bits.
+    unsafe fn clear(&self, n: c_int) {
+        for w in 0..(n as usize).div_ceil(Self::BITS) {
+            // SAFETY: the caller's guarantee: word `w` holds bits below `n`.
+            unsafe { *self.0.cast::<libc::c_ulong>().add(w) = 0 };
+        }
+    }
 }

@@ -394,3 +394,26 @@ pub fn set_socket_timeout(fd: std::os::fd::RawFd, opt: i32, d: Duration) {
     };
     assert_eq!(r, 0, "setsockopt");
 }
+
+/// A fiber of `s` that counts every `period` until `stop`: proof that the worker it shares
+/// with a waiting call keeps running other fibers.
+pub fn ticker(
+    s: &Scheduler,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    period: Duration,
+) -> (Arc<AtomicUsize>, JoinHandle<()>) {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let t = ticks.clone();
+    let h = s
+        .submit(
+            move || {
+                while !stop.load(Ordering::Relaxed) {
+                    t.fetch_add(1, Ordering::Relaxed);
+                    fibra::sleep(period);
+                }
+            },
+            None,
+        )
+        .unwrap();
+    (ticks, h)
+}
