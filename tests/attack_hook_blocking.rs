@@ -285,7 +285,7 @@ fn dup_nb_fresh() -> (bool, bool) {
 }
 
 /// O_NONBLOCK belongs to the open file description: set through a duplicate (try_clone),
-/// the original is non-blocking too. Hooked, the user's view is per fd number.
+/// the original is non-blocking too, and the hooks' view of it must follow.
 #[test]
 fn nonblocking_set_on_a_duplicate_applies_to_the_original() {
     with_deadline(|| {

@@ -143,7 +143,7 @@ fn the_scope_waits_when_its_own_body_panics() {
 /// sleeps there), or, with `f_returns`, once `f` has returned and the scope waits for them.
 /// The cancellation must wait for the fibers either way. In the second case it used to
 /// unwind out of the scope at once, freeing the frame its fibers still borrowed.
-fn a_cancelled_scope_waits_for_its_fibers(f_returns: bool) {
+fn a_cancelled_scope_waits_for_its_fibers(f_ends: FEnds) {
     with_deadline(move || {
         let sched = started(2);
         let ended = Arc::new(AtomicUsize::new(0));
@@ -163,8 +163,10 @@ fn a_cancelled_scope_waits_for_its_fibers(f_returns: bool) {
                             });
                         }
                         spawned.send(()).unwrap();
-                        if !f_returns {
-                            fibra::sleep(Duration::from_secs(3600));
+                        match f_ends {
+                            FEnds::Sleeping => fibra::sleep(Duration::from_secs(3600)),
+                            FEnds::Returning => {}
+                            FEnds::Panicking => panic!("f gives up"),
                         }
                     });
                 },
@@ -175,7 +177,11 @@ fn a_cancelled_scope_waits_for_its_fibers(f_returns: bool) {
         std::thread::sleep(Duration::from_millis(20));
         h.cancel();
         assert!(h.wait_timeout(LIMIT));
-        assert!(h.is_cancelled());
+        let err = h.join().unwrap_err();
+        assert!(
+            err.is_cancelled() || (f_ends == FEnds::Panicking && err.is_panic()),
+            "{err:?}"
+        );
         assert_eq!(
             ended.load(Ordering::SeqCst),
             4,
@@ -185,14 +191,30 @@ fn a_cancelled_scope_waits_for_its_fibers(f_returns: bool) {
     });
 }
 
+/// Where `f` is when its caller is cancelled.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum FEnds {
+    /// In a long sleep.
+    Sleeping,
+    /// Returned: the scope waits for its fibers.
+    Returning,
+    /// Panicked: the scope waits for its fibers, then reports the panic or the cancellation.
+    Panicking,
+}
+
 #[test]
 fn a_cancelled_scope_still_waits_for_its_fibers() {
-    a_cancelled_scope_waits_for_its_fibers(false);
+    a_cancelled_scope_waits_for_its_fibers(FEnds::Sleeping);
 }
 
 #[test]
 fn a_scope_cancelled_while_it_waits_for_its_fibers_still_waits() {
-    a_cancelled_scope_waits_for_its_fibers(true);
+    a_cancelled_scope_waits_for_its_fibers(FEnds::Returning);
+}
+
+#[test]
+fn a_scope_cancelled_after_f_panicked_still_waits() {
+    a_cancelled_scope_waits_for_its_fibers(FEnds::Panicking);
 }
 
 #[test]
@@ -203,48 +225,4 @@ fn scope_outside_a_fiber_panics_with_a_clear_message() {
         msg.contains("fibra::scope must be called from a fiber"),
         "{msg}"
     );
-}
-
-/// `f` panics while its fibers still run, and the caller is cancelled while the scope waits
-/// for them: the wait goes on, nothing aborts, and the handle reports the end (the
-/// cancellation, raised once the fibers have ended, or `f`'s panic).
-#[test]
-fn a_scope_cancelled_after_f_panicked_still_waits() {
-    with_deadline(|| {
-        let sched = started(2);
-        let ended = Arc::new(AtomicUsize::new(0));
-        let e = ended.clone();
-        let (spawned, spawned_rx) = std::sync::mpsc::channel();
-        let h = sched
-            .submit(
-                move || {
-                    let local = AtomicUsize::new(0);
-                    fibra::scope(|s| {
-                        for _ in 0..4 {
-                            s.spawn(|| {
-                                fibra::sleep(Duration::from_millis(200));
-                                local.fetch_add(1, Ordering::SeqCst);
-                                e.fetch_add(1, Ordering::SeqCst);
-                            });
-                        }
-                        spawned.send(()).unwrap();
-                        panic!("f gives up");
-                    });
-                },
-                None,
-            )
-            .unwrap();
-        spawned_rx.recv().unwrap();
-        std::thread::sleep(Duration::from_millis(20));
-        h.cancel();
-        assert!(h.wait_timeout(LIMIT));
-        assert_eq!(
-            ended.load(Ordering::SeqCst),
-            4,
-            "the scope returned before its fibers"
-        );
-        let err = h.join().unwrap_err();
-        assert!(err.is_panic() || err.is_cancelled(), "{err:?}");
-        sched.stop();
-    });
 }
