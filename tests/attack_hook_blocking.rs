@@ -714,22 +714,33 @@ fn passed_fd_read() -> (bool, Result<usize, ErrorKind>) {
     y.write_all(b"1").unwrap();
     let mut one = [0u8; 1];
     x.read_exact(&mut one).unwrap();
+    read_a_received_copy(x, y)
+}
+
+/// Sends `r` to this very process over a Unix socket and reads the received copy while the
+/// peer `w` writes a byte 300 ms later: whether the copy shows O_NONBLOCK, and the read.
+fn read_a_received_copy<R, W>(r: R, mut w: W) -> (bool, Result<usize, ErrorKind>)
+where
+    R: AsRawFd,
+    W: Write + Send + 'static,
+{
     let (s1, s2) = UnixStream::pair().unwrap();
-    send_fd(s1.as_raw_fd(), x.as_raw_fd());
+    send_fd(s1.as_raw_fd(), r.as_raw_fd());
     let got = recv_fd(s2.as_raw_fd());
     // SAFETY: a fresh fd we own.
-    let mut x2 = unsafe { UnixStream::from_raw_fd(got) };
+    let mut copy = unsafe { std::fs::File::from_raw_fd(got) };
     // SAFETY: F_GETFL on a live fd.
     let shows_nb = unsafe { libc::fcntl(got, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-    let w = std::thread::spawn(move || {
+    let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
-        y.write_all(b"2").unwrap();
-        y
+        w.write_all(b"2").unwrap();
+        w
     });
-    let r = x2.read(&mut one).map_err(|e| e.kind());
-    let _y = w.join().unwrap();
-    drop(x);
-    (shows_nb, r)
+    let mut one = [0u8; 1];
+    let res = copy.read(&mut one).map_err(|e| e.kind());
+    let _w = t.join().unwrap();
+    drop(r);
+    (shows_nb, res)
 }
 
 /// A descriptor received over a Unix socket (here: from this very process) shares the open
@@ -762,22 +773,7 @@ fn passed_pipe_read() -> (bool, Result<usize, ErrorKind>) {
     w.write_all(b"1").unwrap();
     let mut one = [0u8; 1];
     r.read_exact(&mut one).unwrap();
-    let (s1, s2) = UnixStream::pair().unwrap();
-    send_fd(s1.as_raw_fd(), r.as_raw_fd());
-    let got = recv_fd(s2.as_raw_fd());
-    // SAFETY: a fresh fd we own.
-    let mut r2 = unsafe { std::fs::File::from_raw_fd(got) };
-    // SAFETY: F_GETFL on a live fd.
-    let shows_nb = unsafe { libc::fcntl(got, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-    let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        w.write_all(b"2").unwrap();
-        w
-    });
-    let res = r2.read(&mut one).map_err(|e| e.kind());
-    let _w = t.join().unwrap();
-    drop(r);
-    (shows_nb, res)
+    read_a_received_copy(r, w)
 }
 
 #[test]

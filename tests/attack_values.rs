@@ -115,6 +115,25 @@ impl Drop for Bomb {
     }
 }
 
+/// A task that holds worker 0 of `sched` (a blocking wait, no suspension) for up to 300 ms,
+/// or until the returned sender is dropped; returns once it runs (under load it may start
+/// late: a stop_timeout meanwhile would cancel it unstarted and count it).
+fn hold_worker_0(sched: &Scheduler) -> (stdmpsc::Sender<()>, fibra::JoinHandle<()>) {
+    let (tx, rx) = stdmpsc::channel::<()>();
+    let (running, running_rx) = stdmpsc::channel::<()>();
+    let blocker = sched
+        .submit(
+            move || {
+                running.send(()).unwrap();
+                let _ = rx.recv_timeout(Duration::from_millis(300));
+            },
+            Some(0),
+        )
+        .unwrap();
+    running_rx.recv().unwrap();
+    (tx, blocker)
+}
+
 /// A waker whose wake panics, and the count of its wakes.
 fn panicking_waker() -> (Arc<PanicWaker>, Waker) {
     let wakes = Arc::new(PanicWaker(AtomicUsize::new(0)));
@@ -985,20 +1004,7 @@ fn panicking_waker_on_an_unstarted_task_failed_by_cancel_and_stop() {
         assert_eq!(finish(c), 3);
         every_worker_runs(&sched);
         // Now queued tasks failed by stop_timeout.
-        let (tx, rx) = stdmpsc::channel::<()>();
-        let (running, running_rx) = stdmpsc::channel::<()>();
-        let blocker = sched
-            .submit(
-                move || {
-                    running.send(()).unwrap();
-                    let _ = rx.recv_timeout(Duration::from_millis(300));
-                },
-                Some(0),
-            )
-            .unwrap();
-        // The blocker holds the worker from here on (under load it may start late: then
-        // stop_timeout would cancel it unstarted and count it).
-        running_rx.recv().unwrap();
+        let (tx, blocker) = hold_worker_0(&sched);
         let mut d = sched.submit(|| 4, Some(0)).unwrap();
         assert!(poll_once(&mut d, &waker).is_pending());
         let n = sched.stop_timeout(Duration::from_millis(10));
@@ -1331,20 +1337,7 @@ fn stop_timeout_counts_a_discarded_queued_task_with_a_panicking_waker() {
         sched.start();
         let pw = Arc::new(PanicWaker(AtomicUsize::new(0)));
         let waker = Waker::from(pw.clone());
-        let (tx, rx) = stdmpsc::channel::<()>();
-        let (running, running_rx) = stdmpsc::channel::<()>();
-        let blocker = sched
-            .submit(
-                move || {
-                    running.send(()).unwrap();
-                    let _ = rx.recv_timeout(Duration::from_millis(300));
-                },
-                Some(0),
-            )
-            .unwrap();
-        // The blocker holds the worker from here on (under load it may start late: then
-        // stop_timeout would cancel it unstarted and count it).
-        running_rx.recv().unwrap();
+        let (tx, blocker) = hold_worker_0(&sched);
         let mut d = sched.submit(|| 4, Some(0)).unwrap();
         if with_waker {
             assert!(poll_once(&mut d, &waker).is_pending());

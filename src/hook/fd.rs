@@ -430,30 +430,10 @@ pub(crate) fn look_nonblocking(fd: libc::c_int) -> Option<u32> {
 /// `fd` just arrived over `SCM_RIGHTS`. Its number is new to the hooks; its open file may
 /// be one the hooks switched to non-blocking mode through another fd of this process, in
 /// which case it takes that fd's view of the blocking mode instead of the kernel's flag
-/// (which fibra set, not the user): see [`Slot::adopt`].
+/// (which fibra set, not the user): [`look_nonblocking`] finds it (see [`Slot::adopt`]).
 pub(crate) fn received(fd: libc::c_int) {
     forget(fd);
-    if super::in_forked_child() {
-        return;
-    }
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is a live, writable stat buffer.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return;
-    }
-    // SAFETY: F_GETFL takes no argument.
-    let flags = unsafe { super::real::fcntl(fd, libc::F_GETFL, 0) };
-    if flags < 0 || flags & libc::O_NONBLOCK == 0 {
-        // Not switched (by this process, at least): the first look classifies it as usual.
-        return;
-    }
-    if let Some(new) = slot(fd) {
-        let _first = new.record.lock();
-        if new.state() == UNKNOWN {
-            new.adopt(fd, &st);
-        }
-    }
+    look_nonblocking(fd);
 }
 
 #[derive(PartialEq, Eq)]
