@@ -373,6 +373,12 @@ impl<T> JoinHandle<T> {
         self.cell.header().is_done()
     }
 
+    /// Waits until the task has finished, keeping the handle (and its result) whatever
+    /// happens to the waiter.
+    pub(crate) fn wait_finished(&self) {
+        self.cell.header().wait(None);
+    }
+
     /// Cancels the task, as `stop_timeout` cancels what is still alive: a task that has not
     /// started never runs; a started fiber unwinds from its next suspension — at once if it
     /// is parked (waiting for a lock, a message, I/O, a sleep), else when it next parks or

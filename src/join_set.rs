@@ -139,11 +139,17 @@ impl<T: Send + 'static> JoinSet<T> {
             if self.tasks.is_empty() {
                 return None;
             }
-            let mut g = self.finished.lock();
-            match g.ids.pop_front() {
-                Some(id) => {
+            let g = self.finished.lock();
+            match g.ids.front() {
+                Some(&id) => {
                     drop(g);
-                    if let Some(r) = self.take(id) {
+                    // A task queues its id from its last continuation, a moment before it
+                    // is marked finished. Wait for that with the id still queued and the
+                    // handle still in the set: if this wait is cancelled, nothing is lost.
+                    if let Some(h) = self.tasks.get(&id) {
+                        h.wait_finished();
+                    }
+                    if let Some(r) = self.take_front(id) {
                         return Some(r);
                     }
                 }
@@ -162,12 +168,16 @@ impl<T: Send + 'static> JoinSet<T> {
         }
     }
 
-    /// Returns the result of a task that has finished, if any, without waiting.
+    /// Returns the result of a task that has finished, if any, without waiting. A task that
+    /// is finishing at this very moment is left to the next call.
     pub fn try_join_next(&mut self) -> Option<Result<T, JoinError>> {
         crate::coop::spend();
         loop {
-            let id = self.finished.lock().ids.pop_front()?;
-            if let Some(r) = self.take(id) {
+            let id = *self.finished.lock().ids.front()?;
+            if self.tasks.get(&id).is_some_and(|h| !h.is_finished()) {
+                return None;
+            }
+            if let Some(r) = self.take_front(id) {
                 return Some(r.1);
             }
         }
@@ -182,7 +192,11 @@ impl<T: Send + 'static> JoinSet<T> {
         all
     }
 
-    fn take(&mut self, id: FiberId) -> Option<(FiberId, Result<T, JoinError>)> {
+    /// Takes the finished task `id`, the front of the queue, out of the queue and the set.
+    /// `None` if it had already left the set.
+    fn take_front(&mut self, id: FiberId) -> Option<(FiberId, Result<T, JoinError>)> {
+        let popped = self.finished.lock().ids.pop_front();
+        debug_assert_eq!(popped, Some(id), "only `&mut self` pops the queue");
         let h = self.tasks.remove(&id)?;
         Some((id, h.join()))
     }
@@ -207,5 +221,52 @@ impl<T> Drop for JoinSet<T> {
 impl<T> fmt::Debug for JoinSet<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JoinSet").field("len", &self.len()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Queues `id` as finished, as a finishing task's continuation does just before the task
+    /// is marked finished: the moment a `join_next` can find it.
+    fn queue_early(set: &JoinSet<u32>, id: FiberId) {
+        set.finished.lock().ids.push_back(id);
+    }
+
+    #[test]
+    fn a_join_next_cancelled_while_its_task_finishes_loses_nothing() {
+        let sched = Scheduler::builder().threads(1).build().unwrap();
+        sched.start();
+        let (tx, rx) = crate::sync::oneshot::channel::<()>();
+        let set = Arc::new(Mutex::new(JoinSet::new()));
+        let id = set.lock().unwrap().spawn_on(&sched, move || {
+            let _ = rx.recv();
+            7u32
+        });
+        queue_early(&set.lock().unwrap(), id);
+        assert!(
+            set.lock().unwrap().try_join_next().is_none(),
+            "try_join_next does not wait for a task that is finishing"
+        );
+        let waiter = {
+            let set = set.clone();
+            sched.spawn(move || set.lock().unwrap().join_next().map(|r| r.ok()))
+        };
+        // Both fibers park: the task in `recv`, the waiter in `join_next`.
+        let start = std::time::Instant::now();
+        while sched.metrics().workers()[0].parks() < 2 {
+            assert!(start.elapsed().as_secs() < 30, "the fibers never parked");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        waiter.cancel();
+        assert!(waiter.join().unwrap_err().is_cancelled());
+        let mut set = set.lock().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(set.len(), 1, "the task is still in the set");
+        tx.send(()).unwrap();
+        let (got, r) = set.join_next_with_id().unwrap();
+        assert_eq!((got, r.unwrap()), (id, 7));
+        assert!(set.join_next().is_none());
     }
 }
