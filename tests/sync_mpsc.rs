@@ -519,3 +519,58 @@ fn a_cancelled_receivers_message_wakes_a_select_on_the_same_receiver() {
         });
     });
 }
+
+/// A receiver cancelled with a message in hand puts it back in front of the messages sent
+/// after it, also when another receiver sharing the `Receiver` has already moved those into
+/// its batch: one sender's messages still arrive in the order sent.
+#[test]
+fn a_message_put_back_comes_before_a_shared_receivers_batch() {
+    with_deadline(|| {
+        let sched = started(2);
+        let (tx, rx) = mpsc::channel::<u32>();
+        let rx = Arc::new(rx);
+        let first = {
+            let rx = rx.clone();
+            sched.submit(move || rx.recv().ok(), Some(0)).unwrap()
+        };
+        wait_until("the first receiver to wait", || {
+            sched.dump().to_string().contains("mpsc::Receiver::recv")
+        });
+        // Worker 0 is held by a task blocking its thread, so the first receiver handles its
+        // cancellation only once it is let go.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (holding, is_holding) = std::sync::mpsc::channel::<()>();
+        let holder = sched
+            .submit(
+                move || {
+                    holding.send(()).unwrap();
+                    held.recv().unwrap();
+                },
+                Some(0),
+            )
+            .unwrap();
+        is_holding.recv().unwrap();
+        first.cancel();
+        // 1 goes into the first receiver's hand, 2..=5 into the buffer.
+        for m in 1..=5 {
+            tx.send(m).unwrap();
+        }
+        // A second receiver takes 2 and moves 3..=5 into the shared batch.
+        let second = {
+            let rx = rx.clone();
+            sched.submit(move || rx.recv().unwrap(), Some(1)).unwrap()
+        };
+        assert_eq!(finish(second), 2);
+        release.send(()).unwrap();
+        finish(holder);
+        assert!(first.join().unwrap_err().is_cancelled());
+        let rest = {
+            let rx = rx.clone();
+            sched
+                .submit(move || rx.try_iter().collect::<Vec<_>>(), Some(1))
+                .unwrap()
+        };
+        assert_eq!(finish(rest), [1, 3, 4, 5]);
+        sched.stop();
+    });
+}

@@ -218,8 +218,8 @@ impl<T> Batch<T> {
         }
     }
 
-    /// Runs `f` on the queue. `f` must be a `pop_front` or a swap: it must not panic, block
-    /// or call back into the channel.
+    /// Runs `f` on the queue. `f` must be a `pop_front`, a `push_front` or a swap: it must
+    /// not panic, block or call back into the channel.
     #[inline]
     fn with<R>(&self, f: impl FnOnce(&mut VecDeque<T>) -> R) -> R {
         use std::sync::atomic::Ordering as O;
@@ -246,6 +246,24 @@ impl<T> Batch<T> {
                 self.filled.store(false, O::Relaxed);
             }
             msg
+        })
+    }
+
+    /// Puts `msg` back in front of the messages the queue holds, which came after it; gives
+    /// it back if the queue is empty. Called under the channel's lock, so a refill cannot be
+    /// under way.
+    fn put_front(&self, msg: T) -> Option<T> {
+        use std::sync::atomic::Ordering as O;
+        if !self.filled.load(O::Relaxed) {
+            return Some(msg);
+        }
+        self.with(|q| {
+            if q.is_empty() {
+                Some(msg)
+            } else {
+                q.push_front(msg);
+                None
+            }
         })
     }
 }
@@ -564,12 +582,16 @@ impl<T> Receiver<T> {
             |st, token| {
                 if token == Some(DELIVERED) {
                     // Cancelled with a message in hand: pass it on, first in line — to the
-                    // next receiver waiting on a shared `&Receiver`, else back in the buffer,
-                    // where a waiting select or `recv_async` must hear of it.
+                    // next receiver waiting on a shared `&Receiver`, else back in front of
+                    // what came after it: the batch another receiver sharing this one took
+                    // meanwhile, or the buffer. A waiting select or `recv_async` must hear
+                    // of it.
                     // SAFETY: woken, so unlinked; we hold the lock.
                     if let Some(msg) = slot.with_mut(|s| unsafe { (*s).take() }) {
                         if let Some(msg) = deliver(st, msg) {
-                            st.buffer.push_front(msg);
+                            if let Some(msg) = self.batch.put_front(msg) {
+                                st.buffer.push_front(msg);
+                            }
                             st.notify(|s| &s.rx_watch);
                         }
                     }
