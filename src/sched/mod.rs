@@ -311,42 +311,84 @@ impl Scheduler {
     /// Starts the worker threads. Idempotent. Work submitted before `start` waits for it.
     ///
     /// # Panics
-    /// If the OS refuses to create a thread, like [`std::thread::spawn`].
+    /// If the OS refuses to create a thread, like [`std::thread::spawn`]. The workers that
+    /// did start run; calling `start` again starts the others, and until then the work
+    /// pinned to them waits. A `stop` meanwhile tries once more and, if the OS still
+    /// refuses, fails their queued tasks as cancelled.
     pub fn start(&self) {
-        if self.shared.phase.advance_from(Phase::New, Phase::Running) {
-            self.spawn_workers();
+        let sh = &self.shared;
+        if sh.phase.advance_from(Phase::New, Phase::Running)
+            || (sh.phase.get() == Phase::Running && self.workers_missing())
+        {
+            if let Err(e) = self.spawn_workers() {
+                panic!("{e}");
+            }
         }
     }
 
-    /// Spawns the worker threads and waits until each runs: work submitted right after
-    /// `start` then finds every worker looking for it, and the first burst of spawns can
-    /// spread over all of them (a started fiber never moves).
-    fn spawn_workers(&self) {
+    /// Whether some worker threads were never spawned (a `start` the OS refused threads).
+    fn workers_missing(&self) -> bool {
+        let first = usize::from(self.shared.config.use_caller);
+        self.threads.lock().len() < self.threads() - first
+    }
+
+    /// Spawns the worker threads not yet spawned and waits until each runs: work submitted
+    /// right after `start` then finds every worker looking for it, and the first burst of
+    /// spawns can spread over all of them (a started fiber never moves). On the OS's refusal
+    /// the threads spawned so far keep running and the error says which worker failed.
+    fn spawn_workers(&self) -> Result<(), String> {
         let first = usize::from(self.shared.config.use_caller);
         let running = Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
         let mut threads = self.threads.lock();
-        for index in first..self.threads() {
+        let mut spawned = 0;
+        let mut refused = None;
+        for index in first + threads.len()..self.threads() {
             let shared = self.shared.clone();
             let running = running.clone();
-            let handle = std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name(format!("{}-{index}", self.shared.config.name))
                 .spawn(move || {
                     worker_main(shared, index, move || {
                         *running.0.lock() += 1;
                         running.1.notify_all();
                     })
-                })
-                .unwrap_or_else(|e| panic!("fibra: cannot spawn worker thread {index}: {e}"));
-            threads.push(handle);
+                });
+            match thread {
+                Ok(handle) => {
+                    threads.push(handle);
+                    spawned += 1;
+                }
+                Err(e) => {
+                    refused = Some(format!("fibra: cannot spawn worker thread {index}: {e}"));
+                    break;
+                }
+            }
         }
-        let spawned = threads.len();
+        let complete = threads.len() == self.threads() - first;
         drop(threads);
         let mut n = running.0.lock();
         while *n < spawned {
             running.1.wait(&mut n);
         }
         drop(n);
-        watchdog::start(&self.shared);
+        if complete && spawned > 0 {
+            watchdog::start(&self.shared);
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// In a shutdown: spawns the workers a refused `start` left out, so that they run what
+    /// is queued for them. If the OS still refuses, their queued tasks (none of which can
+    /// have started) fail as cancelled, from this thread, and the shutdown goes on.
+    fn spawn_workers_for_shutdown(&self) {
+        if let Err(e) = self.spawn_workers() {
+            eprintln!("{e}; failing the tasks queued for the workers that never started");
+            let first = usize::from(self.shared.config.use_caller);
+            let started = first + self.threads.lock().len();
+            for index in started..self.threads() {
+                Worker::new(self.shared.clone(), index).fail_queued_from_outside();
+            }
+        }
     }
 
     /// Runs `f` as a fiber and returns a handle to its result.
@@ -508,7 +550,9 @@ impl Scheduler {
                 sh.phase.advance_to(Phase::Done);
                 return 0;
             }
-            self.spawn_workers();
+            self.spawn_workers_for_shutdown();
+        } else if sh.phase.get() == Phase::Running && self.workers_missing() {
+            self.spawn_workers_for_shutdown();
         }
         sh.phase.advance_from(Phase::Running, Phase::Stopping);
         if how == Shutdown::Discard {

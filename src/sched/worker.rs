@@ -2298,6 +2298,12 @@ impl Worker {
     /// Pops every queued unstarted task this worker can reach: its own queues and the
     /// injector. Wakes of started fibers found in the inbox go to `ready`.
     fn pop_unstarted(&self) -> Option<JobRef> {
+        self.pop_own_unstarted()
+            .or_else(|| self.shared.injector.pop(false))
+    }
+
+    /// [`pop_unstarted`](Worker::pop_unstarted) from this worker's own queues only.
+    fn pop_own_unstarted(&self) -> Option<JobRef> {
         while let Some(task) = self.me().inbox.pop() {
             match task {
                 ScheduleTask::New(job) => return Some(job),
@@ -2309,11 +2315,7 @@ impl Worker {
                 ScheduleTask::Dump(req) => self.answer_dump_now(req),
             }
         }
-        self.me()
-            .local
-            .pop()
-            .or_else(|| self.me().next.0.take())
-            .or_else(|| self.shared.injector.pop(false))
+        self.me().local.pop().or_else(|| self.me().next.0.take())
     }
 
     /// Fails every queued unstarted task this worker can reach (their continuations run in
@@ -2414,6 +2416,17 @@ impl Worker {
             );
         }
         eprint!("{msg}");
+    }
+
+    /// Fails the tasks queued for this worker, whose thread never started, from the thread
+    /// stopping the scheduler. The shared injector is left to the workers that run.
+    pub(crate) fn fail_queued_from_outside(&self) {
+        while let Some(job) = self.pop_own_unstarted() {
+            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
+            job.fail(JoinError::cancelled());
+            self.stats().finished.add(1);
+            self.shared.task_done(Some(self.index));
+        }
     }
 
     /// Abandons worker 0 of a `use_caller` scheduler from the thread stopping it, which is
