@@ -58,13 +58,13 @@ pub(super) static HOOKS: Hooks = Hooks([
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     // SAFETY: the caller's arguments, passed on as they came.
-    io(fd, READ, 0, |_| unsafe { real::read(fd, buf, n) })
+    io(fd, READ, || 0, |_| unsafe { real::read(fd, buf, n) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: the caller's arguments, passed on as they came.
-    io(fd, READ, 0, |_| unsafe { real::readv(fd, iov, n) })
+    io(fd, READ, || 0, |_| unsafe { real::readv(fd, iov, n) })
 }
 
 /// A socket call with `flags`: with `MSG_DONTWAIT` it never waits (the real call, as the
@@ -74,7 +74,7 @@ fn sock_io(
     fd: c_int,
     flags: c_int,
     dir: super::Dir,
-    whole: usize,
+    whole: impl FnOnce() -> usize,
     mut op: impl FnMut(usize) -> isize,
 ) -> isize {
     if flags & libc::MSG_DONTWAIT != 0 {
@@ -118,7 +118,7 @@ fn recv_io(fd: c_int, flags: c_int, whole: usize, op: impl FnMut(usize) -> isize
         let mut op = op;
         return peek_all(fd, whole, || op(0));
     }
-    sock_io(fd, flags, READ, whole, op)
+    sock_io(fd, flags, READ, move || whole, op)
 }
 
 #[no_mangle]
@@ -154,18 +154,26 @@ pub unsafe extern "C" fn recvfrom(
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // A receive that waits for all of its buffers needs their total, and the caller's
+    // control buffer for the parts after the first: read only once the kernel would.
     let whole = if flags & libc::MSG_WAITALL != 0 {
-        // SAFETY: the caller's msghdr and its iovec array.
+        // SAFETY: what the caller passed as a msghdr.
+        if !unsafe { readable_msg(msg) } {
+            // SAFETY: the caller's arguments, for the kernel to refuse (EFAULT, EMSGSIZE).
+            return unsafe { real::recvmsg(fd, msg, flags) };
+        }
+        // SAFETY: the caller's msghdr and its iovec array, checked readable just above.
         wait_all(fd, flags, unsafe { iov_total(msg) })
     } else {
         0
     };
-    if msg.is_null() {
-        // SAFETY: the caller's arguments, for the kernel to refuse (EFAULT).
-        return unsafe { real::recvmsg(fd, msg, flags) };
-    }
-    // SAFETY: the caller's msghdr.
-    let control = unsafe { ((*msg).msg_control, (*msg).msg_controllen) };
+    let control = if whole > 0 {
+        // SAFETY: the caller's msghdr, checked above.
+        unsafe { ((*msg).msg_control, (*msg).msg_controllen) }
+    } else {
+        // Not used: a receive that does not wait for all returns after its first part.
+        (std::ptr::null_mut(), 0)
+    };
     let mut ended = false;
     // The kernel filled in the caller's msghdr (its first part succeeded).
     let mut filled = false;
@@ -218,6 +226,20 @@ unsafe fn received_fds(msg: *const msghdr) {
             c = libc::CMSG_NXTHDR(msg, c);
         }
     }
+}
+
+/// Whether the caller's `msg` and its iovec array can be read, and the kernel takes their
+/// count (at most `IOV_MAX`): else the real call answers for them.
+///
+/// # Safety
+/// `msg` is null or points to memory the caller passed as a msghdr.
+unsafe fn readable_msg(msg: *const msghdr) -> bool {
+    if !super::readable(msg.cast(), std::mem::size_of::<msghdr>()) {
+        return false;
+    }
+    // SAFETY: just checked readable.
+    let (iov, n) = unsafe { ((*msg).msg_iov, (*msg).msg_iovlen) };
+    n <= libc::UIO_MAXIOV as usize && super::readable(iov.cast(), n * std::mem::size_of::<iovec>())
 }
 
 /// The total length of `msg`'s buffers (saturating: the kernel refuses more than it can
@@ -303,35 +325,51 @@ unsafe fn msg_from(
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
-    io(fd, WRITE, n, |off| unsafe {
-        real::write(fd, buf.cast::<u8>().add(off).cast(), n - off)
-    })
+    io(
+        fd,
+        WRITE,
+        || n,
+        |off| unsafe { real::write(fd, buf.cast::<u8>().add(off).cast(), n - off) },
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
-    // SAFETY: the caller's array (a negative count is passed on for the kernel to refuse).
-    let bufs = unsafe { iovecs(iov, usize::try_from(n).unwrap_or(0)) };
-    let whole = bufs.iter().fold(0usize, |t, v| t.saturating_add(v.iov_len));
+    // SAFETY: the caller's array, read only once the kernel took it in the first call
+    // (`Whole`, and `off` > 0 follows bytes written).
+    let bufs = || unsafe { iovecs(iov, usize::try_from(n).unwrap_or(0)) };
     // A blocking write writes everything, as `write`: past `off` bytes the rest goes on.
-    io(fd, WRITE, whole, |off| {
-        if off == 0 {
-            // SAFETY: the caller's arguments, passed on as they came.
-            return unsafe { real::writev(fd, iov, n) };
-        }
-        let rest = iov_rest(bufs, off);
-        // SAFETY: buffers within the caller's, fewer than the caller's `n`.
-        unsafe { real::writev(fd, rest.as_ptr(), rest.len() as c_int) }
-    })
+    io(
+        fd,
+        WRITE,
+        || {
+            bufs()
+                .iter()
+                .fold(0usize, |t, v| t.saturating_add(v.iov_len))
+        },
+        |off| {
+            if off == 0 {
+                // SAFETY: the caller's arguments, passed on as they came.
+                return unsafe { real::writev(fd, iov, n) };
+            }
+            let rest = iov_rest(bufs(), off);
+            // SAFETY: buffers within the caller's, fewer than the caller's `n`.
+            unsafe { real::writev(fd, rest.as_ptr(), rest.len() as c_int) }
+        },
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
-    sock_io(fd, flags, WRITE, n, |off| unsafe {
-        real::send(fd, buf.cast::<u8>().add(off).cast(), n - off, flags)
-    })
+    sock_io(
+        fd,
+        flags,
+        WRITE,
+        || n,
+        |off| unsafe { real::send(fd, buf.cast::<u8>().add(off).cast(), n - off, flags) },
+    )
 }
 
 #[no_mangle]
@@ -344,22 +382,29 @@ pub unsafe extern "C" fn sendto(
     len: socklen_t,
 ) -> ssize_t {
     // SAFETY: the caller's arguments, passed on as they came.
-    sock_io(fd, flags, WRITE, n, |off| unsafe {
-        real::sendto(
-            fd,
-            buf.cast::<u8>().add(off).cast(),
-            n - off,
-            flags,
-            addr,
-            len,
-        )
-    })
+    sock_io(
+        fd,
+        flags,
+        WRITE,
+        || n,
+        |off| unsafe {
+            real::sendto(
+                fd,
+                buf.cast::<u8>().add(off).cast(),
+                n - off,
+                flags,
+                addr,
+                len,
+            )
+        },
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's msghdr and its iovec array.
-    let whole = unsafe { iov_total(msg) };
+    // SAFETY: the caller's msghdr and its iovec array, read only once the kernel took them
+    // in the first call (`Whole`).
+    let whole = || unsafe { iov_total(msg) };
     // SAFETY: the caller's arguments; a blocking send sends everything, as `send`: past
     // `off` bytes the rest goes on, without the ancillary data the first part carried.
     sock_io(fd, flags, WRITE, whole, |off| unsafe {
@@ -476,8 +521,12 @@ fn unix_backlog_full(b: &mut Blocking, mut retry: impl FnMut() -> c_int) -> c_in
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: the caller's arguments.
-    let r = io(fd, READ, 0, |_| unsafe { real::accept(fd, addr, len) }
-        as isize) as c_int;
+    let r = io(
+        fd,
+        READ,
+        || 0,
+        |_| unsafe { real::accept(fd, addr, len) } as isize,
+    ) as c_int;
     if r >= 0 {
         fd::created(r);
     }
@@ -495,7 +544,7 @@ pub unsafe extern "C" fn accept4(
     let r = io(
         fd,
         READ,
-        0,
+        || 0,
         |_| unsafe { real::accept4(fd, addr, len, flags) } as isize,
     ) as c_int;
     if r >= 0 {
@@ -513,9 +562,10 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
         Some(meta) if timeout != 0 && nfds_ok(n) && (n == 0 || !fds.is_null()) => {
             let deadline =
                 (timeout > 0).then(|| deadline_after(Duration::from_millis(timeout as u64)));
-            // SAFETY: the caller's array of `n` pollfds.
-            let fds = unsafe { slice_mut(fds, n as usize) };
-            in_fiber(meta, cancelled, || super::wait::poll(meta, fds, deadline))
+            in_fiber(meta, cancelled, || {
+                // SAFETY: the caller's array of `n` pollfds, `n` within the limit.
+                unsafe { super::wait::poll(meta, fds, n as usize, deadline) }
+            })
         }
         // SAFETY: the caller's arguments.
         _ => unsafe { real::poll(fds, n, timeout) },
@@ -545,10 +595,9 @@ pub unsafe extern "C" fn ppoll(
             _ => return unsafe { real::ppoll(fds, n, timeout, mask) },
         },
     };
-    // SAFETY: the caller's array of `n` pollfds.
-    let fds = unsafe { slice_mut(fds, n as usize) };
     in_fiber(meta, cancelled, || {
-        super::wait::poll(meta, fds, d.map(deadline_after))
+        // SAFETY: the caller's array of `n` pollfds, `n` within the limit.
+        unsafe { super::wait::poll(meta, fds, n as usize, d.map(deadline_after)) }
     })
 }
 
@@ -583,6 +632,16 @@ pub unsafe extern "C" fn select(
             Some(d)
         }
     };
+    // The kernel reads the first `ceil(n / bits)` words of each set: a set that cannot be
+    // read is the real call's to refuse (EFAULT).
+    let bytes = (n as usize).div_ceil(libc::c_ulong::BITS as usize) * size_of::<libc::c_ulong>();
+    if [r, w, e]
+        .iter()
+        .any(|set| !set.is_null() && !super::readable(set.cast(), bytes))
+    {
+        // SAFETY: the caller's arguments, passed on as they came.
+        return unsafe { real::select(n, r, w, e, timeout) };
+    }
     let deadline = d.map(deadline_after);
     in_fiber(meta, cancelled, || {
         // SAFETY: the caller's fd sets (null ones are skipped) and timeout.
@@ -604,21 +663,25 @@ fn nfds_ok(n: nfds_t) -> bool {
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && n <= lim.rlim_cur }
 }
 
-unsafe fn slice_mut<'a>(fds: *mut pollfd, n: usize) -> &'a mut [pollfd] {
-    if n == 0 || fds.is_null() {
-        &mut []
-    } else {
-        // SAFETY: the caller passes poll's array of `n` entries.
-        unsafe { std::slice::from_raw_parts_mut(fds, n) }
-    }
-}
-
 // ---- sleeping ----
 
 /// A valid timespec as a duration.
 fn duration(ts: &timespec) -> Option<Duration> {
     (ts.tv_sec >= 0 && (0..1_000_000_000).contains(&ts.tv_nsec))
         .then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
+/// The caller's sleep request as a duration; `None` for a null, unreadable or invalid one,
+/// which the real call refuses (`EFAULT`, `EINVAL`).
+///
+/// # Safety
+/// `req` is what the caller passed as a timespec pointer.
+unsafe fn request(req: *const timespec) -> Option<Duration> {
+    if !super::readable(req.cast(), size_of::<timespec>()) {
+        return None;
+    }
+    // SAFETY: readable, just checked.
+    duration(unsafe { &*req })
 }
 
 /// Sleeps the fiber; a cancellation ends the sleep early, and a fiber whose cancellation a
@@ -633,8 +696,8 @@ fn fiber_sleep(meta: &crate::fiber::FiberMeta, d: Duration) {
 #[no_mangle]
 pub unsafe extern "C" fn nanosleep(req: *const timespec, rem: *mut timespec) -> c_int {
     if let Some(meta) = active() {
-        // SAFETY: a non-null request points to the caller's timespec.
-        if let Some(d) = unsafe { req.as_ref() }.and_then(duration) {
+        // SAFETY: the caller's timespec, checked first.
+        if let Some(d) = unsafe { request(req) } {
             fiber_sleep(meta, d);
             return 0;
         }
@@ -662,8 +725,8 @@ pub unsafe extern "C" fn clock_nanosleep(
         // SAFETY: the caller's arguments.
         _ => return unsafe { real::clock_nanosleep(clock, flags, req, rem) },
     };
-    // SAFETY: a non-null request points to the caller's timespec.
-    let Some(d) = unsafe { req.as_ref() }.and_then(duration) else {
+    // SAFETY: the caller's timespec, checked first.
+    let Some(d) = (unsafe { request(req) }) else {
         // SAFETY: the caller's arguments, passed on as they came.
         return unsafe { real::clock_nanosleep(clock, flags, req, rem) };
     };

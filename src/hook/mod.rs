@@ -190,6 +190,51 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
+/// Whether the caller's `len` bytes at `ptr` can be read, asked of the kernel:
+/// `process_vm_readv` on this process copies them into a scratch buffer, and fails with
+/// `EFAULT` where they are not mapped readable. The hooks read a caller's array or struct
+/// themselves only after this, where the real call would read it first: a bad pointer then
+/// gets libc's `EFAULT` instead of a fault. Where the kernel does not offer the call (a
+/// seccomp filter refusing it) the answer is yes, as before the check. Keeps `errno`.
+fn readable(ptr: *const libc::c_void, len: usize) -> bool {
+    if len == 0 {
+        return true;
+    }
+    if ptr.is_null() {
+        return false;
+    }
+    let saved = errno();
+    let mut scratch = [0u8; 512];
+    let mut off = 0;
+    let ok = loop {
+        if off >= len {
+            break true;
+        }
+        let n = (len - off).min(scratch.len());
+        let local = libc::iovec {
+            iov_base: scratch.as_mut_ptr().cast(),
+            iov_len: n,
+        };
+        let remote = libc::iovec {
+            iov_base: ptr.wrapping_byte_add(off).cast_mut(),
+            iov_len: n,
+        };
+        // SAFETY: `local` is our scratch buffer of `n` bytes; the kernel checks `remote`,
+        // which it only reads.
+        let r = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        if r < 0 {
+            break errno() != libc::EFAULT;
+        }
+        if r as usize != n {
+            // Stopped at a page it could not read.
+            break false;
+        }
+        off += n;
+    };
+    set_errno(saved);
+    ok
+}
+
 /// Runs the fiber half of a hook: marks the fiber as inside a hook, and turns a cancellation
 /// that arrives while it waits into `on_cancel()` instead of an unwind into C frames. The
 /// cancellation is re-raised at the fiber's next suspension outside hooks.
@@ -430,11 +475,18 @@ fn route(fd: c_int) -> Route {
 /// A socket with a timeout in this direction keeps its result: that is how its timeout
 /// ends, and the kernel does not restart such calls (it fails them with `EINTR`).
 #[cold]
-fn switched_under(fd: c_int, r: isize, dir: Dir, whole: usize) -> Option<(Blocking, usize)> {
-    let done = match r {
-        r if r < 0 && errno() == libc::EAGAIN => 0,
-        r if r > 0 && (r as usize) < whole => r as usize,
-        _ => return None,
+fn switched_under(
+    fd: c_int,
+    r: isize,
+    dir: Dir,
+    whole: impl FnOnce() -> usize,
+) -> Option<(Blocking, usize)> {
+    let done = if r < 0 && errno() == libc::EAGAIN {
+        0
+    } else if r > 0 && (r as usize) < whole() {
+        r as usize
+    } else {
+        return None;
     };
     let saved = errno();
     let go_on = || {
@@ -453,15 +505,37 @@ fn switched_under(fd: c_int, r: isize, dir: Dir, whole: usize) -> Option<(Blocki
     r
 }
 
-/// A read- or write-like call on `fd`: `op` is the real call. `whole` is the length the
+/// The length a blocking call moves in full, computed when first asked for. The calls that
+/// take an array of buffers ask only once the kernel has accepted the array (the first call
+/// moved bytes, or failed with `EAGAIN`, after reading it): a bad pointer or count gets the
+/// kernel's error, as from libc, and is never read here.
+struct Whole<F>(Option<F>, usize);
+
+impl<F: FnOnce() -> usize> Whole<F> {
+    fn get(&mut self) -> usize {
+        if let Some(f) = self.0.take() {
+            self.1 = f();
+        }
+        self.1
+    }
+}
+
+/// A read- or write-like call on `fd`: `op` is the real call. `whole` gives the length the
 /// kernel would transfer in full before a blocking call returns (0: return after any
-/// progress); `op` then gets the offset to go on from.
+/// progress), and is asked only after a first call ([`Whole`]); `op` then gets the offset
+/// to go on from.
 #[inline(always)]
-fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> isize {
+fn io(
+    fd: c_int,
+    dir: Dir,
+    whole: impl FnOnce() -> usize,
+    mut op: impl FnMut(usize) -> isize,
+) -> isize {
+    let mut whole = Whole(Some(whole), 0);
     let (b, start) = match route(fd) {
         Route::Pass => {
             let r = op(0);
-            match switched_under(fd, r, dir, whole) {
+            match switched_under(fd, r, dir, || whole.get()) {
                 Some(go_on) => go_on,
                 None => return r,
             }
@@ -477,7 +551,7 @@ fn io(fd: c_int, dir: Dir, whole: usize, mut op: impl FnMut(usize) -> isize) -> 
                 return if done > 0 { done as isize } else { r };
             }
             done += r as usize;
-            if r == 0 || done >= whole {
+            if r == 0 || done >= whole.get() {
                 return done as isize;
             }
         }
@@ -506,7 +580,7 @@ pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -
         Route::Pass => {
             let r = op();
             // A short peek is what a non-blocking one gives: only EAGAIN goes on here.
-            match switched_under(fd, r, READ, 0) {
+            match switched_under(fd, r, READ, || 0) {
                 Some((b, _)) => b,
                 None => return r,
             }

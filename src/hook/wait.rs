@@ -5,14 +5,52 @@ use crate::fiber::FiberMeta;
 use crate::io::reactor::{wait_any, IoRecord, READABLE, WRITABLE};
 use libc::{c_int, pollfd};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The fiber's `poll`: the real call with a zero timeout until something is ready or the
 /// deadline passes, parked on the fds' readiness in between. Fds the reactor cannot watch
-/// (regular files: always ready) are left to the real call.
-pub(super) fn poll(meta: &FiberMeta, fds: &mut [pollfd], deadline: Option<Instant>) -> c_int {
+/// (regular files: always ready) are left to the real call. The kernel looks at the array
+/// first, so a bad one gets its error (`EFAULT`) before the hook reads an entry. Fds the
+/// reactor could not take (it cannot make its epoll instance, or `epoll_ctl` fails under
+/// memory pressure) are looked at again on a short timer, so their readiness is late but
+/// never lost.
+///
+/// # Safety
+/// `fds` and `n` are the caller's, as passed to `poll`; `n` is within `RLIMIT_NOFILE`.
+pub(super) unsafe fn poll(
+    meta: &FiberMeta,
+    fds: *mut pollfd,
+    n: usize,
+    deadline: Option<Instant>,
+) -> c_int {
     crate::coop::spend();
+    let look = || loop {
+        // SAFETY: the caller's arguments; the kernel checks the array.
+        let r = unsafe { real::poll(fds, n as libc::nfds_t, 0) };
+        // Even a poll that does not wait fails with `EINTR` when a signal is pending and
+        // nothing is ready; a hooked call in a fiber never reports that (module docs).
+        if !(r < 0 && super::errno() == libc::EINTR) {
+            break r;
+        }
+    };
+    let r = look();
+    if r != 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+        return r;
+    }
+    if !fds.is_aligned() {
+        // Only C code that is wrong already passes a misaligned array the kernel takes: it
+        // gets the real call, which blocks the worker.
+        let timeout = deadline.map_or(-1, |d| {
+            let left = d.saturating_duration_since(Instant::now());
+            c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX)
+        });
+        // SAFETY: the caller's arguments.
+        return unsafe { real::poll(fds, n as libc::nfds_t, timeout) };
+    }
+    // SAFETY: the kernel read and wrote the caller's `n` entries just now.
+    let fds = unsafe { slice(fds, n) };
     let mut watched: Vec<(Arc<IoRecord>, u32)> = Vec::with_capacity(fds.len());
+    let mut unwatched = false;
     for p in fds.iter() {
         if p.fd < 0 {
             continue;
@@ -25,21 +63,19 @@ pub(super) fn poll(meta: &FiberMeta, fds: &mut [pollfd], deadline: Option<Instan
         if p.events & (libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND) != 0 {
             interest |= WRITABLE;
         }
-        if let Some(rec) = fd::slot(p.fd).and_then(|s| s.register(p.fd).ok()) {
-            watched.push((rec, interest));
+        match fd::slot(p.fd).map(|s| s.register(p.fd)) {
+            Some(Ok(rec)) => watched.push((rec, interest)),
+            // A regular file: always ready, so the real call answers at once.
+            Some(Err(e)) if e.raw_os_error() == Some(libc::EPERM) => {}
+            _ => unwatched = true,
         }
     }
+    let mut recheck = Duration::from_millis(1);
     loop {
         let seen: Vec<u64> = watched.iter().map(|(r, _)| r.snapshot()).collect();
-        // SAFETY: the caller's live array.
-        let n = unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        // Even a poll that does not wait fails with `EINTR` when a signal is pending and
-        // nothing is ready; a hooked call in a fiber never reports that (module docs).
-        if n < 0 && super::errno() == libc::EINTR {
-            continue;
-        }
-        if n != 0 {
-            return n;
+        let r = look();
+        if r != 0 {
+            return r;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return 0;
@@ -51,14 +87,34 @@ pub(super) fn poll(meta: &FiberMeta, fds: &mut [pollfd], deadline: Option<Instan
         for ((rec, interest), seen) in watched.iter().zip(seen) {
             rec.clear(seen, *interest);
         }
-        if watched.is_empty() {
-            match deadline {
-                Some(d) => crate::sleep_until(d),
-                None => crate::sleep_until(crate::time::far_future()),
-            }
+        let until = if unwatched {
+            let soon = Instant::now() + recheck;
+            recheck = (recheck * 2).min(RECHECK_AT_MOST);
+            Some(deadline.map_or(soon, |d| d.min(soon)))
         } else {
-            wait_any(&watched, deadline);
+            deadline
+        };
+        if watched.is_empty() {
+            crate::sleep_until(until.unwrap_or_else(crate::time::far_future));
+        } else {
+            wait_any(&watched, until);
         }
+    }
+}
+
+/// How long at most a `poll` waits before it looks again at fds the reactor could not take.
+const RECHECK_AT_MOST: Duration = Duration::from_millis(16);
+
+/// The caller's `n` pollfds as a slice.
+///
+/// # Safety
+/// `fds` points to `n` live, aligned pollfds (or `n` is 0), used by nothing else meanwhile.
+unsafe fn slice<'a>(fds: *mut pollfd, n: usize) -> &'a mut [pollfd] {
+    if n == 0 || fds.is_null() {
+        &mut []
+    } else {
+        // SAFETY: the caller's guarantee.
+        unsafe { std::slice::from_raw_parts_mut(fds, n) }
     }
 }
 
@@ -92,7 +148,8 @@ pub(super) unsafe fn select(
             });
         }
     }
-    let r = poll(meta, &mut fds, deadline);
+    // SAFETY: our own array.
+    let r = unsafe { poll(meta, fds.as_mut_ptr(), fds.len(), deadline) };
     if let (Some(d), false) = (deadline, timeout.is_null()) {
         let left = d.saturating_duration_since(Instant::now());
         // SAFETY: the caller's timeval.
