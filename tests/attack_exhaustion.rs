@@ -7,13 +7,13 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{is_child, run_child, LIMIT};
+use common::{errno, is_child, run_child, LIMIT};
 use fibra::Scheduler;
 
 const CHILD_ENV: &str = "FIBRA_ATTACK_EXHAUSTION_CHILD";
@@ -30,10 +30,6 @@ fn child_passes(helper: &str) {
     );
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
 fn set_nofile(n: u64) {
     let lim = libc::rlimit {
         rlim_cur: n,
@@ -41,21 +37,6 @@ fn set_nofile(n: u64) {
     };
     // SAFETY: a valid rlimit.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
-}
-
-/// Duplicates stderr until the table is full; returns the duplicates (drop them to free).
-fn fill_fd_table() -> Vec<OwnedFd> {
-    let mut held = Vec::new();
-    loop {
-        // SAFETY: dup of a valid fd.
-        let fd = unsafe { libc::dup(2) };
-        if fd < 0 {
-            assert_eq!(errno(), libc::EMFILE);
-            return held;
-        }
-        // SAFETY: a fresh fd we own.
-        held.push(unsafe { OwnedFd::from_raw_fd(fd) });
-    }
 }
 
 fn is_emfile(e: &std::io::Error) -> bool {
@@ -145,7 +126,7 @@ fn child_emfile_everywhere() {
     let addr = std_listener.local_addr().unwrap();
     let dir = std::env::temp_dir().join(format!("fibra-exh-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    let held = fill_fd_table();
+    let held = common::fill_descriptor_table(0);
     eprintln!("holding {} fds", held.len());
     // Build and start with no descriptor left (the first, then a second scheduler).
     let s = Arc::new(Scheduler::builder().threads(2).build().expect("build"));
@@ -287,7 +268,7 @@ fn child_accept_emfile() {
     });
     let addr = addr_rx.recv().unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    let held = fill_fd_table();
+    let held = common::fill_descriptor_table(0);
     let sa = match addr {
         std::net::SocketAddr::V4(a) => libc::sockaddr_in {
             sin_family: libc::AF_INET as u16,
@@ -718,7 +699,7 @@ bad_pointer_tests! {
 
 /// How many descriptors can still be opened (dups them all, then closes them).
 fn free_fds() -> usize {
-    fill_fd_table().len()
+    common::fill_descriptor_table(0).len()
 }
 
 /// Each descriptor-making call, tried with 0..=3 descriptors free: a failure must not keep
@@ -785,7 +766,7 @@ fn child_emfile_leaks() {
         let mut i = 0;
         for (name, op) in &ops {
             for free in 0..=3usize {
-                let mut held = fill_fd_table();
+                let mut held = common::fill_descriptor_table(0);
                 for _ in 0..free {
                     held.pop();
                 }
@@ -839,7 +820,7 @@ fn child_poll_unregistered() {
     s.start();
     let (r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
     let rfd = r.as_raw_fd();
-    let held = fill_fd_table();
+    let held = common::fill_descriptor_table(0);
     eprintln!(
         "holding {} fds; the reactor has not been created",
         held.len()
@@ -1014,7 +995,7 @@ fn child_hooked_emfile() {
     std::net::TcpStream::connect(addr).unwrap();
     common::finish(warm).unwrap();
     let client = std::net::TcpStream::connect(addr).unwrap();
-    let held = fill_fd_table();
+    let held = common::fill_descriptor_table(0);
     let l3 = l.clone();
     let errs = s.block_on(move || {
         let mut fds = [0; 2];
