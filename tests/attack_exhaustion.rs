@@ -57,15 +57,16 @@ fn threads_now() -> usize {
     std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
-/// Becomes uid/gid 65534 (so that RLIMIT_NPROC is enforced, which it is not for root) and
-/// caps this uid's tasks at the threads that exist now plus `more`.
-fn cap_threads(more: usize) {
+/// Becomes `uid` (so that RLIMIT_NPROC is enforced, which it is not for root) and caps its
+/// tasks at the threads that exist now plus `more`. The limit counts every task of the uid,
+/// so each child test takes a uid of its own that nothing else runs as (tests run at once).
+fn cap_threads(uid: libc::uid_t, more: usize) {
     // SAFETY: plain calls; a failure is reported.
     unsafe {
         if libc::geteuid() == 0 {
             assert!(
-                libc::setgid(65534) == 0 && libc::setuid(65534) == 0,
-                "cannot become uid 65534: {}",
+                libc::setgid(uid) == 0 && libc::setuid(uid) == 0,
+                "cannot become uid {uid}: {}",
                 std::io::Error::last_os_error()
             );
         }
@@ -82,6 +83,10 @@ fn cap_threads(more: usize) {
     // SAFETY: a valid rlimit.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) }, 0);
 }
+
+/// The uids of the child tests that cap threads.
+const START_UID: libc::uid_t = 61_721;
+const POOL_UID: libc::uid_t = 61_722;
 
 /// Raises the soft RLIMIT_NPROC back to the hard one.
 fn uncap_threads() {
@@ -324,7 +329,7 @@ fn child_start_nproc() {
     }
     let s = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
     let s2 = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
-    cap_threads(2);
+    cap_threads(START_UID, 2);
     let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.start()));
     let msg = common::panic_message(&*refused.expect_err("start under the cap panics"));
     assert!(
@@ -353,7 +358,7 @@ fn child_start_nproc() {
         });
         rx
     };
-    cap_threads(2);
+    cap_threads(START_UID, 2);
     let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s2.start()));
     assert!(refused.is_err());
     let pinned = s2.submit(|| 3, Some(3)).expect("submit");
@@ -411,7 +416,7 @@ fn child_unblock_nproc() {
     if std::env::var("FIBRA_EXH_EMPTY_POOL").is_err() {
         assert_eq!(s.block_on(|| fibra::unblock(|| 1)), 1);
     }
-    cap_threads(0);
+    cap_threads(POOL_UID, 0);
     assert!(!can_spawn_thread(), "the cap does not hold");
     let done = Arc::new(AtomicUsize::new(0));
     let hs: Vec<_> = (0..32)
