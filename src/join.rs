@@ -379,6 +379,15 @@ impl<T> JoinHandle<T> {
         self.cell.header().wait(None);
     }
 
+    /// The result of a task that has finished, taken without suspending: no budget yield,
+    /// so no cancellation can come between the caller's taking the handle and this.
+    pub(crate) fn into_finished(self) -> Result<T, JoinError> {
+        debug_assert!(self.is_finished());
+        self.cell
+            .take()
+            .unwrap_or_else(|| Err(JoinError::cancelled()))
+    }
+
     /// Cancels the task, as `stop_timeout` cancels what is still alive: a task that has not
     /// started never runs; a started fiber unwinds from its next suspension — at once if it
     /// is parked (waiting for a lock, a message, I/O, a sleep), else when it next parks or

@@ -192,13 +192,14 @@ impl<T: Send + 'static> JoinSet<T> {
         all
     }
 
-    /// Takes the finished task `id`, the front of the queue, out of the queue and the set.
-    /// `None` if it had already left the set.
+    /// Takes the finished task `id`, the front of the queue, out of the queue and the set,
+    /// with its result; nothing here suspends, so a cancellation cannot drop the result
+    /// halfway. `None` if it had already left the set.
     fn take_front(&mut self, id: FiberId) -> Option<(FiberId, Result<T, JoinError>)> {
         let popped = self.finished.lock().ids.pop_front();
         debug_assert_eq!(popped, Some(id), "only `&mut self` pops the queue");
         let h = self.tasks.remove(&id)?;
-        Some((id, h.join()))
+        Some((id, h.into_finished()))
     }
 }
 

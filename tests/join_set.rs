@@ -3,11 +3,11 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use common::{finish, started, with_deadline, LIMIT};
-use fibra::JoinSet;
+use fibra::{JoinHandle, JoinSet};
 
 #[test]
 fn join_next_returns_results_in_completion_order() {
@@ -135,5 +135,92 @@ fn a_set_whose_scheduler_stopped_reports_cancelled() {
         let mut set = JoinSet::new();
         set.spawn_on(&sched, || 1);
         assert!(set.join_next().unwrap().unwrap_err().is_cancelled());
+    });
+}
+
+/// Brings the running fiber's coop budget to exactly `n` (`n` below `BUDGET` − 1): the `n + 1`-th
+/// budgeted operation from here yields.
+fn budget_to(n: usize) {
+    let full = fibra::coop::BUDGET as usize - 1;
+    while fibra::coop::has_budget_remaining() {
+        fibra::coop::consume_budget();
+    }
+    fibra::coop::consume_budget(); // yields; the budget is full again, less this one
+    let mut left = 0;
+    // `full` are left after the yield.
+    while left < full - n {
+        fibra::coop::consume_budget();
+        left += 1;
+    }
+}
+
+/// A `join_next` whose fiber is cancelled at each of its first budget yields (its own, and
+/// any inside the take of the task's result): either it returns the task's value, or it
+/// unwinds and the task stays in the set for the next call. Never is the value lost.
+#[test]
+fn join_next_cancelled_at_its_budget_yield_keeps_the_task() {
+    for left in 0..3 {
+        cancelled_at_a_budget_yield(left, |set| set.join_next());
+    }
+}
+
+/// The same for `try_join_next`.
+#[test]
+fn try_join_next_cancelled_at_its_budget_yield_keeps_the_task() {
+    for left in 0..3 {
+        cancelled_at_a_budget_yield(left, |set| set.try_join_next());
+    }
+}
+
+type Taker = fn(&mut JoinSet<u32>) -> Option<Result<u32, fibra::JoinError>>;
+
+/// Where a fiber finds its own handle.
+type SelfHandle = Arc<StdMutex<Option<Arc<JoinHandle<Option<u32>>>>>>;
+
+fn cancelled_at_a_budget_yield(left: usize, take: Taker) {
+    with_deadline(move || {
+        let sched = started(1);
+        let set: Arc<StdMutex<JoinSet<u32>>> = Arc::new(StdMutex::new(JoinSet::new()));
+        let me: SelfHandle = Arc::new(StdMutex::new(None));
+        let (s2, m2) = (set.clone(), me.clone());
+        let joiner = Arc::new(sched.spawn(move || {
+            let me = loop {
+                if let Some(h) = m2.lock().unwrap().clone() {
+                    break h;
+                }
+                fibra::sleep(Duration::from_millis(1));
+            };
+            let mut set = s2.lock().unwrap();
+            set.spawn(|| 7u32);
+            // Let the task finish.
+            fibra::sleep(Duration::from_millis(50));
+            // The `left + 1`-th budgeted operation yields, and the worker cancels this
+            // fiber there.
+            budget_to(left);
+            me.cancel();
+            take(&mut set).map(|r| r.unwrap())
+        }));
+        *me.lock().unwrap() = Some(joiner.clone());
+        assert!(joiner.wait_timeout(LIMIT));
+        drop(me.lock().unwrap().take());
+        let joiner = Arc::into_inner(joiner).expect("the fiber let its handle go");
+        let mut set = set.lock().unwrap_or_else(|e| e.into_inner());
+        match joiner.join() {
+            Ok(got) => {
+                assert_eq!(got, Some(7), "budget {left}: returned the value");
+                assert!(set.is_empty());
+            }
+            Err(e) => {
+                assert!(e.is_cancelled());
+                assert_eq!(
+                    set.len(),
+                    1,
+                    "budget {left}: the finished task stays in the set"
+                );
+                assert_eq!(set.try_join_next().map(|r| r.unwrap()), Some(7));
+            }
+        }
+        drop(set);
+        sched.stop();
     });
 }
