@@ -87,6 +87,7 @@ fn cap_threads(uid: libc::uid_t, more: usize) {
 /// The uids of the child tests that cap threads.
 const START_UID: libc::uid_t = 61_721;
 const POOL_UID: libc::uid_t = 61_722;
+const STOP_UID: libc::uid_t = 61_723;
 
 /// Raises the soft RLIMIT_NPROC back to the hard one.
 fn uncap_threads() {
@@ -368,6 +369,70 @@ fn child_start_nproc() {
     assert!(stopped.recv_timeout(LIMIT).is_ok(), "stop returned");
     assert!(pinned.join().unwrap_err().is_cancelled());
     uncap_threads();
+    eprintln!("CHILD OK");
+}
+
+/// A fiber still finishing during `stop` submits a task pinned to a worker whose thread the
+/// OS refused, after `stop` failed that worker's queue (fibers may submit while stopping):
+/// the submit is refused, or its task fails as cancelled, and `stop` returns.
+#[test]
+fn pinned_submit_to_a_missing_worker_during_stop_does_not_hang_stop() {
+    child_passes("child_pinned_submit_during_stop");
+}
+
+#[test]
+#[ignore = "child of pinned_submit_to_a_missing_worker_during_stop_does_not_hang_stop"]
+fn child_pinned_submit_during_stop() {
+    if !is_child(CHILD_ENV, "child_pinned_submit_during_stop") {
+        return;
+    }
+    let s = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
+    // The stopping thread is made before the cap.
+    let (go_stop, stop_now) = std::sync::mpsc::channel::<()>();
+    let (stopped_tx, stopped) = std::sync::mpsc::channel::<()>();
+    {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            stop_now.recv().unwrap();
+            s.stop();
+            let _ = stopped_tx.send(());
+        });
+    }
+    cap_threads(STOP_UID, 2);
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.start()));
+    assert!(refused.is_err(), "start under the cap panics");
+    let (tx, rx) = fibra::sync::oneshot::channel::<()>();
+    let (htx, hrx) = std::sync::mpsc::channel();
+    let s2 = s.clone();
+    let finisher = s.spawn(move || {
+        let _ = rx.recv();
+        // Stopping now: a fiber of the scheduler may still submit.
+        let r = s2.submit(|| 5, Some(3));
+        let _ = htx.send(r.map_err(|e| format!("{e:?}")));
+    });
+    common::wait_until("the finisher parks", || {
+        s.metrics().workers().iter().map(|w| w.parks()).sum::<u64>() > 0
+    });
+    go_stop.send(()).unwrap();
+    // Wait until stop refuses outside work.
+    common::wait_until("stop began", || s.submit(|| 0, None).is_err());
+    tx.send(()).unwrap();
+    match hrx.recv_timeout(LIMIT).expect("the finisher submitted") {
+        Ok(pinned) => {
+            eprintln!("the pinned submit during stop was admitted");
+            assert!(
+                pinned.wait_timeout(Duration::from_secs(15)),
+                "the task pinned to the missing worker never ended"
+            );
+            assert!(pinned.join().unwrap_err().is_cancelled());
+        }
+        Err(e) => eprintln!("refused: {e}"),
+    }
+    assert!(finisher.wait_timeout(LIMIT));
+    assert!(
+        stopped.recv_timeout(Duration::from_secs(15)).is_ok(),
+        "stop did not return"
+    );
     eprintln!("CHILD OK");
 }
 

@@ -24,7 +24,7 @@ use crate::fiber;
 use crate::join::{JoinCell, JoinHandle};
 use crate::park::Unparker;
 use crate::stack::{round_size, DEFAULT_STACK_SIZE, MIN_STACK_SIZE};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use task::Header;
@@ -238,6 +238,7 @@ impl Builder {
             shared,
             threads: parking_lot::Mutex::new(Vec::new()),
             caller_worker: parking_lot::Mutex::new(caller_worker),
+            watchdog_started: AtomicBool::new(false),
         })
     }
 }
@@ -280,6 +281,8 @@ pub struct Scheduler {
     threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// With `use_caller`: worker 0's state while the building thread is not driving it.
     caller_worker: parking_lot::Mutex<Option<Box<Worker>>>,
+    /// Whether the watchdog was started: once every worker is (see `spawn_workers`).
+    watchdog_started: AtomicBool,
 }
 
 impl Default for Builder {
@@ -371,7 +374,7 @@ impl Scheduler {
             running.1.wait(&mut n);
         }
         drop(n);
-        if complete && spawned > 0 {
+        if complete && !self.watchdog_started.swap(true, Ordering::Relaxed) {
             watchdog::start(&self.shared);
         }
         refused.map_or(Ok(()), Err)
@@ -386,7 +389,12 @@ impl Scheduler {
             let first = usize::from(self.shared.config.use_caller);
             let started = first + self.threads.lock().len();
             for index in started..self.threads() {
-                Worker::new(self.shared.clone(), index).fail_queued_from_outside();
+                // SeqCst, with the fence, against `submit_to`'s push and look (see there).
+                self.shared.workers[index]
+                    .absent
+                    .store(true, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                worker::fail_queued_of_absent(&self.shared, index);
             }
         }
     }
@@ -706,13 +714,23 @@ where
     if thread.is_some_and(|i| i >= shared.config.threads) {
         return Err(SubmitError::NoSuchThread(f));
     }
-    if !shared.admit() {
+    // A worker a stopping scheduler could not start runs nothing: refuse, as stopped.
+    let absent = |i: usize| shared.workers[i].absent.load(Ordering::SeqCst);
+    if thread.is_some_and(absent) || !shared.admit() {
         return Err(SubmitError::Stopped(f));
     }
     // Outside the closure, which would be the caller of `caller` otherwise.
     let location = std::panic::Location::caller();
     let (cell, job) = JoinCell::new_pair(f, || Header::new(name, stack_size, thread, location));
     shared.schedule_new(job);
+    if let Some(i) = thread {
+        // The shutdown may have marked the worker absent and drained its queue between our
+        // look and our push: with the fences, it saw our task or we see its mark.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if absent(i) {
+            worker::fail_queued_of_absent(shared, i);
+        }
+    }
     Ok(JoinHandle::new(cell))
 }
 

@@ -84,7 +84,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -263,6 +263,9 @@ pub(crate) struct WorkerShared {
     pub(crate) stats: Padded<WorkerStats>,
     /// The fiber this worker runs, for the watchdog and the dump.
     pub(crate) watch: Watch,
+    /// Set by a shutdown that could not spawn this worker's thread (the OS refused it at
+    /// `start` and again then): nothing will ever run here, and what is queued fails.
+    pub(crate) absent: AtomicBool,
 }
 
 impl WorkerShared {
@@ -458,6 +461,7 @@ impl Shared {
                     wakers: WakerCount::new(),
                     stats: Padded(WorkerStats::default()),
                     watch: Watch::new(),
+                    absent: AtomicBool::new(false),
                 })
                 .collect(),
             injector: Injector::new(),
@@ -749,6 +753,33 @@ pub(crate) fn unpark_fiber_alone(job: JobRef, gen: u64) {
         }
     }
     unpark_fiber_owned(job, gen);
+}
+
+/// Fails the tasks queued for worker `index`, which is `absent` (its thread never started,
+/// and never will), from whichever thread finds them: the shutdown that marked it, and a
+/// submit that queued a task for it and then saw the mark (so that a task queued while the
+/// shutdown drained is not left behind). No fiber ever started there, so there is none to
+/// wake or cancel; a dump gets an empty answer.
+pub(crate) fn fail_queued_of_absent(shared: &Shared, index: usize) {
+    let me = &shared.workers[index];
+    debug_assert!(me.absent.load(Ordering::Relaxed));
+    loop {
+        let job = match me.inbox.pop() {
+            Some(ScheduleTask::New(job)) => job,
+            Some(ScheduleTask::Dump(req)) => {
+                req.answer(index, Vec::new(), Duration::ZERO, Duration::ZERO);
+                continue;
+            }
+            Some(ScheduleTask::Fiber(_) | ScheduleTask::Cancel(_)) => continue,
+            None => match me.local.pop().or_else(|| me.next.0.take()) {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        shared.cancelled.fetch_add(1, Ordering::Relaxed);
+        job.fail(JoinError::cancelled());
+        shared.task_done(Some(index));
+    }
 }
 
 /// Queues a fiber whose `park.notify` the caller won: on its home worker's `ready` when
@@ -2416,17 +2447,6 @@ impl Worker {
             );
         }
         eprint!("{msg}");
-    }
-
-    /// Fails the tasks queued for this worker, whose thread never started, from the thread
-    /// stopping the scheduler. The shared injector is left to the workers that run.
-    pub(crate) fn fail_queued_from_outside(&self) {
-        while let Some(job) = self.pop_own_unstarted() {
-            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
-            job.fail(JoinError::cancelled());
-            self.stats().finished.add(1);
-            self.shared.task_done(Some(self.index));
-        }
     }
 
     /// Abandons worker 0 of a `use_caller` scheduler from the thread stopping it, which is
