@@ -241,6 +241,40 @@ fn readable(ptr: *const libc::c_void, len: usize) -> bool {
     ok
 }
 
+/// Writes `src` to the caller's memory at `dst` the way the kernel writes a result back:
+/// `process_vm_writev` on this process fails with `EFAULT` where the memory cannot be
+/// written (read-only, unmapped), and the answer is then false, nothing written. Where the
+/// kernel does not offer the call (a seccomp filter refusing it), writes directly, as
+/// before the check. Keeps `errno`.
+///
+/// # Safety
+/// `dst` is memory the caller gave a hooked call to write `src.len()` bytes of results to.
+unsafe fn write_user(dst: *mut libc::c_void, src: &[u8]) -> bool {
+    if src.is_empty() {
+        return true;
+    }
+    let saved = errno();
+    let local = libc::iovec {
+        iov_base: src.as_ptr().cast_mut().cast(),
+        iov_len: src.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: dst,
+        iov_len: src.len(),
+    };
+    // SAFETY: `local` is `src`, which the kernel only reads; it checks `remote`.
+    let r = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    let ok = if r < 0 && errno() != libc::EFAULT {
+        // SAFETY: the caller's guarantee; no way to ask the kernel first.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.cast::<u8>(), src.len()) };
+        true
+    } else {
+        r as usize == src.len()
+    };
+    set_errno(saved);
+    ok
+}
+
 /// Runs the fiber half of a hook: marks the fiber as inside a hook, and turns a cancellation
 /// that arrives while it waits into `on_cancel()` instead of an unwind into C frames. The
 /// cancellation is re-raised at the fiber's next suspension outside hooks.

@@ -119,10 +119,13 @@ unsafe fn slice<'a>(fds: *mut pollfd, n: usize) -> &'a mut [pollfd] {
 }
 
 /// The fiber's `select`, by way of [`poll`]. Updates the timeout to the time left, as Linux
-/// does.
+/// does. The caller's sets are read into copies (the caller checked they can be read) and
+/// the results written back as the kernel writes them: a set that cannot be written fails
+/// the call with `EFAULT`, a timeout that cannot be updated is left as it was.
 ///
 /// # Safety
-/// `sets` are null or the caller's fd sets; `timeout` is null or the caller's timeval.
+/// `sets` are null or the caller's fd sets, readable for `n` bits; `timeout` is null or the
+/// caller's timeval.
 pub(super) unsafe fn select(
     meta: &FiberMeta,
     n: c_int,
@@ -131,12 +134,13 @@ pub(super) unsafe fn select(
     timeout: *mut libc::timeval,
 ) -> c_int {
     const EVENTS: [libc::c_short; 3] = [libc::POLLIN, libc::POLLOUT, libc::POLLPRI];
+    // SAFETY: the caller's guarantee.
+    let given = sets.map(|set| (!set.is_null()).then(|| unsafe { FdBits::read(set, n) }));
     let mut fds: Vec<pollfd> = Vec::new();
     for fd in 0..n {
         let mut events = 0;
-        for (set, ev) in sets.iter().zip(EVENTS) {
-            // SAFETY: a non-null set is the caller's, `n` bits long at least (`fd < n`).
-            if !set.is_null() && unsafe { FdBits(*set).get(fd) } {
+        for (set, ev) in given.iter().zip(EVENTS) {
+            if set.as_ref().is_some_and(|s| s.get(fd)) {
                 events |= ev;
             }
         }
@@ -152,11 +156,16 @@ pub(super) unsafe fn select(
     let r = unsafe { poll(meta, fds.as_mut_ptr(), fds.len(), deadline) };
     if let (Some(d), false) = (deadline, timeout.is_null()) {
         let left = d.saturating_duration_since(Instant::now());
-        // SAFETY: the caller's timeval.
-        unsafe {
-            (*timeout).tv_sec = left.as_secs() as libc::time_t;
-            (*timeout).tv_usec = left.subsec_micros() as libc::suseconds_t;
-        }
+        let tv = libc::timeval {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_usec: left.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: the caller's timeval, written as a whole; `tv` is plain data.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const tv).cast::<u8>(), size_of::<libc::timeval>())
+        };
+        // SAFETY: the caller's timeval. One that cannot be written is left as it was.
+        unsafe { super::write_user(timeout.cast(), bytes) };
     }
     if r < 0 {
         return r;
@@ -165,65 +174,86 @@ pub(super) unsafe fn select(
         super::set_errno(libc::EBADF);
         return -1;
     }
+    let mut out = given.map(|set| set.map(|_| FdBits::empty(n)));
     let mut count = 0;
-    for set in sets.iter().filter(|s| !s.is_null()) {
-        // SAFETY: the caller's set, `n` bits long at least.
-        unsafe { FdBits(*set).clear(n) };
-    }
     for p in &fds {
         let ready = [
             p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0,
             p.revents & (libc::POLLOUT | libc::POLLERR) != 0,
             p.revents & libc::POLLPRI != 0,
         ];
-        for ((set, ev), hit) in sets.iter().zip(EVENTS).zip(ready) {
-            if !set.is_null() && p.events & ev != 0 && hit {
-                // SAFETY: the caller's set; `p.fd < n`.
-                unsafe { FdBits(*set).set(p.fd) };
-                count += 1;
+        for ((set, ev), hit) in out.iter_mut().zip(EVENTS).zip(ready) {
+            if let Some(set) = set {
+                if p.events & ev != 0 && hit {
+                    set.set(p.fd);
+                    count += 1;
+                }
+            }
+        }
+    }
+    for (set, bits) in sets.iter().zip(&out) {
+        if let Some(bits) = bits {
+            // SAFETY: the caller's set, `n` bits long at least.
+            if !unsafe { bits.write_back(*set) } {
+                super::set_errno(libc::EFAULT);
+                return -1;
             }
         }
     }
     count
 }
 
-/// A caller's `fd_set`, as the kernel reads it: an array of words of which the first
-/// `ceil(n / bits)` count, however many `FD_SETSIZE` says (a program may allocate a larger
-/// set for fds past 1 024).
-struct FdBits(*mut libc::fd_set);
+/// A copy of a caller's `fd_set` as the kernel reads it: the first `ceil(n / bits)` words,
+/// however many `FD_SETSIZE` says (a program may allocate a larger set for fds past 1 024).
+struct FdBits(Vec<libc::c_ulong>);
 
 impl FdBits {
     const BITS: usize = libc::c_ulong::BITS as usize;
 
-    fn word(&self, fd: c_int) -> *mut libc::c_ulong {
-        // In bounds by the callers' contracts: the set holds `fd`'s word.
-        self.0
-            .cast::<libc::c_ulong>()
-            .wrapping_add(fd as usize / Self::BITS)
+    fn words(n: c_int) -> usize {
+        (n as usize).div_ceil(Self::BITS)
     }
 
-    /// # Safety
-    /// The set holds at least `fd + 1` bits.
-    unsafe fn get(&self, fd: c_int) -> bool {
-        // SAFETY: the caller's guarantee.
-        unsafe { *self.word(fd) >> (fd as usize % Self::BITS) & 1 != 0 }
-    }
-
-    /// # Safety
-    /// As for [`get`](FdBits::get).
-    unsafe fn set(&self, fd: c_int) {
-        // SAFETY: the caller's guarantee.
-        unsafe { *self.word(fd) |= 1 << (fd as usize % Self::BITS) };
-    }
-
-    /// Clears the words that hold the first `n` bits, as the kernel writes them back.
+    /// The first `n` bits of the caller's `set`.
     ///
     /// # Safety
-    /// The set holds at least `n` bits.
-    unsafe fn clear(&self, n: c_int) {
-        for w in 0..(n as usize).div_ceil(Self::BITS) {
-            // SAFETY: the caller's guarantee: word `w` holds bits below `n`.
-            unsafe { *self.0.cast::<libc::c_ulong>().add(w) = 0 };
-        }
+    /// `set` can be read for `n` bits.
+    unsafe fn read(set: *const libc::fd_set, n: c_int) -> FdBits {
+        let mut bits = Self::empty(n);
+        // SAFETY: the caller's guarantee; copied as bytes, so any alignment will do.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                set.cast::<u8>(),
+                bits.0.as_mut_ptr().cast::<u8>(),
+                size_of_val(&bits.0[..]),
+            )
+        };
+        bits
+    }
+
+    /// `n` bits, all clear.
+    fn empty(n: c_int) -> FdBits {
+        FdBits(vec![0; Self::words(n)])
+    }
+
+    fn get(&self, fd: c_int) -> bool {
+        self.0[fd as usize / Self::BITS] >> (fd as usize % Self::BITS) & 1 != 0
+    }
+
+    fn set(&mut self, fd: c_int) {
+        self.0[fd as usize / Self::BITS] |= 1 << (fd as usize % Self::BITS);
+    }
+
+    /// Writes the words back to the caller's `set`; false if it cannot be written.
+    ///
+    /// # Safety
+    /// `set` is the caller's set, at least as long as these words.
+    unsafe fn write_back(&self, set: *mut libc::fd_set) -> bool {
+        // SAFETY: our own words, as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.0.as_ptr().cast::<u8>(), size_of_val(&self.0[..]))
+        };
+        // SAFETY: the caller's guarantee.
+        unsafe { super::write_user(set.cast(), bytes) }
     }
 }
