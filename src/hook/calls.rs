@@ -416,15 +416,36 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    let (ctx, slot, state) = match route(fd) {
-        // SAFETY: the caller's arguments, passed on as they came.
-        Route::Pass => return unsafe { real::connect(fd, addr, len) },
-        Route::Wait(ctx, slot, state) => (ctx, slot, state),
+    // The first call's result and errno, when it went through unhooked.
+    let (b, first) = match route(fd) {
+        Route::Pass => {
+            // SAFETY: the caller's arguments, passed on as they came.
+            let r = unsafe { real::connect(fd, addr, len) };
+            let e = errno();
+            if r == 0 || !matches!(e, libc::EINPROGRESS | libc::EALREADY | libc::EAGAIN) {
+                return r;
+            }
+            // A blocking connect does not fail so: fibra switched the socket under it (the
+            // kernel restarted it after a signal, `SA_RESTART`, and it met the switch; or a
+            // fiber switched it between our look and our call). It goes on as a hooked one.
+            match super::switched_route(fd, WRITE) {
+                Some(b) => (b, Some((r, e))),
+                None => return r,
+            }
+        }
+        Route::Wait(ctx, slot, state) => (Blocking::new(ctx, fd, slot, state, WRITE), None),
     };
-    let call = || {
-        let mut b = Blocking::new(ctx, fd, slot, state, WRITE);
-        // SAFETY: the caller's arguments, passed on as they came.
-        let r = unsafe { real::connect(fd, addr, len) };
+    let ctx = b.ctx;
+    let call = move || {
+        let mut b = b;
+        let r = match first {
+            Some((r, e)) => {
+                set_errno(e);
+                r
+            }
+            // SAFETY: the caller's arguments, passed on as they came.
+            None => unsafe { real::connect(fd, addr, len) },
+        };
         match errno() {
             _ if r == 0 => return 0,
             libc::EAGAIN => {

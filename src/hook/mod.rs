@@ -330,6 +330,12 @@ const WRITE: Dir = Dir {
     timeout: libc::SO_SNDTIMEO,
 };
 
+/// How long a fiber first waits before it looks again at an fd the reactor could not take,
+/// doubling up to [`RECHECK_MAX`] (`poll` in a fiber does the same).
+const RECHECK_FIRST: Duration = Duration::from_millis(1);
+/// See [`RECHECK_FIRST`].
+const RECHECK_MAX: Duration = Duration::from_millis(16);
+
 /// One call on a hooked fd that is blocking in the user's view.
 struct Blocking {
     ctx: Ctx,
@@ -343,6 +349,8 @@ struct Blocking {
     /// The receive side was seen shut down (`READ_SHUT`): a read that still fails with
     /// `EAGAIN` is a datagram socket's, whose blocking read returns 0 then.
     read_shut: bool,
+    /// How long a fiber sleeps before it looks again at an fd the reactor cannot take.
+    recheck: Duration,
 }
 
 impl Blocking {
@@ -356,6 +364,7 @@ impl Blocking {
             deadline: None,
             generation: slot.generation(),
             read_shut: false,
+            recheck: RECHECK_FIRST,
         }
     }
 
@@ -416,11 +425,22 @@ impl Blocking {
             }
             // New to the reactor, or deregistered by another owner of the fd: registering
             // reports the current readiness.
-            _ => match self.slot.register(self.fd) {
-                Ok(rec) => rec,
-                // The reactor cannot take it (no memory, no epoll): block the thread instead.
-                Err(_) => return self.block_thread(deadline),
-            },
+            _ => {
+                let saved = errno();
+                let registered = self.slot.register(self.fd);
+                set_errno(saved);
+                match registered {
+                    Ok(rec) => rec,
+                    // The reactor cannot take it (no epoll instance for want of descriptors,
+                    // no memory): look again on a timer, keeping the worker free.
+                    Err(_) => {
+                        let soon = Instant::now() + self.recheck;
+                        self.recheck = (self.recheck * 2).min(RECHECK_MAX);
+                        crate::sleep_until(deadline.map_or(soon, |d| d.min(soon)));
+                        return Ok(());
+                    }
+                }
+            }
         };
         rec.wait(interest, deadline).map_err(|_| libc::EAGAIN)?;
         if self.slot.generation() != self.generation {
@@ -528,6 +548,14 @@ fn switched_under(
     } else {
         return None;
     };
+    switched_route(fd, dir).map(|b| (b, done))
+}
+
+/// The blocking call that goes on after a call that went through unhooked failed as only a
+/// non-blocking call fails (see [`switched_under`]): `Some` if the fd waits now and has no
+/// timeout in this direction. Keeps `errno`.
+#[cold]
+fn switched_route(fd: c_int, dir: Dir) -> Option<Blocking> {
     let saved = errno();
     let go_on = || {
         // An fd never looked at (on a plain thread) whose open file fibra switched through
@@ -538,7 +566,7 @@ fn switched_under(
             Route::Wait(ctx, slot, state) => (ctx, slot, state),
         };
         let mut b = Blocking::new(ctx, fd, slot, state, dir);
-        b.deadline().is_none().then_some((b, done))
+        b.deadline().is_none().then_some(b)
     };
     let r = go_on();
     set_errno(saved);

@@ -5,7 +5,7 @@ use crate::fiber::FiberMeta;
 use crate::io::reactor::{wait_any, IoRecord, READABLE, WRITABLE};
 use libc::{c_int, pollfd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The fiber's `poll`: the real call with a zero timeout until something is ready or the
 /// deadline passes, parked on the fds' readiness in between. Fds the reactor cannot watch
@@ -63,14 +63,17 @@ pub(super) unsafe fn poll(
         if p.events & (libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND) != 0 {
             interest |= WRITABLE;
         }
-        match fd::slot(p.fd).map(|s| s.register(p.fd)) {
+        let saved = super::errno();
+        let registered = fd::slot(p.fd).map(|s| s.register(p.fd));
+        super::set_errno(saved);
+        match registered {
             Some(Ok(rec)) => watched.push((rec, interest)),
             // A regular file: always ready, so the real call answers at once.
             Some(Err(e)) if e.raw_os_error() == Some(libc::EPERM) => {}
             _ => unwatched = true,
         }
     }
-    let mut recheck = Duration::from_millis(1);
+    let mut recheck = super::RECHECK_FIRST;
     loop {
         let seen: Vec<u64> = watched.iter().map(|(r, _)| r.snapshot()).collect();
         let r = look();
@@ -89,7 +92,7 @@ pub(super) unsafe fn poll(
         }
         let until = if unwatched {
             let soon = Instant::now() + recheck;
-            recheck = (recheck * 2).min(RECHECK_AT_MOST);
+            recheck = (recheck * 2).min(super::RECHECK_MAX);
             Some(deadline.map_or(soon, |d| d.min(soon)))
         } else {
             deadline
@@ -101,9 +104,6 @@ pub(super) unsafe fn poll(
         }
     }
 }
-
-/// How long at most a `poll` waits before it looks again at fds the reactor could not take.
-const RECHECK_AT_MOST: Duration = Duration::from_millis(16);
 
 /// The caller's `n` pollfds as a slice.
 ///
