@@ -383,18 +383,35 @@ impl Scheduler {
     /// In a shutdown: spawns the workers a refused `start` left out, so that they run what
     /// is queued for them. If the OS still refuses, their queued tasks (none of which can
     /// have started) fail as cancelled, from this thread, and the shutdown goes on.
+    ///
+    /// With no worker at all (none spawned, no `use_caller` worker 0), nothing will take the
+    /// shared injector either: this thread fails its tasks too, until none is queued (a
+    /// submit admitted just before the shutdown may push its task a moment later).
     fn spawn_workers_for_shutdown(&self) {
-        if let Err(e) = self.spawn_workers() {
-            eprintln!("{e}; failing the tasks queued for the workers that never started");
-            let first = usize::from(self.shared.config.use_caller);
-            let started = first + self.threads.lock().len();
-            for index in started..self.threads() {
-                // SeqCst, with the fence, against `submit_to`'s push and look (see there).
-                self.shared.workers[index]
-                    .absent
-                    .store(true, Ordering::SeqCst);
-                std::sync::atomic::fence(Ordering::SeqCst);
-                worker::fail_queued_of_absent(&self.shared, index);
+        let Err(e) = self.spawn_workers() else {
+            return;
+        };
+        eprintln!("{e}; failing the tasks queued for the workers that never started");
+        let sh = &self.shared;
+        let first = usize::from(sh.config.use_caller);
+        let started = first + self.threads.lock().len();
+        for index in started..self.threads() {
+            // SeqCst, with the fence, against `submit_to`'s push and look (see there).
+            sh.workers[index].absent.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            worker::fail_queued_of_absent(sh, index);
+        }
+        if started == 0 {
+            // Readiness continuations still waiting for their socket are not queued anywhere.
+            let queued = || sh.live() > sh.continuations.load(Ordering::SeqCst);
+            while queued() {
+                worker::fail_injected(sh);
+                for index in 0..self.threads() {
+                    worker::fail_queued_of_absent(sh, index);
+                }
+                if queued() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
         }
     }
@@ -481,7 +498,14 @@ impl Scheduler {
             Ok(h) => h,
             Err(refused) => return refused.into_inner()(),
         };
-        self.start();
+        if let Err(refused) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start()))
+        {
+            // No thread to run `f` on now: it must not run later, when a `start` succeeds,
+            // with nobody waiting for it.
+            handle.cancel();
+            std::panic::resume_unwind(refused);
+        }
         if self.drives_caller_worker() {
             // The continuation runs once the result is in (just before joiners are woken):
             // enough for this thread to stop driving worker 0 and join.
@@ -559,8 +583,12 @@ impl Scheduler {
                 return 0;
             }
             self.spawn_workers_for_shutdown();
-        } else if sh.phase.get() == Phase::Running && self.workers_missing() {
-            self.spawn_workers_for_shutdown();
+        } else {
+            let missing = sh.phase.get() == Phase::Running && self.workers_missing();
+            sh.phase.advance_from(Phase::Running, Phase::Stopping);
+            if missing {
+                self.spawn_workers_for_shutdown();
+            }
         }
         sh.phase.advance_from(Phase::Running, Phase::Stopping);
         if how == Shutdown::Discard {

@@ -782,6 +782,16 @@ pub(crate) fn fail_queued_of_absent(shared: &Shared, index: usize) {
     }
 }
 
+/// Fails the tasks of the shared injector, from a shutdown that found no worker to take
+/// them (see `Scheduler::spawn_workers_for_shutdown`).
+pub(crate) fn fail_injected(shared: &Shared) {
+    while let Some(job) = shared.injector.pop(false) {
+        shared.cancelled.fetch_add(1, Ordering::Relaxed);
+        job.fail(JoinError::cancelled());
+        shared.task_done(None);
+    }
+}
+
 /// Queues a fiber whose `park.notify` the caller won: on its home worker's `ready` when
 /// called there, else in that worker's inbox.
 fn queue_woken(job: JobRef) {
