@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{errno, is_child, run_child, LIMIT};
+use common::{cap_threads, errno, is_child, run_child, uncap_threads, LIMIT};
 use fibra::Scheduler;
 
 const CHILD_ENV: &str = "FIBRA_ATTACK_EXHAUSTION_CHILD";
@@ -53,56 +53,11 @@ fn cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-fn threads_now() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
-/// Becomes `uid` (so that RLIMIT_NPROC is enforced, which it is not for root) and caps its
-/// tasks at the threads that exist now plus `more`. The limit counts every task of the uid,
-/// so each child test takes a uid of its own that nothing else runs as (tests run at once).
-fn cap_threads(uid: libc::uid_t, more: usize) {
-    // SAFETY: plain calls; a failure is reported.
-    unsafe {
-        if libc::geteuid() == 0 {
-            assert!(
-                libc::setgid(uid) == 0 && libc::setuid(uid) == 0,
-                "cannot become uid {uid}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-    let n = (threads_now() + more) as libc::rlim_t;
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid out pointer.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) }, 0);
-    // The hard limit stays, so that `uncap_threads` can raise the soft one again.
-    lim.rlim_cur = n;
-    // SAFETY: a valid rlimit.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) }, 0);
-}
-
 /// The uids of the child tests that cap threads.
 const START_UID: libc::uid_t = 61_721;
 const POOL_UID: libc::uid_t = 61_722;
 const STOP_UID: libc::uid_t = 61_723;
 const EMPTY_POOL_UID: libc::uid_t = 61_724;
-
-/// Raises the soft RLIMIT_NPROC back to the hard one.
-fn uncap_threads() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointers; raising a soft limit up to the hard one needs no privilege.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NPROC, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max;
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &lim), 0);
-    }
-}
 
 fn can_spawn_thread() -> bool {
     std::thread::Builder::new()

@@ -417,3 +417,45 @@ pub fn ticker(
         .unwrap();
     (ticks, h)
 }
+
+/// Becomes `uid` (so that RLIMIT_NPROC is enforced, which it is not for root) and caps its
+/// tasks at the threads of this process now plus `more` (for a child process). The limit
+/// counts every task of the uid, so each child test takes a uid of its own that nothing else
+/// runs as: the tests of a binary run at once.
+pub fn cap_threads(uid: libc::uid_t, more: usize) {
+    // SAFETY: plain calls; a failure is reported.
+    unsafe {
+        if libc::geteuid() == 0 {
+            assert!(
+                libc::setgid(uid) == 0 && libc::setuid(uid) == 0,
+                "cannot become uid {uid}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    let n = (std::fs::read_dir("/proc/self/task").unwrap().count() + more) as libc::rlim_t;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out pointer.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut lim) }, 0);
+    // The hard limit stays, so that `uncap_threads` can raise the soft one again.
+    lim.rlim_cur = n;
+    // SAFETY: a valid rlimit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) }, 0);
+}
+
+/// Raises the soft RLIMIT_NPROC back to the hard one (after [`cap_threads`]).
+pub fn uncap_threads() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointers; raising a soft limit up to the hard one needs no privilege.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NPROC, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &lim), 0);
+    }
+}
