@@ -514,25 +514,6 @@ fn many_pending_timers_cancelled_come_back() {
 
 // ====================================================== 5a. hooked calls, bad pointers
 
-/// An address the process may not read or write: a page mapped `PROT_NONE` and kept (so
-/// that no later mapping, such as a fiber stack, can take its place). The kernel refuses it
-/// with EFAULT; a load from it in user space is SIGSEGV.
-fn unmapped() -> *mut libc::c_void {
-    // SAFETY: a fresh anonymous mapping with no access, never unmapped.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        p
-    }
-}
-
 /// One bad-pointer call in a child: the child prints `CHILD OK` if the call returned
 /// `-1`/`expected` instead of crashing.
 fn bad_pointer_case(case: &str) {
@@ -559,7 +540,7 @@ fn child_bad_pointer() {
     let (fa, fb) = (a.as_raw_fd(), b.as_raw_fd());
     let b = Arc::new(b);
     let b2 = b.clone();
-    let bad = unmapped() as usize;
+    let bad = common::unmapped_page() as usize;
     let run = move |case: &str| -> (isize, i32) {
         let badp = bad as *mut libc::c_void;
         // SAFETY: each call gets a pointer to no mapping, which the kernel refuses.

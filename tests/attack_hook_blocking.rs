@@ -1336,40 +1336,6 @@ fn a_thread_spawned_from_a_fiber_gets_libc_semantics_on_switched_fds() {
 
 extern "C" fn on_signal(_: libc::c_int) {}
 
-fn install(sig: i32, restart: bool) {
-    // SAFETY: installing a handler that does nothing, with an empty mask.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_signal as *const () as usize;
-        sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
-    }
-}
-
-fn gettid() -> i32 {
-    // SAFETY: no arguments.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
-
-fn tgkill(tid: i32, sig: i32) {
-    // SAFETY: signalling a thread of our own process with a handled signal.
-    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, sig) };
-}
-
-fn signal_other_threads(sig: i32) {
-    let me = gettid();
-    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
-        for e in dir.flatten() {
-            if let Ok(tid) = e.file_name().to_string_lossy().parse::<i32>() {
-                if tid != me {
-                    tgkill(tid, sig);
-                }
-            }
-        }
-    }
-}
-
 fn check_child(helper: &str) {
     let (status, err) = run_child(CHILD, helper);
     assert!(
@@ -1392,14 +1358,14 @@ fn child_signals_at_workers() {
     if !is_child(CHILD, "child_signals_at_workers") {
         return;
     }
-    install(libc::SIGUSR1, false);
+    common::install_signal(libc::SIGUSR1, false, on_signal);
     let s = shared_started(2);
     let stop = Arc::new(AtomicBool::new(false));
     let st = stop.clone();
     let signaller = std::thread::spawn(move || {
         let mut sent = 0usize;
         while !st.load(Ordering::Relaxed) {
-            signal_other_threads(libc::SIGUSR1);
+            common::signal_other_threads(libc::SIGUSR1);
             sent += 1;
             // A raw nanosleep: unhooked and restarted by hand.
             common::block_thread(Duration::from_micros(300));
@@ -1635,7 +1601,7 @@ fn child_plain_thread_eintr() {
     if !is_child(CHILD, "child_plain_thread_eintr") {
         return;
     }
-    install(libc::SIGUSR1, false);
+    common::install_signal(libc::SIGUSR1, false, on_signal);
     let s = shared_started(1);
     let tid = Arc::new(AtomicI32::new(0));
     let done = Arc::new(AtomicBool::new(false));
@@ -1644,7 +1610,7 @@ fn child_plain_thread_eintr() {
         done.store(false, Ordering::SeqCst);
         let (t2, d2) = (tid.clone(), done.clone());
         let body = move || {
-            t2.store(gettid(), Ordering::SeqCst);
+            t2.store(common::gettid(), Ordering::SeqCst);
             let r = eintr_battery();
             d2.store(true, Ordering::SeqCst);
             r
@@ -1659,7 +1625,7 @@ fn child_plain_thread_eintr() {
         }
         while !done.load(Ordering::SeqCst) {
             common::block_thread(Duration::from_millis(100));
-            tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
+            common::tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
         }
         th.join().unwrap()
     };
@@ -1699,7 +1665,7 @@ fn child_restart_after_switch() {
     if !is_child(CHILD, "child_restart_after_switch") {
         return;
     }
-    install(libc::SIGUSR1, true);
+    common::install_signal(libc::SIGUSR1, true, on_signal);
     let s = shared_started(1);
     let (a, b) = UnixStream::pair().unwrap();
     let a = Arc::new(a);
@@ -1707,7 +1673,7 @@ fn child_restart_after_switch() {
     let tid = Arc::new(AtomicI32::new(0));
     let t2 = tid.clone();
     let reader = std::thread::spawn(move || {
-        t2.store(gettid(), Ordering::SeqCst);
+        t2.store(common::gettid(), Ordering::SeqCst);
         let mut buf = [0u8; 16];
         (&*a2)
             .read(&mut buf)
@@ -1720,7 +1686,7 @@ fn child_restart_after_switch() {
     common::block_thread(Duration::from_millis(200));
     switch_from_a_fiber(&s, &a);
     for _ in 0..3 {
-        tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
+        common::tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
         common::block_thread(Duration::from_millis(100));
     }
     let early = reader.is_finished();

@@ -54,47 +54,13 @@ extern "C" fn on_signal(_: libc::c_int) {
     unsafe { *libc::__errno_location() = saved };
 }
 
-fn install(sig: i32, restart: bool) {
-    // SAFETY: installing a handler with an empty mask.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_signal as *const () as usize;
-        sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
-        libc::sigemptyset(&mut sa.sa_mask);
-        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
-    }
-}
-
-fn gettid() -> i32 {
-    // SAFETY: no arguments.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
-
-fn tgkill(tid: i32, sig: i32) {
-    // SAFETY: signalling a thread of our own process with a handled signal.
-    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, sig) };
-}
-
-fn signal_other_threads(sig: i32) {
-    let me = gettid();
-    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
-        for e in dir.flatten() {
-            if let Ok(tid) = e.file_name().to_string_lossy().parse::<i32>() {
-                if tid != me {
-                    tgkill(tid, sig);
-                }
-            }
-        }
-    }
-}
-
 /// A thread that signals every other thread every ~100 µs, and the process as a whole every
 /// tenth round, until `stop`; returns how many rounds it made.
 fn rain(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
     std::thread::spawn(move || {
         let mut sent = 0usize;
         while !stop.load(Ordering::Relaxed) {
-            signal_other_threads(libc::SIGUSR1);
+            common::signal_other_threads(libc::SIGUSR1);
             if sent.is_multiple_of(10) {
                 // SAFETY: a handled signal at our own process.
                 unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
@@ -375,7 +341,7 @@ fn child_signals_rain_restart() {
 #[cfg(feature = "hook")]
 fn signals_rain(restart: bool) {
     use std::os::unix::net::UnixStream;
-    install(libc::SIGUSR1, restart);
+    common::install_signal(libc::SIGUSR1, restart, on_signal);
     let s = common::shared_started(2);
     let stop = Arc::new(AtomicBool::new(false));
     let signaller = rain(stop.clone());
@@ -518,7 +484,7 @@ fn restarted_connect(switch: impl FnOnce(i32)) -> (i32, i32) {
     let tid = Arc::new(AtomicI32::new(0));
     let t2 = tid.clone();
     let connecting = std::thread::spawn(move || {
-        t2.store(gettid(), Ordering::SeqCst);
+        t2.store(common::gettid(), Ordering::SeqCst);
         let std::net::SocketAddr::V4(a) = addr else {
             unreachable!()
         };
@@ -546,7 +512,7 @@ fn restarted_connect(switch: impl FnOnce(i32)) -> (i32, i32) {
     common::block_thread(Duration::from_millis(200));
     switch(fd);
     for _ in 0..3 {
-        tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
+        common::tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
         common::block_thread(Duration::from_millis(50));
     }
     // Room in the queue: the next SYN retransmission gets through.
@@ -585,7 +551,7 @@ fn child_restarted_connect() {
     if !is_child(CHILD, "child_restarted_connect") {
         return;
     }
-    install(libc::SIGUSR1, true);
+    common::install_signal(libc::SIGUSR1, true, on_signal);
     let s = common::shared_started(1);
     let libc_ref = restarted_connect(|_| {});
     let hooked = restarted_connect(|fd| {
@@ -909,24 +875,6 @@ fn child_block_on_refused() {
 
 // ============================================= 5. a partly bad iovec array
 
-/// A page that cannot be read or written.
-#[cfg(feature = "hook")]
-fn bad_page() -> *mut libc::c_void {
-    // SAFETY: a fresh anonymous mapping, never accessed.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED);
-    p
-}
-
 /// `writev`, `sendmsg` and `recvmsg` (plain and `MSG_WAITALL`) on a blocking stream socket
 /// with two buffers, the first valid, the second unmapped: (result, errno set to 0 before
 /// the call, what the peer got or what is left to read).
@@ -953,7 +901,7 @@ fn partly_bad_iovec(
     pair: fn() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
 ) -> Vec<(isize, i32, Vec<u8>)> {
     let mut out = Vec::new();
-    let bad = bad_page();
+    let bad = common::unmapped_page();
     let set0 = || {
         // SAFETY: the thread's errno.
         unsafe { *libc::__errno_location() = 0 }

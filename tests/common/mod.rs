@@ -459,3 +459,58 @@ pub fn uncap_threads() {
         assert_eq!(libc::setrlimit(libc::RLIMIT_NPROC, &lim), 0);
     }
 }
+
+/// Installs `handler` for `sig`, with `SA_RESTART` or without, and an empty mask.
+pub fn install_signal(sig: i32, restart: bool, handler: extern "C" fn(libc::c_int)) {
+    // SAFETY: installing a handler with an empty mask.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as *const () as usize;
+        sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+/// The calling thread's kernel id.
+pub fn gettid() -> i32 {
+    // SAFETY: no arguments.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// Sends `sig` to thread `tid` of this process.
+pub fn tgkill(tid: i32, sig: i32) {
+    // SAFETY: signalling a thread of our own process with a handled signal.
+    unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, sig) };
+}
+
+/// Sends `sig` to every other thread of this process.
+pub fn signal_other_threads(sig: i32) {
+    let me = gettid();
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for e in dir.flatten() {
+            if let Ok(tid) = e.file_name().to_string_lossy().parse::<i32>() {
+                if tid != me {
+                    tgkill(tid, sig);
+                }
+            }
+        }
+    }
+}
+
+/// A page mapped with no access (never unmapped): a pointer no call may read or write.
+pub fn unmapped_page() -> *mut libc::c_void {
+    // SAFETY: a fresh anonymous mapping, never accessed.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p
+}
