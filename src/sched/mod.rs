@@ -238,7 +238,7 @@ impl Builder {
             shared,
             threads: parking_lot::Mutex::new(Vec::new()),
             caller_worker: parking_lot::Mutex::new(caller_worker),
-            watchdog_started: AtomicBool::new(false),
+            all_spawned: AtomicBool::new(false),
         })
     }
 }
@@ -281,8 +281,10 @@ pub struct Scheduler {
     threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// With `use_caller`: worker 0's state while the building thread is not driving it.
     caller_worker: parking_lot::Mutex<Option<Box<Worker>>>,
-    /// Whether the watchdog was started: once every worker is (see `spawn_workers`).
-    watchdog_started: AtomicBool,
+    /// Whether every worker thread was spawned (and the watchdog started then): until then a
+    /// `start` spawns the missing ones (see `spawn_workers`). Read without the lock, so that
+    /// a `start` (which every `block_on` makes) costs a load once all are there.
+    all_spawned: AtomicBool,
 }
 
 impl Default for Builder {
@@ -331,8 +333,7 @@ impl Scheduler {
 
     /// Whether some worker threads were never spawned (a `start` the OS refused threads).
     fn workers_missing(&self) -> bool {
-        let first = usize::from(self.shared.config.use_caller);
-        self.threads.lock().len() < self.threads() - first
+        !self.all_spawned.load(Ordering::Acquire)
     }
 
     /// Spawns the worker threads not yet spawned and waits until each runs: work submitted
@@ -374,7 +375,7 @@ impl Scheduler {
             running.1.wait(&mut n);
         }
         drop(n);
-        if complete && !self.watchdog_started.swap(true, Ordering::Relaxed) {
+        if complete && !self.all_spawned.swap(true, Ordering::AcqRel) {
             watchdog::start(&self.shared);
         }
         refused.map_or(Ok(()), Err)
