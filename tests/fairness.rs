@@ -379,8 +379,11 @@ fn tasks_spawned_by_a_running_fiber_get_help_from_the_idle_peer() {
 ///
 /// Where a fiber starts depends on what the peer worker's thread is doing at that moment, and
 /// on a loaded machine the OS may not run it for a while; so each shape gets a few runs, and
-/// one of them must start consumers on both workers. Before the burst was dealt out, 9 runs
-/// of 9 started every consumer on the producer's worker.
+/// in one of them consumers must start on the peer (worker 1) and do work there. Before the
+/// burst was dealt out, 9 runs of 9 started every consumer on the producer's worker. The
+/// peer may take every consumer (a fresh clone's CI run saw 5 runs of 5 so, the peer stealing
+/// each spawn before the producer's worker ran one): the producer keeps its own worker busy,
+/// so that is a spread too.
 #[test]
 fn pipeline_consumers_spread_over_the_workers() {
     let _serial = serial();
@@ -388,8 +391,8 @@ fn pipeline_consumers_spread_over_the_workers() {
         for consumers in [2, 8] {
             let runs: Vec<_> = (0..5).map(|_| pipeline(consumers)).collect();
             assert!(
-                runs.iter().any(|(first, on)| first.len() == 2 && on[0] > 0 && on[1] > 0),
-                "{consumers} consumers never started on both workers: (started on, jobs per worker) {runs:?}"
+                runs.iter().any(|(first, on)| first.contains(&1) && on[1] > 0),
+                "{consumers} consumers all stayed on the producer's worker: (started on, jobs per worker) {runs:?}"
             );
         }
     });
