@@ -336,7 +336,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
     // SAFETY: the caller's array, read only once the kernel took it in the first call
-    // (`Whole`, and `off` > 0 follows bytes written).
+    // (`io` asks for the total only then, and `off` > 0 follows bytes written).
     let bufs = || unsafe { iovecs(iov, usize::try_from(n).unwrap_or(0)) };
     // A blocking write writes everything, as `write`: past `off` bytes the rest goes on.
     io(
@@ -403,7 +403,7 @@ pub unsafe extern "C" fn sendto(
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     // SAFETY: the caller's msghdr and its iovec array, read only once the kernel took them
-    // in the first call (`Whole`).
+    // in the first call (see `io`).
     let whole = || unsafe { iov_total(msg) };
     // SAFETY: the caller's arguments; a blocking send sends everything, as `send`: past
     // `off` bytes the rest goes on, without the ancillary data the first part carried.

@@ -573,25 +573,13 @@ fn switched_route(fd: c_int, dir: Dir) -> Option<Blocking> {
     r
 }
 
-/// The length a blocking call moves in full, computed when first asked for. The calls that
-/// take an array of buffers ask only once the kernel has accepted the array (the first call
-/// moved bytes, or failed with `EAGAIN`, after reading it): a bad pointer or count gets the
-/// kernel's error, as from libc, and is never read here.
-struct Whole<F>(Option<F>, usize);
-
-impl<F: FnOnce() -> usize> Whole<F> {
-    fn get(&mut self) -> usize {
-        if let Some(f) = self.0.take() {
-            self.1 = f();
-        }
-        self.1
-    }
-}
-
 /// A read- or write-like call on `fd`: `op` is the real call. `whole` gives the length the
 /// kernel would transfer in full before a blocking call returns (0: return after any
-/// progress), and is asked only after a first call ([`Whole`]); `op` then gets the offset
-/// to go on from.
+/// progress); `op` then gets the offset to go on from. `whole` is asked (once, a
+/// `LazyCell`) only after a first call: the calls that take an array of buffers compute it
+/// from the array, which the kernel has then accepted (the first call moved bytes, or failed
+/// with `EAGAIN`, after reading it), so a bad pointer or count gets the kernel's error, as
+/// from libc, and is never read here.
 #[inline(always)]
 fn io(
     fd: c_int,
@@ -599,11 +587,11 @@ fn io(
     whole: impl FnOnce() -> usize,
     mut op: impl FnMut(usize) -> isize,
 ) -> isize {
-    let mut whole = Whole(Some(whole), 0);
+    let whole = std::cell::LazyCell::new(whole);
     let (b, start) = match route(fd) {
         Route::Pass => {
             let r = op(0);
-            match switched_under(fd, r, dir, || whole.get()) {
+            match switched_under(fd, r, dir, || *whole) {
                 Some(go_on) => go_on,
                 None => return r,
             }
@@ -619,7 +607,7 @@ fn io(
                 return if done > 0 { done as isize } else { r };
             }
             done += r as usize;
-            if r == 0 || done >= whole.get() {
+            if r == 0 || done >= *whole {
                 return done as isize;
             }
         }

@@ -591,7 +591,6 @@ impl Scheduler {
                 self.spawn_workers_for_shutdown();
             }
         }
-        sh.phase.advance_from(Phase::Running, Phase::Stopping);
         if how == Shutdown::Discard {
             sh.phase.advance_to(Phase::Discarding);
         }

@@ -499,6 +499,14 @@ impl Shared {
         ok
     }
 
+    /// Fails a task that never started as cancelled by the shutdown (counted for
+    /// `stop_timeout`'s return) and counts it out, on the line of `worker` (see `task_done`).
+    pub(crate) fn fail_unstarted(&self, job: JobRef, worker: Option<usize>) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
+        job.fail(JoinError::cancelled());
+        self.task_done(worker);
+    }
+
     /// Counts a task out, on the line of `worker` (the calling thread's worker of this
     /// scheduler, which its callers know; `None` elsewhere); the last one during shutdown
     /// lets everybody go.
@@ -776,9 +784,7 @@ pub(crate) fn fail_queued_of_absent(shared: &Shared, index: usize) {
                 None => return,
             },
         };
-        shared.cancelled.fetch_add(1, Ordering::Relaxed);
-        job.fail(JoinError::cancelled());
-        shared.task_done(Some(index));
+        shared.fail_unstarted(job, Some(index));
     }
 }
 
@@ -786,9 +792,7 @@ pub(crate) fn fail_queued_of_absent(shared: &Shared, index: usize) {
 /// them (see `Scheduler::spawn_workers_for_shutdown`).
 pub(crate) fn fail_injected(shared: &Shared) {
     while let Some(job) = shared.injector.pop(false) {
-        shared.cancelled.fetch_add(1, Ordering::Relaxed);
-        job.fail(JoinError::cancelled());
-        shared.task_done(None);
+        shared.fail_unstarted(job, None);
     }
 }
 
@@ -2339,12 +2343,6 @@ impl Worker {
     /// Pops every queued unstarted task this worker can reach: its own queues and the
     /// injector. Wakes of started fibers found in the inbox go to `ready`.
     fn pop_unstarted(&self) -> Option<JobRef> {
-        self.pop_own_unstarted()
-            .or_else(|| self.shared.injector.pop(false))
-    }
-
-    /// [`pop_unstarted`](Worker::pop_unstarted) from this worker's own queues only.
-    fn pop_own_unstarted(&self) -> Option<JobRef> {
         while let Some(task) = self.me().inbox.pop() {
             match task {
                 ScheduleTask::New(job) => return Some(job),
@@ -2356,7 +2354,11 @@ impl Worker {
                 ScheduleTask::Dump(req) => self.answer_dump_now(req),
             }
         }
-        self.me().local.pop().or_else(|| self.me().next.0.take())
+        self.me()
+            .local
+            .pop()
+            .or_else(|| self.me().next.0.take())
+            .or_else(|| self.shared.injector.pop(false))
     }
 
     /// Fails every queued unstarted task this worker can reach (their continuations run in
@@ -2389,10 +2391,8 @@ impl Worker {
     /// are failed without a fiber: this worker is leaving.
     fn abandon_all(&self) {
         while let Some(job) = self.pop_unstarted() {
-            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
-            job.fail(JoinError::cancelled());
             self.stats().finished.add(1);
-            self.shared.task_done(Some(self.index));
+            self.shared.fail_unstarted(job, Some(self.index));
         }
         self.ready.borrow_mut().clear();
         self.timer_woken.set(0);
