@@ -9,6 +9,7 @@ use std::cell::UnsafeCell;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 /// A continuation registered with [`JoinHandle::then`], `catching` or `finally`.
@@ -26,7 +27,16 @@ pub(crate) struct JoinCell<F, T> {
     /// Continuations not run yet; `None` once the result is published (later ones run at
     /// once, on the thread that registers them).
     callbacks: SpinLock<Option<Vec<Callback<T>>>>,
+    /// `DETACHED` once the `JoinHandle` is gone, `CLAIMED` once someone took the result to
+    /// drop it: of the handle's drop and the publication, the later one drops it, in its own
+    /// context (see `JoinCell::detach`).
+    fate: AtomicU8,
 }
+
+/// `JoinCell::fate`: the handle is gone.
+const DETACHED: u8 = 1;
+/// `JoinCell::fate`: the result was taken to be dropped.
+const CLAIMED: u8 = 2;
 
 // SAFETY: a JoinCell moves between threads in a `TaskArc`; it owns an `F` and a `T`, both Send.
 unsafe impl<F: Send, T: Send> Send for JoinCell<F, T> {}
@@ -73,6 +83,7 @@ where
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
             callbacks: SpinLock::new(Some(Vec::new())),
+            fate: AtomicU8::new(0),
         }
     }
 
@@ -116,6 +127,23 @@ where
         }
         // Continuations ran before `complete`, so no `join` can take the result meanwhile.
         self.header.complete();
+        // SeqCst, after `complete`'s SeqCst store: either we see the handle gone, or its
+        // drop sees the task done (or both, and `claim` picks one).
+        if self.fate.load(Ordering::SeqCst) & DETACHED != 0 {
+            // Nobody will take the result: drop it here, in the task's fiber (or the thread
+            // that failed the task), not on the worker thread whenever the last reference goes.
+            self.claim_and_drop(drop_catching);
+        }
+    }
+
+    /// Takes the result and drops it with `drop`, unless it was taken to be dropped already.
+    fn claim_and_drop(&self, drop: fn(Option<Result<T, JoinError>>)) {
+        if self.fate.fetch_or(CLAIMED, Ordering::AcqRel) & CLAIMED == 0 {
+            // SAFETY: the task is done, so the result was written and the continuations that
+            // read it by reference have run; the handle is gone (no `join` or `on_complete`),
+            // and the claim lets only one of the two droppers here.
+            drop(unsafe { (*self.result.get()).take() });
+        }
     }
 }
 
@@ -177,6 +205,19 @@ pub(crate) fn drop_catching<V>(value: V) {
     }
 }
 
+/// Drops `value` for the code dropping a `JoinHandle`: a panic in its destructor is reported
+/// and goes no further, as in [`drop_catching`], but the cancellation of a fiber waiting in
+/// that destructor is raised in the fiber (see `fiber::raise_cancelled`).
+fn drop_in_caller<V>(value: V) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        if payload.is::<Cancelled>() {
+            crate::fiber::raise_cancelled(payload);
+        } else {
+            std::mem::forget(payload);
+        }
+    }
+}
+
 /// Runs one continuation; its panic (already reported by the panic hook) must not unwind
 /// into a worker or the task that completed.
 fn run_callback<T>(cb: Callback<T>, result: &Result<T, JoinError>) {
@@ -195,6 +236,9 @@ trait Output<T>: Send + Sync {
     fn job(&self) -> JobRef;
     /// Whether the published result is a cancellation.
     fn ended_cancelled(&self) -> bool;
+    /// The handle is dropped: the result, now or when it comes, is dropped by whichever of
+    /// the two comes later.
+    fn detach(&self);
 }
 
 impl<F, T> Output<T> for JoinCell<F, T>
@@ -231,6 +275,16 @@ where
             && matches!(unsafe { &*self.result.get() }, Some(Err(e)) if e.is_cancelled())
     }
 
+    fn detach(&self) {
+        // SeqCst: see `publish`.
+        self.fate.fetch_or(DETACHED, Ordering::SeqCst);
+        if self.header.is_done_seqcst() {
+            // Done: dropped here, by the handle's owner, as the value would have been after a
+            // `join`. A destructor that waits suspends the owner's fiber, not a worker.
+            self.claim_and_drop(drop_in_caller);
+        }
+    }
+
     fn on_complete(&self, cb: Callback<T>) {
         let mut callbacks = self.callbacks.lock();
         match callbacks.as_mut() {
@@ -251,7 +305,11 @@ where
 
 /// An owned permission to wait for a task's result, like [`std::thread::JoinHandle`].
 ///
-/// Dropping it detaches the task: it still runs to completion.
+/// Dropping it detaches the task: it still runs to completion. The value of a task that
+/// has finished is dropped there, by the code dropping the handle; that of one still running
+/// is dropped in the task's own fiber when it finishes. Either way the value's destructor
+/// may wait (lock, sleep, send) like any fiber code; a panic in it is reported and goes no
+/// further.
 ///
 /// It is also a [`Future`](std::future::Future) of the same result, so async code (a tokio task, any executor)
 /// can `.await` a fiber; the awaiting task is woken when the fiber ends:
@@ -290,7 +348,8 @@ impl<T> JoinHandle<T> {
     pub fn join(self) -> Result<T, JoinError> {
         crate::coop::spend();
         self.cell.header().wait(None);
-        match self.cell.take() {
+        let cell = self.into_cell();
+        match cell.take() {
             Some(r) => r,
             // Unreachable in practice: `wait(None)` only returns once the result is published.
             None => Err(JoinError::cancelled()),
@@ -383,7 +442,7 @@ impl<T> JoinHandle<T> {
     /// so no cancellation can come between the caller's taking the handle and this.
     pub(crate) fn into_finished(self) -> Result<T, JoinError> {
         debug_assert!(self.is_finished());
-        self.cell
+        self.into_cell()
             .take()
             .unwrap_or_else(|| Err(JoinError::cancelled()))
     }
@@ -434,6 +493,22 @@ impl<T> JoinHandle<T> {
     /// The id of the task's fiber (assigned at submit, before it starts).
     pub fn id(&self) -> FiberId {
         self.cell.header().id
+    }
+}
+
+impl<T> JoinHandle<T> {
+    /// The cell, without the handle's drop: for a caller that takes the result itself.
+    fn into_cell(self) -> TaskArc<dyn Output<T>> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped nor used again, so the cell is moved out once.
+        unsafe { std::ptr::read(&this.cell) }
+    }
+}
+
+impl<T> Drop for JoinHandle<T> {
+    /// Detaches the task; a finished task's result is dropped here (see `Output::detach`).
+    fn drop(&mut self) {
+        self.cell.detach();
     }
 }
 

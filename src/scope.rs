@@ -157,6 +157,16 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                 running.lock().unjoined_panics += 1;
             }
             *out.result.lock() = Some(r);
+            // With the handle dropped, this is the packet's last reference, and the value's
+            // destructor runs here: its panic is a panic of this fiber that nobody joins.
+            if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(out))) {
+                if p.is::<Cancelled>() {
+                    crate::fiber::raise_cancelled(p);
+                } else {
+                    running.lock().unjoined_panics += 1;
+                    crate::join::drop_catching(p);
+                }
+            }
         });
         // SAFETY: only the lifetime changes. The closure, and the `T` it produces, may
         // borrow for `'scope`; `scope` does not return (nor unwind past its frame) before
@@ -217,14 +227,17 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             }));
             match r {
                 Ok(()) => {}
-                Err(p) if p.is::<Cancelled>() => cancelled = Some(p),
+                Err(p) if p.is::<Cancelled>() => {
+                    crate::fiber::caught_cancelled();
+                    cancelled = Some(p);
+                }
                 Err(p) => resume_unwind(p),
             }
         }
-        // Raised now, unless this wait runs while the thread already unwinds: a second panic
-        // there would abort, and that unwind ends the fiber anyway.
-        if let Some(p) = cancelled.filter(|_| !std::thread::panicking()) {
-            resume_unwind(p);
+        // Raised now, unless this wait runs while the fiber already unwinds (the scope is in
+        // a destructor): a second unwind there would abort, so it is raised after that one.
+        if let Some(p) = cancelled {
+            crate::fiber::raise_cancelled(p);
         }
     }
 }

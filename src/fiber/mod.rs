@@ -143,6 +143,9 @@ pub(crate) struct FiberMeta {
     pub(crate) budget: Cell<u32>,
     /// The fiber has raised its cancellation (it is unwinding, or caught it).
     pub(crate) cancelled: Cell<bool>,
+    /// `OTHERS_UNWINDING`, `UNWIND_HINT` and `CANCEL_DEFERRED` (see [`unwinding`]): one byte,
+    /// so that the fields every switch touches keep their places.
+    pub(crate) unwind: Cell<u8>,
     /// Inside `coop::unconstrained`: a spent budget is refilled instead of yielding.
     pub(crate) unconstrained: Cell<bool>,
     /// Inside `hook::without`: the C library calls are the real ones.
@@ -182,6 +185,7 @@ impl FiberMeta {
             worker,
             yielder: Cell::new(std::ptr::null()),
             cancelled: Cell::new(false),
+            unwind: Cell::new(0),
             budget: Cell::new(crate::coop::BUDGET),
             unconstrained: Cell::new(false),
             suspended_at: Cell::new(0),
@@ -251,7 +255,98 @@ pub(crate) fn in_fiber() -> bool {
 /// Marks `meta` as the running fiber for the duration of a resume; returns the previous one.
 #[inline]
 pub(crate) fn enter(meta: *const FiberMeta) -> *const FiberMeta {
+    // SAFETY: the resumer keeps the meta alive for the resume (see `current_meta`), and only
+    // the thread that resumes the fiber touches its cells.
+    unsafe { (*meta).set_unwind(OTHERS_UNWINDING, std::thread::panicking()) };
     CURRENT.with(|c| c.replace(meta))
+}
+
+/// `FiberMeta::unwind`: the thread was already unwinding when the fiber was last resumed
+/// (some other fiber of this thread is suspended in the middle of its unwind).
+const OTHERS_UNWINDING: u8 = 1;
+/// `FiberMeta::unwind`: the fiber itself was last known to unwind.
+const UNWIND_HINT: u8 = 2;
+/// `FiberMeta::unwind`: a cancellation came while the fiber was unwinding (raising it there
+/// would abort the process); raised at the first suspension after that unwind.
+const CANCEL_DEFERRED: u8 = 4;
+
+impl FiberMeta {
+    #[inline(always)]
+    fn unwind_has(&self, bit: u8) -> bool {
+        self.unwind.get() & bit != 0
+    }
+
+    #[inline(always)]
+    fn set_unwind(&self, bit: u8, on: bool) {
+        let v = self.unwind.get();
+        self.unwind.set(if on { v | bit } else { v & !bit });
+    }
+}
+
+/// Whether the calling code is unwinding: its fiber's own unwind, not another's.
+///
+/// `std::thread::panicking()` counts the thread's unwinds, and a fiber suspended in the middle
+/// of one (a destructor that sleeps, locks or joins) keeps its count on the thread while other
+/// fibers run there. So the resumer records whether the thread was unwinding just before the
+/// switch (`enter`): if not, `panicking()` inside the fiber is the fiber's own answer, exactly.
+/// If it was, the fiber's own answer is its last known one, which the panic hook (a panic
+/// starts) and the cancellation (its unwind starts) set, and a later exact answer corrects.
+/// (A payload a fiber rethrows with `resume_unwind` while another fiber's unwind is suspended
+/// passes unseen, as does a hook installed after fibra's; both read as not unwinding there.)
+///
+/// Outside fibers it is `panicking()`: on a worker's own stack, between fibers, that reads true
+/// while a fiber's unwind is suspended, and callers treat it as the careful answer.
+#[inline]
+pub(crate) fn unwinding() -> bool {
+    if !std::thread::panicking() {
+        return false;
+    }
+    match current_meta() {
+        Some(meta) => meta_unwinding(meta),
+        None => true,
+    }
+}
+
+/// [`unwinding`] for the running fiber `meta`, while the thread is unwinding.
+fn meta_unwinding(meta: &FiberMeta) -> bool {
+    if meta.unwind_has(OTHERS_UNWINDING) {
+        meta.unwind_has(UNWIND_HINT)
+    } else {
+        // Exact: nothing else on this thread was unwinding when the fiber was resumed.
+        meta.set_unwind(UNWIND_HINT, true);
+        true
+    }
+}
+
+/// Notes that the running fiber starts to unwind (the panic hook, a raised cancellation).
+pub(crate) fn note_unwind(meta: &FiberMeta) {
+    meta.set_unwind(UNWIND_HINT, true);
+}
+
+/// Notes that fibra code caught the running fiber's cancellation and goes on: the fiber no
+/// longer unwinds. (A cancellation is raised only in a fiber that is not unwinding, see
+/// [`suspend`], so the catch brings it back to that.)
+pub(crate) fn caught_cancelled() {
+    if let Some(meta) = current_meta() {
+        meta.set_unwind(UNWIND_HINT, false);
+    }
+}
+
+/// Raises `payload`, a caught [`Cancelled`], again, unless the caller is unwinding: a second
+/// unwind out of a destructor would abort the process, so the running fiber then raises it at
+/// its next suspension after that unwind. (Outside fibers it is dropped there.)
+pub(crate) fn raise_cancelled(payload: Box<dyn std::any::Any + Send>) {
+    debug_assert!(payload.is::<Cancelled>());
+    caught_cancelled();
+    if !unwinding() {
+        if let Some(meta) = current_meta() {
+            note_unwind(meta);
+        }
+        std::panic::resume_unwind(payload);
+    }
+    if let Some(meta) = current_meta() {
+        meta.set_unwind(CANCEL_DEFERRED, true);
+    }
 }
 
 /// Restores the running-fiber pointer saved by [`enter`].
@@ -267,16 +362,18 @@ pub(crate) fn leave(prev: *const FiberMeta) {
 /// A fiber raises its cancellation once. A second one (a destructor that suspends while the
 /// first unwinds, and whose resumer cancels again) is not raised: a panic escaping a
 /// destructor during unwinding aborts the process, and the fiber is on its way out anyway.
-/// This is tracked per fiber: `std::thread::panicking()` would also be true while *another*
-/// fiber of the same thread is suspended in the middle of its unwind.
+/// A first one that comes while the fiber unwinds from a panic is deferred for the same
+/// reason, and raised at the first suspension after that unwind was caught. Both are tracked
+/// per fiber (see [`unwinding`]): `std::thread::panicking()` would also be true while
+/// *another* fiber of the same thread is suspended in the middle of its unwind.
 #[inline]
 pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
     #[cfg(feature = "hook")]
-    if meta.hook_cancel.get() && !meta.in_hook.get() && !std::thread::panicking() {
-        // A hooked call caught this fiber's cancellation (it could not unwind through the C
-        // frames above it); raise it here instead of suspending.
-        meta.hook_cancel.set(false);
-        std::panic::resume_unwind(Box::new(Cancelled));
+    if meta.hook_cancel.get() && !meta.in_hook.get() {
+        raise_hook_cancel(meta);
+    }
+    if meta.unwind.get() != 0 {
+        unwind_at_suspend(meta);
     }
     let y = meta.yielder.get();
     // Where this stack is, for a worker about to resume the fiber to prefetch.
@@ -288,12 +385,64 @@ pub(crate) fn suspend(meta: &FiberMeta, req: Suspend) -> bool {
     match resumed {
         Resume::Run => false,
         Resume::TimedOut => true,
+        other => resumed_to_unwind(meta, other),
+    }
+}
+
+/// A hooked call caught this fiber's cancellation (it could not unwind through the C frames
+/// above it): raised here instead of suspending, unless the fiber unwinds already.
+#[cfg(feature = "hook")]
+#[cold]
+#[inline(never)]
+fn raise_hook_cancel(meta: &FiberMeta) {
+    if !unwinding() {
+        meta.hook_cancel.set(false);
+        note_unwind(meta);
+        std::panic::resume_unwind(Box::new(Cancelled));
+    }
+}
+
+/// The resumer passed a cancellation or a panic: unwinds, or returns `false` for a
+/// cancellation that is not raised (see [`suspend`]). Out of line, so that `suspend`, inlined
+/// into every wait, stays a switch and two compares.
+#[cold]
+#[inline(never)]
+fn resumed_to_unwind(meta: &FiberMeta, resumed: Resume) -> bool {
+    match resumed {
+        Resume::Run => false,
+        Resume::TimedOut => true,
         Resume::Cancel if meta.cancelled.get() => false,
+        Resume::Cancel if unwinding() => {
+            // Unwinding already (a destructor waits during a panic): a second unwind out of
+            // that destructor would abort the process. Raised once this one is over.
+            meta.set_unwind(CANCEL_DEFERRED, true);
+            false
+        }
         Resume::Cancel => {
             meta.cancelled.set(true);
+            note_unwind(meta);
             std::panic::resume_unwind(Box::new(Cancelled))
         }
-        Resume::Panic(p) => std::panic::resume_unwind(*p),
+        Resume::Panic(p) => {
+            note_unwind(meta);
+            std::panic::resume_unwind(*p)
+        }
+    }
+}
+
+/// The rare part of [`suspend`]: raises a deferred cancellation whose unwind is over, and
+/// corrects the hint while the thread's answer is this fiber's own.
+#[cold]
+#[inline(never)]
+fn unwind_at_suspend(meta: &FiberMeta) {
+    if meta.unwind_has(CANCEL_DEFERRED) && !unwinding() {
+        // Cancelled while it unwound; that unwind is over (caught), so raise it now.
+        meta.set_unwind(CANCEL_DEFERRED, false);
+        note_unwind(meta);
+        std::panic::resume_unwind(Box::new(Cancelled));
+    }
+    if meta.unwind_has(UNWIND_HINT) && !meta.unwind_has(OTHERS_UNWINDING) {
+        meta.set_unwind(UNWIND_HINT, std::thread::panicking());
     }
 }
 
@@ -353,9 +502,10 @@ const DROP_CANCEL_ATTEMPTS: usize = 16;
 ///
 /// `std::thread::panicking()` is per thread, not per fiber: while a fiber that is unwinding
 /// is suspended (a destructor that sleeps, locks or joins), other fibers running on the same
-/// thread see `panicking() == true`, and a mutex guard they drop meanwhile poisons its
-/// mutex. std offers no way to save and restore the panic count on a switch; avoid waiting in
-/// destructors that may run during unwinding.
+/// thread see `panicking() == true`, and a std mutex guard they drop meanwhile poisons its
+/// mutex. std offers no way to save and restore the panic count on a switch. fibra's own
+/// locks and cancellations tell the fibers apart; avoid waiting in destructors that may run
+/// during unwinding where std's are involved.
 ///
 /// Blocking fibra calls inside a standalone fiber (join, park, sleep) block the owning thread:
 /// a standalone fiber has no scheduler to switch to.

@@ -33,9 +33,16 @@ pub(crate) fn install_panic_hook() {
     INSTALL.call_once(|| {
         let previous = std::panic::take_hook();
         let fibra_reports = is_std_default(&previous);
-        std::panic::set_hook(Box::new(move |info| match current_meta() {
-            Some(meta) if fibra_reports => report(meta, info),
-            _ => previous(info),
+        std::panic::set_hook(Box::new(move |info| {
+            let meta = current_meta();
+            if let Some(meta) = meta {
+                // The fiber's own unwind starts (see `fiber::unwinding`).
+                super::note_unwind(meta);
+            }
+            match meta {
+                Some(meta) if fibra_reports => report(meta, info),
+                _ => previous(info),
+            }
         }));
     });
 }

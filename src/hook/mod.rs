@@ -285,6 +285,7 @@ fn in_fiber<R>(meta: &FiberMeta, on_cancel: impl FnOnce() -> R, f: impl FnOnce()
     match r {
         Ok(r) => r,
         Err(p) if p.is::<Cancelled>() => {
+            crate::fiber::caught_cancelled();
             meta.hook_cancel.set(true);
             on_cancel()
         }

@@ -1,9 +1,12 @@
 //! Lock poisoning, with std's rules: a lock whose guard is dropped while its holder panics
 //! (or while its fiber is being cancelled, which unwinds the same way) is marked poisoned,
 //! and later lockers get a [`std::sync::PoisonError`] that still carries the guard.
+//!
+//! "Panics" is the holder fiber's own unwind (`fiber::unwinding`), not the thread's: another
+//! fiber of the worker suspended in the middle of its unwind neither poisons a lock nor keeps
+//! a holder's panic from poisoning it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread;
 
 /// A lock's poison flag.
 pub(crate) struct Flag {
@@ -28,14 +31,14 @@ impl Flag {
     #[inline]
     pub(crate) fn enter(&self) -> Entry {
         Entry {
-            panicking: thread::panicking(),
+            panicking: crate::fiber::unwinding(),
         }
     }
 
     /// Called by a holder about to release the lock.
     #[inline]
     pub(crate) fn leave(&self, entry: Entry) {
-        if !entry.panicking && thread::panicking() {
+        if !entry.panicking && crate::fiber::unwinding() {
             // Relaxed: the flag is advisory; the data it describes is ordered by the lock.
             self.failed.store(true, Ordering::Relaxed);
         }
