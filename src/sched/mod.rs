@@ -239,6 +239,7 @@ impl Builder {
             threads: parking_lot::Mutex::new(Vec::new()),
             caller_worker: parking_lot::Mutex::new(caller_worker),
             all_spawned: AtomicBool::new(false),
+            workers_joined: AtomicBool::new(false),
         })
     }
 }
@@ -285,6 +286,9 @@ pub struct Scheduler {
     /// `start` spawns the missing ones (see `spawn_workers`). Read without the lock, so that
     /// a `start` (which every `block_on` makes) costs a load once all are there.
     all_spawned: AtomicBool,
+    /// Set, under the `threads` lock, once a shutdown took the worker threads to join them:
+    /// a `start` racing that shutdown must not spawn them again.
+    workers_joined: AtomicBool,
 }
 
 impl Default for Builder {
@@ -344,6 +348,11 @@ impl Scheduler {
         let first = usize::from(self.shared.config.use_caller);
         let running = Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
         let mut threads = self.threads.lock();
+        if self.workers_joined.load(Ordering::Relaxed) {
+            // Joined by a shutdown (this `start` waited for the lock meanwhile): none is
+            // missing any more, and none may start again.
+            return Ok(());
+        }
         let mut spawned = 0;
         let mut refused = None;
         for index in first + threads.len()..self.threads() {
@@ -495,18 +504,18 @@ impl Scheduler {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        if let Err(refused) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start()))
+        {
+            // Started before `f` is queued: a worker that did start must not run it (and a
+            // later `start` neither) while the caller gets the refusal.
+            crate::join::drop_catching(f);
+            std::panic::resume_unwind(refused);
+        }
         let handle = match self.submit(f, None) {
             Ok(h) => h,
             Err(refused) => return refused.into_inner()(),
         };
-        if let Err(refused) =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start()))
-        {
-            // No thread to run `f` on now: it must not run later, when a `start` succeeds,
-            // with nobody waiting for it.
-            handle.cancel();
-            std::panic::resume_unwind(refused);
-        }
         if self.drives_caller_worker() {
             // The continuation runs once the result is in (just before joiners are woken):
             // enough for this thread to stop driving worker 0 and join.
@@ -684,14 +693,40 @@ impl Scheduler {
 
     /// Joins the worker threads. After an abandon, a thread still inside a fiber that never
     /// suspends cannot exit: it is reported and left running.
+    ///
+    /// Inside a fiber (of another scheduler) it sleeps the fiber, not its worker, until a
+    /// thread has exited. On one of the workers itself (a thread-local's destructor there
+    /// dropped the last handle to the scheduler) that worker's own thread is left alone.
     fn join_workers(&self) {
-        let threads = std::mem::take(&mut *self.threads.lock());
+        let threads = {
+            let mut g = self.threads.lock();
+            self.workers_joined.store(true, Ordering::Relaxed);
+            std::mem::take(&mut *g)
+        };
         let abandoning = self.shared.phase.get() >= Phase::Abandoning;
         let patience = Instant::now() + EXIT_PATIENCE;
+        let in_fiber = fiber::in_scheduled_fiber();
+        let nap = |d| {
+            if in_fiber {
+                crate::time::sleep(d);
+            } else {
+                std::thread::sleep(d);
+            }
+        };
+        let me = std::thread::current().id();
         for t in threads {
+            if t.thread().id() == me {
+                // Exiting already: it is the thread running this.
+                continue;
+            }
+            if in_fiber {
+                while !(t.is_finished() || abandoning && Instant::now() >= patience) {
+                    nap(Duration::from_millis(1));
+                }
+            }
             if abandoning {
                 while !t.is_finished() && Instant::now() < patience {
-                    std::thread::sleep(Duration::from_millis(1));
+                    nap(Duration::from_millis(1));
                 }
                 if !t.is_finished() {
                     eprintln!(

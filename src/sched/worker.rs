@@ -62,7 +62,7 @@
 //! A failed task's result is published inside a fiber (its own, or a fresh one when it never
 //! started), so `catching` and `finally` continuations may wait like any fiber code.
 
-use crate::dump::{DumpRequest, Entry, Status};
+use crate::dump::{DumpRequest, Entry, Status, WaitOn};
 use crate::fiber::{
     self, fiber_root, Coro, FiberMeta, Outcome, ParkRequest, Resume, Suspend, Yielder,
 };
@@ -79,6 +79,7 @@ use crate::sched::task::{
 use crate::sched::timers::TimerWheel;
 use crate::sched::watchdog::{self, MonitorCtl, Watch};
 use crate::stack::{FiberStack, StackPool};
+use crate::sync::wait_queue::{wait, Lock, Wait, WaitList};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -432,7 +433,8 @@ pub(crate) struct Shared {
     pub(crate) continuations: AtomicUsize,
     /// Bumped to ask every worker to print its live fibers (a shutdown that takes long).
     report: AtomicUsize,
-    drained: (parking_lot::Mutex<()>, parking_lot::Condvar),
+    /// Who waits in `wait_drained`: fibers of other schedulers park, threads block.
+    drained: Lock<WaitList<()>>,
     /// With `use_caller`: the thread that is worker 0.
     pub(crate) owner: Option<ThreadId>,
     /// The origin of the help requests' clock; when the scheduler was built.
@@ -472,7 +474,7 @@ impl Shared {
             kept_deadline: parking_lot::Mutex::new(None),
             continuations: AtomicUsize::new(0),
             report: AtomicUsize::new(0),
-            drained: (parking_lot::Mutex::new(()), parking_lot::Condvar::new()),
+            drained: Lock::new(WaitList::new()),
             owner,
             config,
             epoch: Instant::now(),
@@ -516,8 +518,7 @@ impl Shared {
         // The last of them sees every other's count-out (all are SeqCst), so one does.
         if self.phase.get() >= Phase::Stopping && self.live() == 0 {
             self.wake_all();
-            let _g = self.drained.0.lock();
-            self.drained.1.notify_all();
+            self.notify_drained();
         }
     }
 
@@ -527,27 +528,35 @@ impl Shared {
     }
 
     /// Waits until no task is alive, or until `deadline`. Returns whether drained.
+    ///
+    /// Inside a fiber (of another scheduler: this one's own fibers do not wait for the
+    /// others) it parks the fiber, which may be cancelled meanwhile; on a thread it blocks.
     pub(crate) fn wait_drained(&self, deadline: Option<Instant>) -> bool {
-        let mut g = self.drained.0.lock();
         loop {
+            let g = self.drained.lock();
             if self.live() == 0 {
                 return true;
             }
-            match deadline {
-                None => self.drained.1.wait(&mut g),
-                Some(d) => {
-                    if self.drained.1.wait_until(&mut g, d).timed_out() {
-                        return self.live() == 0;
-                    }
-                }
+            let r = wait(
+                g,
+                |list| list,
+                (),
+                deadline,
+                WaitOn::Other("a scheduler's stop"),
+                || {},
+                |_, _| {},
+            );
+            if let Wait::TimedOut(_) = r {
+                return self.live() == 0;
             }
         }
     }
 
     /// Wakes whoever waits in `wait_drained` to look at the clock or the phase again.
     pub(crate) fn notify_drained(&self) {
-        let _g = self.drained.0.lock();
-        self.drained.1.notify_all();
+        let mut g = self.drained.lock();
+        let (list, wakes) = g.parts();
+        list.wake_all(0, wakes);
     }
 
     /// `stop_timeout`'s deadline passed: every live fiber is to be cancelled once, and
