@@ -65,47 +65,64 @@ impl Drop for AltStack {
 /// Makes sure this thread has an alternate signal stack, so the handler can run while the
 /// fiber stack is exhausted. std gives one to the threads it spawns; foreign threads may lack it.
 ///
-/// A thread whose record of it is already destroyed (a thread-local destructor makes a
-/// fiber) keeps the alternate stack it has, if any.
+/// std's goes away when the thread's main function returns, before the thread-local
+/// destructors run, so a thread that has std's is asked again each time (one system call): a
+/// destructor that makes a fiber gets a stack of ours. One that runs after this module's own
+/// record was destroyed gets one that is never unmapped (the thread is exiting).
 pub(crate) fn ensure_alt_stack() {
-    let _ = ALT_STACK.try_with(|alt| {
-        if alt.mapping.get() != 0 {
-            return;
+    let done = ALT_STACK.try_with(|alt| {
+        let m = alt.mapping.get();
+        if m != 0 && m != usize::MAX {
+            return; // ours, installed until the record's destructor
         }
-        // SAFETY: querying the current alternate stack only writes to `old`.
-        let mut old: libc::stack_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        unsafe { libc::sigaltstack(std::ptr::null(), &mut old) };
-        if old.ss_flags & libc::SS_DISABLE == 0 {
-            alt.mapping.set(usize::MAX); // someone else's stack: keep it, never unmap it
-            return;
-        }
-        // SAFETY: a fresh anonymous mapping; on success we install it as this thread's
-        // alternate stack and record it so the thread-local destructor unmaps it.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                ALT_STACK_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                return;
-            }
-            let ss = libc::stack_t {
-                ss_sp: p,
-                ss_flags: 0,
-                ss_size: ALT_STACK_SIZE,
-            };
-            if libc::sigaltstack(&ss, std::ptr::null_mut()) == 0 {
-                alt.mapping.set(p as usize);
-            } else {
-                libc::munmap(p, ALT_STACK_SIZE);
-            }
+        match install_unless_present() {
+            None => alt.mapping.set(usize::MAX), // someone else's: keep it, never unmap it
+            Some(p) => alt.mapping.set(p),
         }
     });
+    if done.is_err() {
+        // The record is gone; what we install now is leaked with the exiting thread.
+        let _ = install_unless_present();
+    }
+}
+
+/// Installs a fresh alternate signal stack if the thread has none enabled; returns its
+/// address, or `None` if one was there (or none could be made: then the handler cannot run
+/// on an exhausted stack, as without this module).
+fn install_unless_present() -> Option<usize> {
+    // SAFETY: querying the current alternate stack only writes to `old`.
+    let mut old: libc::stack_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::sigaltstack(std::ptr::null(), &mut old) };
+    if old.ss_flags & libc::SS_DISABLE == 0 {
+        return None;
+    }
+    // SAFETY: a fresh anonymous mapping; on success it is installed as this thread's
+    // alternate stack, and the caller records it (or leaks it).
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            ALT_STACK_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let ss = libc::stack_t {
+            ss_sp: p,
+            ss_flags: 0,
+            ss_size: ALT_STACK_SIZE,
+        };
+        if libc::sigaltstack(&ss, std::ptr::null_mut()) == 0 {
+            Some(p as usize)
+        } else {
+            libc::munmap(p, ALT_STACK_SIZE);
+            None
+        }
+    }
 }
 
 /// A fixed buffer for formatting inside the signal handler, where allocating is not allowed.
