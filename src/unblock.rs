@@ -499,6 +499,31 @@ impl Entry {
 /// The process-wide blocking pool.
 static POOL: Pool = Pool::new();
 
+/// Registers, once per process, the pool's part in a `fork`: the child has none of the
+/// parent's pool threads, so it forgets them (sleepers, count, spinner) and starts its own
+/// when a call comes. Calls queued at the fork are the parent's; the child drops them unrun.
+fn register_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn in_child() {
+        // Each entry points into its caller's frame, a parent fiber's or thread's: dropping
+        // it touches nothing.
+        while POOL.queue.pop().is_some() {}
+        // A lock a parent thread held at the fork stays held: the pool then cannot grow here.
+        if let Some(mut idle) = POOL.idle.try_lock() {
+            // Forgotten, not dropped: nothing of them is needed, and no thread waits on them.
+            std::mem::forget(std::mem::take(&mut idle.sleepers));
+            idle.threads = 0;
+        }
+        POOL.searching.store(0, Ordering::SeqCst);
+        POOL.spinning.store(false, Ordering::SeqCst);
+        POOL.spinner_seen.store(0, Ordering::SeqCst);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registers a handler that runs in the child of each later `fork`.
+        unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    });
+}
+
 struct Pool {
     queue: SegQueue<Entry>,
     /// Pool threads about to look at the queue: woken or started and not yet looking, or
@@ -622,6 +647,7 @@ impl Pool {
         idle.threads += 1;
         self.searching.fetch_add(1, Ordering::SeqCst);
         drop(idle);
+        register_fork_handler();
         let n = self.names.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name(format!("{THREAD_NAME}-{n}"))

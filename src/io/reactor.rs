@@ -432,6 +432,30 @@ pub(crate) fn counts() -> (usize, usize) {
 
 static REACTOR: OnceLock<Reactor> = OnceLock::new();
 
+/// What every registration asks for: both directions, edge-triggered.
+const REGISTERED_EVENTS: u32 =
+    (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+
+/// The reactor's part in a `fork` (see `Reactor::after_fork_in_child`).
+mod after_fork {
+    use std::sync::Once;
+
+    /// Registers the child handler, once per process.
+    pub(super) fn register() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: registers a handler that runs in the child of each later `fork`.
+            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        });
+    }
+
+    extern "C" fn in_child() {
+        if let Some(r) = super::REACTOR.get() {
+            r.after_fork_in_child();
+        }
+    }
+}
+
 /// The reactor, if any fd was ever registered (workers skip polling otherwise).
 pub(crate) fn get() -> Option<&'static Reactor> {
     REACTOR.get()
@@ -492,6 +516,7 @@ impl Reactor {
         {
             return Err(io::Error::last_os_error());
         }
+        after_fork::register();
         Ok(Reactor {
             epoll,
             wake,
@@ -502,6 +527,72 @@ impl Reactor {
             registered: AtomicUsize::new(0),
             standby: Mutex::new(Vec::new()),
         })
+    }
+
+    /// In the child of a `fork`, which has only the forking thread: the epoll instance and
+    /// the eventfd are the parent's (the two processes would take each other's events), and
+    /// the poller role and the standby list name threads that do not exist here. Gives the
+    /// child an epoll instance and an eventfd of its own under the same descriptor numbers,
+    /// registers the inherited records' descriptors with it (an edge-triggered registration
+    /// reports what is ready now), and frees the role. Only system calls and atomics, and
+    /// locks no thread here can hold (a lock a parent thread held at the fork is skipped).
+    fn after_fork_in_child(&self) {
+        let fresh = |made: libc::c_int, onto: RawFd| {
+            if made >= 0 {
+                // SAFETY: `made` is a descriptor just created here; `dup3` replaces `onto`,
+                // which this reactor owns, atomically, and the original is closed.
+                unsafe {
+                    libc::dup3(made, onto, libc::O_CLOEXEC);
+                    libc::close(made);
+                }
+            }
+        };
+        // SAFETY: plain system calls creating new descriptors.
+        fresh(
+            unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) },
+            self.epoll.as_raw_fd(),
+        );
+        // SAFETY: as above.
+        fresh(
+            unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) },
+            self.wake.as_raw_fd(),
+        );
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: WAKE_TOKEN,
+        };
+        // SAFETY: both descriptors are ours; `ev` lives across the call.
+        unsafe {
+            libc::epoll_ctl(
+                self.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                self.wake.as_raw_fd(),
+                &mut ev,
+            )
+        };
+        if let Some(records) = self.records.try_read() {
+            for (idx, record) in records.iter().enumerate() {
+                if let Some(record) = record {
+                    let mut ev = libc::epoll_event {
+                        events: REGISTERED_EVENTS,
+                        u64: (u64::from(record.generation) << 32) | idx as u64,
+                    };
+                    // SAFETY: as above; a descriptor closed meanwhile is an error, ignored.
+                    unsafe {
+                        libc::epoll_ctl(
+                            self.epoll.as_raw_fd(),
+                            libc::EPOLL_CTL_ADD,
+                            record.fd,
+                            &mut ev,
+                        )
+                    };
+                }
+            }
+        }
+        if let Some(mut standby) = self.standby.try_lock() {
+            standby.clear();
+        }
+        self.polling.store(false, Ordering::SeqCst);
     }
 
     /// Registers `fd` (edge-triggered, both directions) and returns its record. If `fd` is
@@ -518,11 +609,7 @@ impl Reactor {
             next_waiter: AtomicU64::new(0),
         });
         let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN
-                | libc::EPOLLPRI
-                | libc::EPOLLOUT
-                | libc::EPOLLRDHUP
-                | libc::EPOLLET) as u32,
+            events: REGISTERED_EVENTS,
             u64: (u64::from(generation) << 32) | idx as u64,
         };
         // SAFETY: the epoll fd is ours; `ev` lives across the call; a bad `fd` is an error.
