@@ -9,7 +9,6 @@ use std::cell::UnsafeCell;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 /// A continuation registered with [`JoinHandle::then`], `catching` or `finally`.
@@ -27,16 +26,7 @@ pub(crate) struct JoinCell<F, T> {
     /// Continuations not run yet; `None` once the result is published (later ones run at
     /// once, on the thread that registers them).
     callbacks: SpinLock<Option<Vec<Callback<T>>>>,
-    /// `DETACHED` once the `JoinHandle` is gone, `CLAIMED` once someone took the result to
-    /// drop it: of the handle's drop and the publication, the later one drops it, in its own
-    /// context (see `JoinCell::detach`).
-    fate: AtomicU8,
 }
-
-/// `JoinCell::fate`: the handle is gone.
-const DETACHED: u8 = 1;
-/// `JoinCell::fate`: the result was taken to be dropped.
-const CLAIMED: u8 = 2;
 
 // SAFETY: a JoinCell moves between threads in a `TaskArc`; it owns an `F` and a `T`, both Send.
 unsafe impl<F: Send, T: Send> Send for JoinCell<F, T> {}
@@ -83,7 +73,6 @@ where
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
             callbacks: SpinLock::new(Some(Vec::new())),
-            fate: AtomicU8::new(0),
         }
     }
 
@@ -126,23 +115,13 @@ where
             }
         }
         // Continuations ran before `complete`, so no `join` can take the result meanwhile.
-        self.header.complete();
-        // SeqCst, after `complete`'s SeqCst store: either we see the handle gone, or its
-        // drop sees the task done (or both, and `claim` picks one).
-        if self.fate.load(Ordering::SeqCst) & DETACHED != 0 {
-            // Nobody will take the result: drop it here, in the task's fiber (or the thread
-            // that failed the task), not on the worker thread whenever the last reference goes.
-            self.claim_and_drop(drop_catching);
-        }
-    }
-
-    /// Takes the result and drops it with `drop`, unless it was taken to be dropped already.
-    fn claim_and_drop(&self, drop: fn(Option<Result<T, JoinError>>)) {
-        if self.fate.fetch_or(CLAIMED, Ordering::AcqRel) & CLAIMED == 0 {
-            // SAFETY: the task is done, so the result was written and the continuations that
-            // read it by reference have run; the handle is gone (no `join` or `on_complete`),
-            // and the claim lets only one of the two droppers here.
-            drop(unsafe { (*self.result.get()).take() });
+        if self.header.complete() {
+            // The handle went first: nobody will take the result, so it is dropped here, in
+            // the task's fiber (or on the thread that failed the task), not on a worker's own
+            // stack whenever the last reference goes.
+            // SAFETY: published, continuations run, the handle gone (no `join`, no
+            // `on_complete`), and `complete` tells only this side to drop it.
+            drop_catching(unsafe { (*self.result.get()).take() });
         }
     }
 }
@@ -276,12 +255,13 @@ where
     }
 
     fn detach(&self) {
-        // SeqCst: see `publish`.
-        self.fate.fetch_or(DETACHED, Ordering::SeqCst);
-        if self.header.is_done_seqcst() {
+        if self.header.detach() {
             // Done: dropped here, by the handle's owner, as the value would have been after a
             // `join`. A destructor that waits suspends the owner's fiber, not a worker.
-            self.claim_and_drop(drop_in_caller);
+            // SAFETY: published and its continuations run (`complete` came after them);
+            // this handle, going now, was the only way to `join` or `on_complete`; and
+            // `detach` tells only this side to drop it.
+            drop_in_caller(unsafe { (*self.result.get()).take() });
         }
     }
 

@@ -571,7 +571,7 @@ impl Fiber {
     ) -> std::io::Result<Fiber> {
         install_panic_hook();
         crate::stack::overflow::install_handler();
-        crate::stack::overflow::ensure_alt_stack();
+        crate::stack::overflow::ensure_alt_stack(true);
         let size = crate::sched::check_stack_size(stack_size)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         // A fiber made in a thread-local destructor, after this thread's pool is gone, takes

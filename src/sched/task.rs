@@ -363,6 +363,10 @@ pub(crate) struct Joiners {
 
 const STARTED: u8 = 1;
 const CANCEL_REQUESTED: u8 = 2;
+/// `Header::done`: the result is published.
+const DONE: u8 = 1;
+/// `Header::done`: the `JoinHandle` is gone.
+const DETACHED: u8 = 2;
 
 /// The token a completing task wakes its joiners with.
 const COMPLETED: usize = 1;
@@ -389,7 +393,10 @@ pub(crate) struct Header {
     /// `JoinHandle::cancel` was called: one word, so that exactly one of the two sees the
     /// other (a cancel before the start fails the start; after it, the home worker is told).
     run_state: AtomicU8,
-    done: AtomicBool,
+    /// `DONE` once the result is published, `DETACHED` once the `JoinHandle` is gone: one
+    /// word, so that of the two `fetch_or`s the later sees the earlier, and its side drops
+    /// the result (see `JoinCell::publish`).
+    done: AtomicU8,
     /// Set once a joiner has queued (under `joiners`' lock), so completion skips the lock
     /// otherwise.
     has_joiners: AtomicBool,
@@ -431,7 +438,7 @@ impl Header {
             span: tracing::info_span!("fiber", id = id.as_u64(), name = name.as_deref()),
             park: ParkWord::new(),
             run_state: AtomicU8::new(0),
-            done: AtomicBool::new(false),
+            done: AtomicU8::new(0),
             has_joiners: AtomicBool::new(false),
             joiners: Lock::new(Joiners {
                 list: WaitList::new(),
@@ -470,7 +477,7 @@ impl Header {
 
     /// Whether the result has been published.
     pub(crate) fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
+        self.done.load(Ordering::Acquire) & DONE != 0
     }
 
     /// The starting worker, after writing the placement: marks the task started. Returns
@@ -490,16 +497,17 @@ impl Header {
     /// Whether the result has been published, in the SeqCst order `complete` stores it in
     /// (see `sched::cancel_started`).
     pub(crate) fn is_done_seqcst(&self) -> bool {
-        self.done.load(Ordering::SeqCst)
+        self.done.load(Ordering::SeqCst) & DONE != 0
     }
 
     /// Marks the result published and wakes every joiner. The result slot must be written
-    /// before this call. Idempotent.
-    pub(crate) fn complete(&self) {
-        // SeqCst (a Release store at least, so the result written before is visible to
-        // whoever sees `done`): with the SeqCst store of `has_joiners` in `wait`, either we
-        // see the flag or the joiner sees `done` (or both).
-        self.done.store(true, Ordering::SeqCst);
+    /// before this call. Idempotent. Returns whether this first publication found the handle
+    /// gone (`detach` came first): the publisher then drops the result.
+    pub(crate) fn complete(&self) -> bool {
+        // SeqCst (Release at least, so the result written before is visible to whoever sees
+        // `done`): with the SeqCst store of `has_joiners` in `wait`, either we see the flag
+        // or the joiner sees `done` (or both).
+        let prev = self.done.fetch_or(DONE, Ordering::SeqCst);
         if self.has_joiners.load(Ordering::SeqCst) {
             let mut g = self.joiners.lock();
             let (joiners, wakes) = g.parts();
@@ -515,6 +523,14 @@ impl Header {
                 )));
             }
         }
+        prev & (DONE | DETACHED) == DETACHED
+    }
+
+    /// The `JoinHandle` is dropped. Returns whether the result is published already: the
+    /// caller then drops it (else the publisher will, see `complete`).
+    pub(crate) fn detach(&self) -> bool {
+        // SeqCst, as `complete`'s: the two `fetch_or`s are ordered, the later sees the other.
+        self.done.fetch_or(DETACHED, Ordering::SeqCst) & DONE != 0
     }
 
     /// The async side of [`wait`](Header::wait): whether the task is done; if not, `waker`
@@ -525,7 +541,7 @@ impl Header {
         }
         let mut g = self.joiners.lock();
         self.has_joiners.store(true, Ordering::SeqCst);
-        if self.done.load(Ordering::SeqCst) {
+        if self.done.load(Ordering::SeqCst) & DONE != 0 {
             return true;
         }
         let (joiners, _) = g.parts();
@@ -551,7 +567,7 @@ impl Header {
         }
         let g = self.joiners.lock();
         self.has_joiners.store(true, Ordering::SeqCst);
-        if self.done.load(Ordering::SeqCst) {
+        if self.done.load(Ordering::SeqCst) & DONE != 0 {
             return true;
         }
         match wait(

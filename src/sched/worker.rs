@@ -1138,7 +1138,7 @@ impl Worker {
     pub(crate) fn run(&self, until: &impl Fn() -> bool, wake_at: Option<Instant>) {
         let prev = CURRENT_WORKER.with(|c| c.replace(self));
         let _restore = ExitWorker(prev, self);
-        crate::stack::overflow::ensure_alt_stack();
+        crate::stack::overflow::ensure_alt_stack(false);
         self.stats()
             .run_since
             .set_seqcst(crate::sys::mono_ns().max(1));
@@ -2480,7 +2480,7 @@ impl Worker {
 /// `ready` runs once the worker is set up, just before its loop.
 pub(crate) fn worker_main(shared: Arc<Shared>, index: usize, ready: impl FnOnce()) {
     let worker = Worker::new(shared, index);
-    crate::stack::overflow::ensure_alt_stack();
+    crate::stack::overflow::ensure_alt_stack(false);
     ready();
     worker.run(&|| false, None);
 }

@@ -66,14 +66,17 @@ impl Drop for AltStack {
 /// fiber stack is exhausted. std gives one to the threads it spawns; foreign threads may lack it.
 ///
 /// std's goes away when the thread's main function returns, before the thread-local
-/// destructors run, so a thread that has std's is asked again each time (one system call): a
-/// destructor that makes a fiber gets a stack of ours. One that runs after this module's own
-/// record was destroyed gets one that is never unmapped (the thread is exiting).
-pub(crate) fn ensure_alt_stack() {
+/// destructors run. With `recheck` (a standalone fiber, which a thread-local destructor may
+/// make) a thread that had std's is asked again (one system call), so that such a destructor's
+/// fiber gets a stack of ours. Workers trust what they found, to spare `block_on` the call: a
+/// worker's loop runs in a thread's main function (except `use_caller`'s, driven from a
+/// thread-local destructor: not covered). A call after this module's own record was destroyed
+/// installs a stack that is never unmapped (the thread is exiting).
+pub(crate) fn ensure_alt_stack(recheck: bool) {
     let done = ALT_STACK.try_with(|alt| {
         let m = alt.mapping.get();
-        if m != 0 && m != usize::MAX {
-            return; // ours, installed until the record's destructor
+        if m != 0 && (m != usize::MAX || !recheck) {
+            return; // ours, installed until the record's destructor; or std's, trusted
         }
         match install_unless_present() {
             None => alt.mapping.set(usize::MAX), // someone else's: keep it, never unmap it
