@@ -590,7 +590,10 @@ fn child_start_retry_races_stop() {
         "{rounds} rounds in {:?} ({skipped} skipped: the cap let the start through)",
         t0.elapsed()
     );
-    assert!(skipped < rounds / 2, "too few rounds raced: {skipped} skipped");
+    assert!(
+        skipped < rounds / 2,
+        "too few rounds raced: {skipped} skipped"
+    );
     eprintln!(
         "{} of {rounds} rounds spawned other threads than the missing workers, once: {:?}",
         bad.len(),
