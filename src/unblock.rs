@@ -178,6 +178,7 @@ where
         job: NonNull::new(job.cast_mut()).expect("a reference is never null"),
         completion: NonNull::from(&call.completion),
         back_to_back,
+        fork: FORKS.load(Ordering::Relaxed),
     });
     crate::park::park_until(None, crate::dump::WaitOn::Blocking, |u| {
         call.completion.park(u);
@@ -476,6 +477,8 @@ struct Entry {
     job: NonNull<dyn Run>,
     completion: NonNull<Completion>,
     back_to_back: bool,
+    /// `FORKS` when queued: an entry from before a `fork` is the parent's.
+    fork: u32,
 }
 
 // SAFETY: an entry hands a call to exactly one pool thread. The `Call` is `Send` in
@@ -489,6 +492,11 @@ impl Entry {
     /// call).
     #[must_use]
     fn run(self) -> Option<Unparker> {
+        if self.fork != FORKS.load(Ordering::Relaxed) {
+            // Queued in the parent before a `fork`: its caller is a frame of a parent fiber
+            // or thread, which does not run here. Running it would repeat its effects.
+            return None;
+        }
         // SAFETY: the call is live until `complete` (see `unblock`).
         unsafe { self.job.as_ref().run() };
         // SAFETY: the call has run; `completion` is not used after this.
@@ -499,15 +507,18 @@ impl Entry {
 /// The process-wide blocking pool.
 static POOL: Pool = Pool::new();
 
+/// How many `fork`s this process descends from, counted in each child (see `Entry::fork`).
+static FORKS: AtomicU32 = AtomicU32::new(0);
+
 /// Registers, once per process, the pool's part in a `fork`: the child has none of the
 /// parent's pool threads, so it forgets them (sleepers, count, spinner) and starts its own
-/// when a call comes. Calls queued at the fork are the parent's; the child drops them unrun.
+/// when a call comes. Calls queued at the fork are the parent's: the child's threads skip
+/// them (the queue itself is left alone, since a push a parent thread was in the middle of
+/// would keep a pop here waiting for ever).
 fn register_fork_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn in_child() {
-        // Each entry points into its caller's frame, a parent fiber's or thread's: dropping
-        // it touches nothing.
-        while POOL.queue.pop().is_some() {}
+        FORKS.fetch_add(1, Ordering::Relaxed);
         // A lock a parent thread held at the fork stays held: the pool then cannot grow here.
         if let Some(mut idle) = POOL.idle.try_lock() {
             // Forgotten, not dropped: nothing of them is needed, and no thread waits on them.
