@@ -187,7 +187,6 @@ fn cancel_beside_a_suspended_unwind(catch_first: bool) {
     });
 }
 
-
 // ---------------------------------------------------------------- what passed (kept)
 
 /// Thousands of tasks whose handles are dropped from several threads while they complete,
@@ -205,9 +204,7 @@ fn detached_results_race_completion_and_are_dropped_once() {
             threads.push(std::thread::spawn(move || {
                 for i in 0..N / 4 {
                     let d = drops.clone();
-                    let h = sched
-                        .submit(move || common::Counted(d), None)
-                        .unwrap();
+                    let h = sched.submit(move || common::Counted(d), None).unwrap();
                     let c = conts.clone();
                     h.then(move |_v| {
                         c.fetch_add(1, Ordering::SeqCst);
@@ -297,7 +294,11 @@ fn a_deferred_cancellation_comes_once_after_the_catch() {
         h.cancel();
         let r = finish(h);
         sched.stop();
-        assert_eq!(r, (true, false), "(first sleep cancelled, second cancelled)");
+        assert_eq!(
+            r,
+            (true, false),
+            "(first sleep cancelled, second cancelled)"
+        );
     });
 }
 
@@ -376,7 +377,11 @@ fn a_fiber_waiting_in_another_schedulers_stop_is_cancelled() {
         std::thread::sleep(Duration::from_millis(50));
         let t = std::time::Instant::now();
         let n = a.stop_timeout(Duration::from_millis(50));
-        assert!(t.elapsed() < Duration::from_secs(5), "A's stop_timeout took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "A's stop_timeout took {:?}",
+            t.elapsed()
+        );
         assert_eq!(n, 1);
         assert!(stopper.join().unwrap_err().is_cancelled());
         assert_eq!(b.stop_timeout(Duration::from_millis(50)), 1);
