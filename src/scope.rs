@@ -89,7 +89,7 @@ where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
 {
     let shared = match current_shared() {
-        Some(shared) if crate::fiber::in_fiber() => shared,
+        Some(shared) if crate::fiber::in_scheduled_fiber() => shared,
         _ => panic!(
             "fibra::scope must be called from a fiber of a fibra Scheduler; \
              from a plain thread, run it in Scheduler::block_on"

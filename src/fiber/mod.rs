@@ -247,11 +247,6 @@ pub(crate) fn with_flag<R>(flag: fn(&FiberMeta) -> &Cell<bool>, f: impl FnOnce()
     f()
 }
 
-/// Whether the calling code runs inside a fiber (scheduled or standalone).
-pub(crate) fn in_fiber() -> bool {
-    CURRENT.with(|c| !c.get().is_null())
-}
-
 /// Marks `meta` as the running fiber for the duration of a resume; returns the previous one.
 #[inline]
 pub(crate) fn enter(meta: *const FiberMeta) -> *const FiberMeta {
@@ -347,6 +342,13 @@ pub(crate) fn raise_cancelled(payload: Box<dyn std::any::Any + Send>) {
     if let Some(meta) = current_meta() {
         meta.set_unwind(CANCEL_DEFERRED, true);
     }
+}
+
+/// Clears the running-fiber pointer (a worker's loop driven from inside a standalone fiber);
+/// returns it for [`leave`] to restore.
+#[inline]
+pub(crate) fn leave_all() -> *const FiberMeta {
+    CURRENT.with(|c| c.replace(std::ptr::null()))
 }
 
 /// Restores the running-fiber pointer saved by [`enter`].

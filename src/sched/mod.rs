@@ -185,7 +185,9 @@ impl Builder {
     /// The thread that calls `build()` becomes worker 0. No thread is
     /// spawned for it; it runs worker 0's fibers (tasks pinned to 0, fibers started there)
     /// while it is inside [`Scheduler::block_on`] or [`Scheduler::stop`]. Call those on the
-    /// building thread: from other threads they cannot run worker 0's work and wait for it.
+    /// building thread (or in a standalone [`Fiber`](crate::Fiber) it resumes, which then
+    /// runs worker 0 on its own stack): from other threads they cannot run worker 0's work
+    /// and wait for it.
     /// Inside a fiber of a scheduler `build` refuses it with [`Error::UseCallerInFiber`]:
     /// that thread is a worker, and code there never runs outside a fiber, where worker 0
     /// would be driven.
@@ -742,9 +744,11 @@ impl Scheduler {
     }
 
     /// Whether the calling code should run worker 0 itself (`use_caller`, on the building
-    /// thread, not inside a fiber).
+    /// thread, not inside a scheduled fiber). A standalone fiber the building thread resumes
+    /// drives it on its own stack: it would otherwise block the one thread that can run
+    /// worker 0's work, for ever.
     fn drives_caller_worker(&self) -> bool {
-        self.shared.owner == Some(std::thread::current().id()) && !fiber::in_fiber()
+        self.shared.owner == Some(std::thread::current().id()) && !fiber::in_scheduled_fiber()
     }
 
     /// Runs worker 0 on this thread until `until()`; false if worker 0 was not available.
@@ -856,7 +860,7 @@ where
     T: Send + 'static,
 {
     match worker::current_shared() {
-        Some(shared) if fiber::in_fiber() => spawn_on(&shared, f),
+        Some(shared) if fiber::in_scheduled_fiber() => spawn_on(&shared, f),
         _ => panic!(
             "fibra::spawn must be called from a fiber of a fibra Scheduler; \
              use Scheduler::spawn or Scheduler::submit elsewhere"

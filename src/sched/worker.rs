@@ -494,7 +494,7 @@ impl Shared {
         self.live.admit(here);
         let phase = self.phase.get();
         let ok = phase < Phase::Stopping
-            || (phase == Phase::Stopping && fiber::in_fiber() && here.is_some());
+            || (phase == Phase::Stopping && fiber::in_scheduled_fiber() && here.is_some());
         if !ok {
             self.task_done(here);
         }
@@ -617,7 +617,9 @@ impl Shared {
                 }
             }
             None => match here {
-                Some(w) if fiber::in_fiber() => w.push_next(job),
+                // A standalone fiber's spawn goes to the injector: the standalone fiber
+                // holds the worker's thread while it waits, so nobody would run `next`.
+                Some(w) if fiber::in_scheduled_fiber() => w.push_next(job),
                 _ => {
                     self.injector.push(job);
                     self.notify_one();
@@ -1019,11 +1021,12 @@ struct Burst {
 
 /// Restores `CURRENT_WORKER` when a drive ends, even by unwinding, and counts the drive's
 /// time.
-struct ExitWorker<'a>(*const Worker, &'a Worker);
+struct ExitWorker<'a>(*const Worker, &'a Worker, *const FiberMeta);
 
 impl Drop for ExitWorker<'_> {
     fn drop(&mut self) {
         CURRENT_WORKER.with(|c| c.set(self.0));
+        fiber::leave(self.2);
         // This thread no longer polls for anyone: make sure somebody does.
         if let Some(reactor) = crate::io::reactor::get() {
             reactor.hand_off();
@@ -1137,7 +1140,10 @@ impl Worker {
     /// every sleep, for a caller that must look at the clock (`stop_timeout` on worker 0).
     pub(crate) fn run(&self, until: &impl Fn() -> bool, wake_at: Option<Instant>) {
         let prev = CURRENT_WORKER.with(|c| c.replace(self));
-        let _restore = ExitWorker(prev, self);
+        // Driven from a standalone fiber (`use_caller`'s `block_on` in one): the loop is
+        // worker code, not that fiber's; it is the current fiber again when the loop ends.
+        let outer = fiber::leave_all();
+        let _restore = ExitWorker(prev, self, outer);
         crate::stack::overflow::ensure_alt_stack(false);
         self.stats()
             .run_since

@@ -31,12 +31,13 @@ mod imp {
         crate::park::park_alone(deadline, on, register)
     }
 
-    /// Whether a waiter may spin briefly before parking: only a thread, whose park is a
-    /// futex sleep. A fiber parks cheaply (a context switch), and spinning would keep the
-    /// other fibers of its worker — maybe the very one it waits for — from running.
+    /// Whether a waiter may spin briefly before parking: only a thread (or a standalone
+    /// fiber, which blocks its thread), whose park is a futex sleep. A scheduled fiber parks
+    /// cheaply (a context switch), and spinning would keep the other fibers of its worker —
+    /// maybe the very one it waits for — from running.
     #[inline]
     pub(crate) fn may_spin() -> bool {
-        !crate::fiber::in_fiber()
+        !crate::fiber::in_scheduled_fiber()
     }
 
     /// `core::cell::UnsafeCell` with loom's closure-based accessors.
