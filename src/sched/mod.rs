@@ -708,36 +708,30 @@ impl Scheduler {
         let abandoning = self.shared.phase.get() >= Phase::Abandoning;
         let patience = Instant::now() + EXIT_PATIENCE;
         let in_fiber = fiber::in_scheduled_fiber();
-        let nap = |d| {
-            if in_fiber {
-                crate::time::sleep(d);
-            } else {
-                std::thread::sleep(d);
-            }
-        };
         let me = std::thread::current().id();
         for t in threads {
             if t.thread().id() == me {
                 // Exiting already: it is the thread running this.
                 continue;
             }
-            if in_fiber {
+            // Wait for the exit before joining when a fiber must not block its worker in
+            // `join`, or when the thread may never exit (it runs an abandoned fiber).
+            if in_fiber || abandoning {
                 while !(t.is_finished() || abandoning && Instant::now() >= patience) {
-                    nap(Duration::from_millis(1));
+                    if in_fiber {
+                        crate::time::sleep(Duration::from_millis(1));
+                    } else {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                 }
             }
-            if abandoning {
-                while !t.is_finished() && Instant::now() < patience {
-                    nap(Duration::from_millis(1));
-                }
-                if !t.is_finished() {
-                    eprintln!(
-                        "fibra: worker thread '{}' did not exit: a fiber on it runs without \
-                         suspending; leaving the thread running",
-                        t.thread().name().unwrap_or("<unnamed>")
-                    );
-                    continue;
-                }
+            if !t.is_finished() && abandoning {
+                eprintln!(
+                    "fibra: worker thread '{}' did not exit: a fiber on it runs without \
+                     suspending; leaving the thread running",
+                    t.thread().name().unwrap_or("<unnamed>")
+                );
+                continue;
             }
             let _ = t.join();
         }
