@@ -50,6 +50,7 @@ pub mod dump;
 mod error;
 pub mod exec;
 mod fiber;
+mod fork;
 pub mod fs;
 pub mod future;
 #[cfg(feature = "hook")]

@@ -72,11 +72,14 @@
 
 use crate::park::Unparker;
 use crate::sys::futex;
+use crate::sys::spin::SpinLock;
 use crossbeam_queue::SegQueue;
 use std::cell::{Cell, UnsafeCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::Arc;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -178,7 +181,6 @@ where
         job: NonNull::new(job.cast_mut()).expect("a reference is never null"),
         completion: NonNull::from(&call.completion),
         back_to_back,
-        fork: FORKS.load(Ordering::Relaxed),
     });
     crate::park::park_until(None, crate::dump::WaitOn::Blocking, |u| {
         call.completion.park(u);
@@ -251,7 +253,11 @@ pub(crate) fn pool_stats() -> (usize, usize, usize) {
     let idle = POOL.idle.lock();
     let (threads, sleeping) = (idle.threads, idle.sleepers.len());
     drop(idle);
-    (threads, threads.saturating_sub(sleeping), POOL.queue.len())
+    (
+        threads,
+        threads.saturating_sub(sleeping),
+        POOL.queue().len(),
+    )
 }
 
 /// Completion word states: `IDLE → QUEUED → (PARKED →) DONE`, or, for a caller that must
@@ -477,8 +483,6 @@ struct Entry {
     job: NonNull<dyn Run>,
     completion: NonNull<Completion>,
     back_to_back: bool,
-    /// `FORKS` when queued: an entry from before a `fork` is the parent's.
-    fork: u32,
 }
 
 // SAFETY: an entry hands a call to exactly one pool thread. The `Call` is `Send` in
@@ -492,11 +496,6 @@ impl Entry {
     /// call).
     #[must_use]
     fn run(self) -> Option<Unparker> {
-        if self.fork != FORKS.load(Ordering::Relaxed) {
-            // Queued in the parent before a `fork`: its caller is a frame of a parent fiber
-            // or thread, which does not run here. Running it would repeat its effects.
-            return None;
-        }
         // SAFETY: the call is live until `complete` (see `unblock`).
         unsafe { self.job.as_ref().run() };
         // SAFETY: the call has run; `completion` is not used after this.
@@ -507,42 +506,54 @@ impl Entry {
 /// The process-wide blocking pool.
 static POOL: Pool = Pool::new();
 
-/// How many `fork`s this process descends from, counted in each child (see `Entry::fork`).
-static FORKS: AtomicU32 = AtomicU32::new(0);
+thread_local! {
+    /// Whether this thread is a pool thread.
+    static IN_POOL: Cell<bool> = const { Cell::new(false) };
+}
 
-/// Registers, once per process, the pool's part in a `fork`: the child has none of the
-/// parent's pool threads, so it forgets them (sleepers, count, spinner) and starts its own
-/// when a call comes. Calls queued at the fork are the parent's: the child's threads skip
-/// them (the queue itself is left alone, since a push a parent thread was in the middle of
-/// would keep a pop here waiting for ever).
-fn register_fork_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    extern "C" fn in_child() {
-        FORKS.fetch_add(1, Ordering::Relaxed);
-        // A lock a parent thread held at the fork stays held: the pool then cannot grow here.
-        if let Some(mut idle) = POOL.idle.try_lock() {
-            // Forgotten, not dropped: nothing of them is needed, and no thread waits on them.
-            std::mem::forget(std::mem::take(&mut idle.sleepers));
-            idle.threads = 0;
-        }
+/// The pool's first queue, `Pool::queue` until a `fork`.
+static FIRST_QUEUE: SegQueue<Entry> = SegQueue::new();
+
+/// Takes the pool's idle lock before a `fork` (see `crate::fork`).
+pub(crate) fn fork_hold() {
+    POOL.idle.fork_hold();
+}
+
+/// Releases what [`fork_hold`] took. The child has none of the parent's pool threads: it
+/// forgets them (sleepers, count, spinner) and starts its own when a call comes. It also gets
+/// a fresh queue: the calls queued are the parent's (their callers are frames of parent
+/// fibers or threads, which do not run here, and running them would repeat their effects),
+/// and a push a parent thread was in the middle of would keep every later pop waiting.
+pub(crate) fn fork_release(in_child: bool) {
+    if in_child {
+        // SAFETY: `fork_hold` locked `idle` on this thread, the only one here.
+        let idle = unsafe { POOL.idle.fork_held() };
+        // Forgotten, not dropped: nothing of them is needed, and no thread waits on them.
+        std::mem::forget(std::mem::take(&mut idle.sleepers));
+        // The forking thread itself, if a pool thread (a call that forks), goes on here and
+        // will count itself out when it exits.
+        idle.threads = usize::from(IN_POOL.with(Cell::get));
+        // The parent's queue and its calls are leaked, as the calls must not run or drop.
+        POOL.queue
+            .store(Box::into_raw(Box::new(SegQueue::new())), Ordering::Release);
         POOL.searching.store(0, Ordering::SeqCst);
         POOL.spinning.store(false, Ordering::SeqCst);
         POOL.spinner_seen.store(0, Ordering::SeqCst);
     }
-    ONCE.call_once(|| {
-        // SAFETY: registers a handler that runs in the child of each later `fork`.
-        unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-    });
+    // SAFETY: `fork_hold` locked it on this thread; nothing released it since.
+    unsafe { POOL.idle.fork_release() };
 }
 
 struct Pool {
-    queue: SegQueue<Entry>,
+    /// The queue of calls: `FIRST_QUEUE`, or in the child of a `fork` a fresh one (leaked),
+    /// never freed.
+    queue: AtomicPtr<SegQueue<Entry>>,
     /// Pool threads about to look at the queue: woken or started and not yet looking, or
     /// done with a call and looking again. A submitter wakes nobody while this is non-zero.
     searching: AtomicUsize,
     /// Sleeping threads and the thread count, under one lock so that a thread that exits
     /// and a submitter that finds no sleeper agree on whether a new thread is needed.
-    idle: parking_lot::Mutex<Idle>,
+    idle: SpinLock<Idle>,
     max_threads: AtomicUsize,
     keep_alive_ns: AtomicU64,
     names: AtomicUsize,
@@ -587,9 +598,9 @@ enum Woke {
 impl Pool {
     const fn new() -> Pool {
         Pool {
-            queue: SegQueue::new(),
+            queue: AtomicPtr::new(&raw const FIRST_QUEUE as *mut SegQueue<Entry>),
             searching: AtomicUsize::new(0),
-            idle: parking_lot::Mutex::new(Idle {
+            idle: SpinLock::new(Idle {
                 sleepers: Vec::new(),
                 threads: 0,
             }),
@@ -603,10 +614,18 @@ impl Pool {
         }
     }
 
+    /// The queue of calls.
+    #[inline]
+    fn queue(&self) -> &SegQueue<Entry> {
+        // SAFETY: the pointer is `FIRST_QUEUE` or a leaked box, both live for ever; it only
+        // changes in a `fork` child's handler, before anything else runs there.
+        unsafe { &*self.queue.load(Ordering::Acquire) }
+    }
+
     /// Queues a call and makes sure a thread will look at it. Runs on the calling fiber's
     /// stack; it never blocks (apart from starting a thread).
     fn submit(&'static self, entry: Entry) {
-        self.queue.push(entry);
+        self.queue().push(entry);
         // Pairs with the fence of a thread going to sleep (`sleep`): either it sees this
         // entry, or we see it no longer searching and wake someone.
         fence(Ordering::SeqCst);
@@ -658,7 +677,8 @@ impl Pool {
         idle.threads += 1;
         self.searching.fetch_add(1, Ordering::SeqCst);
         drop(idle);
-        register_fork_handler();
+        // Outside the lock (see `crate::fork::register`); the pool has no threads before.
+        crate::fork::register();
         let n = self.names.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name(format!("{THREAD_NAME}-{n}"))
@@ -672,7 +692,7 @@ impl Pool {
             if none {
                 // The OS refuses threads and the pool has none: run the queue here rather
                 // than leave callers parked for ever.
-                while let Some(e) = self.queue.pop() {
+                while let Some(e) = self.queue().pop() {
                     if let Some(caller) = e.run() {
                         caller.unpark_owned();
                     }
@@ -683,6 +703,7 @@ impl Pool {
 
     /// A pool thread. It starts counted as searching.
     fn thread_main(&'static self) {
+        IN_POOL.with(|p| p.set(true));
         let me = Arc::new(Sleeper {
             word: AtomicU32::new(EMPTY),
             cpu: AtomicU32::new(NO_CPU),
@@ -690,10 +711,10 @@ impl Pool {
         // Whether the call just served was back to back: then spin before sleeping.
         let mut spin = false;
         loop {
-            if let Some(entry) = self.queue.pop() {
+            if let Some(entry) = self.queue().pop() {
                 // The last searcher going to work hands the search on if more work waits
                 // (Go's rule), so a burst costs a chain of wake-ups, not one per call.
-                if self.searching.fetch_sub(1, Ordering::SeqCst) == 1 && !self.queue.is_empty() {
+                if self.searching.fetch_sub(1, Ordering::SeqCst) == 1 && !self.queue().is_empty() {
                     self.wake_one(false);
                 }
                 spin = entry.back_to_back;
@@ -733,7 +754,7 @@ impl Pool {
         self.spinner_seen.store(start, Ordering::Relaxed);
         let mut seen = start;
         let found = loop {
-            if !self.queue.is_empty() {
+            if !self.queue().is_empty() {
                 break true;
             }
             for _ in 0..SPIN_PAUSES {
@@ -778,7 +799,7 @@ impl Pool {
         }
         // Pairs with the fence in `submit` (see there).
         fence(Ordering::SeqCst);
-        if !self.queue.is_empty() && self.withdraw(me) {
+        if !self.queue().is_empty() && self.withdraw(me) {
             self.searching.fetch_add(1, Ordering::SeqCst);
             return Woke::Notified;
         }

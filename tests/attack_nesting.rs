@@ -499,6 +499,98 @@ fn child_fork_basics() {
     eprintln!("CHILD-FORK-BASICS-OK");
 }
 
+/// The parent's threads keep every process-wide structure of fibra busy while the main
+/// thread forks over and over: task cells (spawn and join), fiber stacks (schedulers of
+/// their own stack size built, filled and stopped), the blocking pool (`unblock`) and the
+/// reactor (sockets opened and closed). Each child builds a fresh scheduler and uses all of
+/// them. A lock a parent thread held at the fork, or a structure it was changing, must not
+/// leave a child waiting for ever.
+#[test]
+fn fork_child_of_a_parent_busy_everywhere_uses_every_structure() {
+    passes("child_fork_busy_everywhere", "CHILD-FORK-BUSY-OK");
+}
+
+#[test]
+#[ignore = "child of fork_child_of_a_parent_busy_everywhere_uses_every_structure"]
+fn child_fork_busy_everywhere() {
+    if !is_child(CHILD_ENV, "child_fork_busy_everywhere") {
+        return;
+    }
+    fn uses_everything(s: &Scheduler, fibers: u64) {
+        let v = s.block_on(move || {
+            let l = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let c = fibra::spawn(move || fibra::net::TcpStream::connect(addr).map(|_| ()));
+            let (accepted, _) = l.accept().unwrap();
+            drop(accepted);
+            c.join().unwrap().unwrap();
+            let hs: Vec<_> = (0..fibers)
+                .map(|i| {
+                    fibra::spawn(move || {
+                        fibra::sleep(Duration::from_micros(200));
+                        i
+                    })
+                })
+                .collect();
+            let sum: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+            sum + fibra::unblock(|| 1u64)
+        });
+        assert_eq!(v, fibers * (fibers - 1) / 2 + 1);
+    }
+    let parent = Arc::new(started(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for kind in 0..3 {
+        let stop = stop.clone();
+        let parent = parent.clone();
+        load.push(thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match kind {
+                    0 => uses_everything(&parent, 64),
+                    1 => {
+                        let own = Scheduler::builder()
+                            .threads(1)
+                            .stack_size(128 * 1024)
+                            .build()
+                            .unwrap();
+                        own.start();
+                        uses_everything(&own, 200);
+                        own.stop();
+                    }
+                    _ => {
+                        let hs: Vec<_> = (0..8)
+                            .map(|_| parent.submit(|| fibra::unblock(|| 1u64), None).unwrap())
+                            .collect();
+                        for h in hs {
+                            assert_eq!(finish(h), 1);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    thread::sleep(Duration::from_millis(100));
+    let mut results = Vec::new();
+    for _ in 0..30 {
+        results.push(fork_and(Duration::from_secs(10), || {
+            let s = started(2);
+            uses_everything(&s, 300);
+            s.stop();
+        }));
+        if results.last().is_some_and(|r| r != "ok") {
+            break;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in load {
+        t.join().unwrap();
+    }
+    parent.stop();
+    eprintln!("forks: {results:?}");
+    assert!(results.iter().all(|r| r == "ok"), "{results:?}");
+    eprintln!("CHILD-FORK-BUSY-OK");
+}
+
 // ============================================== 4. panics and unwinds across fibers
 
 /// Fiber P panics and, while unwinding, waits in a destructor (a sleep): its worker thread

@@ -24,9 +24,9 @@ use crate::dump::WaitOn;
 use crate::hook::real;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sched::worker::Shared;
+use crate::sys::spin::SpinLock;
 #[cfg(not(feature = "hook"))]
 use libc as real;
-use parking_lot::{Mutex, RwLock};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -56,7 +56,7 @@ pub(crate) struct IoRecord {
     generation: u32,
     /// `(tick << 32) | bits`.
     readiness: AtomicU64,
-    waiters: Mutex<Vec<Waiter>>,
+    waiters: SpinLock<Vec<Waiter>>,
     next_waiter: AtomicU64,
 }
 
@@ -384,7 +384,7 @@ pub(crate) struct Reactor {
     epoll: OwnedFd,
     wake: OwnedFd,
     /// Records by fd number.
-    records: RwLock<Vec<Option<Arc<IoRecord>>>>,
+    records: SpinLock<Vec<Option<Arc<IoRecord>>>>,
     generation: AtomicU64,
     /// A worker is blocked in `epoll_wait`.
     polling: AtomicBool,
@@ -398,7 +398,7 @@ pub(crate) struct Reactor {
     /// scheduler stopped, say) while I/O waiters remain and nobody polls, one of them is
     /// woken to take the role (`hand_off`). Without it the waiters of another scheduler would
     /// wait until one of its workers happened to wake.
-    standby: Mutex<Vec<(Weak<Shared>, usize)>>,
+    standby: SpinLock<Vec<(Weak<Shared>, usize)>>,
 }
 
 /// A worker's place on the reactor's standby list, left when dropped.
@@ -436,23 +436,43 @@ static REACTOR: OnceLock<Reactor> = OnceLock::new();
 const REGISTERED_EVENTS: u32 =
     (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
-/// The reactor's part in a `fork` (see `Reactor::after_fork_in_child`).
-mod after_fork {
-    use std::sync::Once;
+/// Whether `fork_hold` took the reactor's locks: the reactor may be created between the
+/// `prepare` and `parent` handlers of a `fork`, by another parent thread.
+static FORK_HELD: AtomicBool = AtomicBool::new(false);
 
-    /// Registers the child handler, once per process.
-    pub(super) fn register() {
-        static ONCE: Once = Once::new();
-        ONCE.call_once(|| {
-            // SAFETY: registers a handler that runs in the child of each later `fork`.
-            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-        });
+/// Takes the reactor's locks before a `fork` (see `crate::fork`): the registrations', then
+/// each registration's waiters, then the standby list.
+pub(crate) fn fork_hold() {
+    let Some(r) = REACTOR.get() else { return };
+    r.records.fork_hold();
+    // SAFETY: this thread holds the lock just taken.
+    let records = unsafe { r.records.fork_held() };
+    for record in records.iter().flatten() {
+        record.waiters.fork_hold();
     }
+    r.standby.fork_hold();
+    FORK_HELD.store(true, Ordering::Relaxed);
+}
 
-    extern "C" fn in_child() {
-        if let Some(r) = super::REACTOR.get() {
-            r.after_fork_in_child();
+/// Releases what [`fork_hold`] took. In the child, first makes the reactor the child's own
+/// (see `Reactor::after_fork_in_child`).
+pub(crate) fn fork_release(in_child: bool) {
+    if !FORK_HELD.swap(false, Ordering::Relaxed) {
+        return;
+    }
+    let Some(r) = REACTOR.get() else { return };
+    // SAFETY: `fork_hold` took these locks on this thread; nothing released them since, and
+    // no registration changed, so these are the records whose waiters it locked.
+    unsafe {
+        let records = r.records.fork_held();
+        if in_child {
+            r.after_fork_in_child(records, r.standby.fork_held());
         }
+        r.standby.fork_release();
+        for record in records.iter().flatten() {
+            record.waiters.fork_release();
+        }
+        r.records.fork_release();
     }
 }
 
@@ -516,27 +536,33 @@ impl Reactor {
         {
             return Err(io::Error::last_os_error());
         }
-        after_fork::register();
+        crate::fork::register();
         Ok(Reactor {
             epoll,
             wake,
-            records: RwLock::new(Vec::new()),
+            records: SpinLock::new(Vec::new()),
             generation: AtomicU64::new(1),
             polling: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
             registered: AtomicUsize::new(0),
-            standby: Mutex::new(Vec::new()),
+            standby: SpinLock::new(Vec::new()),
         })
     }
 
-    /// In the child of a `fork`, which has only the forking thread: the epoll instance and
-    /// the eventfd are the parent's (the two processes would take each other's events), and
-    /// the poller role and the standby list name threads that do not exist here. Gives the
-    /// child an epoll instance and an eventfd of its own under the same descriptor numbers,
-    /// registers the inherited records' descriptors with it (an edge-triggered registration
-    /// reports what is ready now), and frees the role. Only system calls and atomics, and
-    /// locks no thread here can hold (a lock a parent thread held at the fork is skipped).
-    fn after_fork_in_child(&self) {
+    /// In the child of a `fork`, which has only the forking thread, with the reactor's locks
+    /// held (see `fork_hold`): the epoll instance and the eventfd are the parent's (the two
+    /// processes would take each other's events), and the poller role, the standby list and
+    /// the registrations' waiters belong to threads and fibers that do not run here. Gives
+    /// the child an epoll instance and an eventfd of its own under the same descriptor
+    /// numbers, registers the inherited records' descriptors with it (an edge-triggered
+    /// registration reports what is ready now), forgets the waiters (neither woken nor
+    /// dropped: either would reach into the parent's schedulers, whose locks may be held
+    /// here) and frees the role.
+    fn after_fork_in_child(
+        &self,
+        records: &[Option<Arc<IoRecord>>],
+        standby: &mut Vec<(Weak<Shared>, usize)>,
+    ) {
         let fresh = |made: libc::c_int, onto: RawFd| {
             if made >= 0 {
                 // SAFETY: `made` is a descriptor just created here; `dup3` replaces `onto`,
@@ -570,28 +596,26 @@ impl Reactor {
                 &mut ev,
             )
         };
-        if let Some(records) = self.records.try_read() {
-            for (idx, record) in records.iter().enumerate() {
-                if let Some(record) = record {
-                    let mut ev = libc::epoll_event {
-                        events: REGISTERED_EVENTS,
-                        u64: (u64::from(record.generation) << 32) | idx as u64,
-                    };
-                    // SAFETY: as above; a descriptor closed meanwhile is an error, ignored.
-                    unsafe {
-                        libc::epoll_ctl(
-                            self.epoll.as_raw_fd(),
-                            libc::EPOLL_CTL_ADD,
-                            record.fd,
-                            &mut ev,
-                        )
-                    };
-                }
-            }
+        for (idx, record) in records.iter().enumerate() {
+            let Some(record) = record else { continue };
+            let mut ev = libc::epoll_event {
+                events: REGISTERED_EVENTS,
+                u64: (u64::from(record.generation) << 32) | idx as u64,
+            };
+            // SAFETY: as above; a descriptor closed meanwhile is an error, ignored.
+            unsafe {
+                libc::epoll_ctl(
+                    self.epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    record.fd,
+                    &mut ev,
+                )
+            };
+            // SAFETY: `fork_hold` locked these waiters on this thread, the only one here.
+            std::mem::forget(std::mem::take(unsafe { record.waiters.fork_held() }));
         }
-        if let Some(mut standby) = self.standby.try_lock() {
-            standby.clear();
-        }
+        self.waiting.store(0, Ordering::SeqCst);
+        standby.clear();
         self.polling.store(false, Ordering::SeqCst);
     }
 
@@ -599,13 +623,13 @@ impl Reactor {
     /// already registered, returns the existing record.
     pub(crate) fn register(&self, fd: RawFd) -> io::Result<Arc<IoRecord>> {
         let idx = usize::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-        let mut records = self.records.write();
+        let mut records = self.records.lock();
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) as u32;
         let record = Arc::new(IoRecord {
             fd,
             generation,
             readiness: AtomicU64::new(0),
-            waiters: Mutex::new(Vec::new()),
+            waiters: SpinLock::new(Vec::new()),
             next_waiter: AtomicU64::new(0),
         });
         let mut ev = libc::epoll_event {
@@ -642,7 +666,7 @@ impl Reactor {
     #[cfg(feature = "hook")]
     pub(crate) fn is_current(&self, record: &IoRecord) -> bool {
         self.records
-            .read()
+            .lock()
             .get(record.fd as usize)
             .and_then(|r| r.as_ref())
             .is_some_and(|r| r.generation == record.generation)
@@ -652,7 +676,7 @@ impl Reactor {
     pub(crate) fn deregister(&self, record: &IoRecord) {
         let idx = record.fd as usize;
         {
-            let mut records = self.records.write();
+            let mut records = self.records.lock();
             if let Some(slot) = records.get_mut(idx) {
                 if slot
                     .as_ref()
@@ -679,7 +703,7 @@ impl Reactor {
     pub(crate) fn deregister_fd(&self, fd: RawFd) {
         let record = usize::try_from(fd)
             .ok()
-            .and_then(|i| self.records.read().get(i).cloned().flatten());
+            .and_then(|i| self.records.lock().get(i).cloned().flatten());
         if let Some(record) = record {
             self.deregister(&record);
         }
@@ -689,7 +713,7 @@ impl Reactor {
     /// gave up waiting); returns how many. Each is dropped outside every lock: dropping one
     /// closes the socket it holds, which deregisters that socket's record.
     pub(crate) fn cancel_continuations(&self, shared: &Shared) -> usize {
-        let records: Vec<Arc<IoRecord>> = self.records.read().iter().flatten().cloned().collect();
+        let records: Vec<Arc<IoRecord>> = self.records.lock().iter().flatten().cloned().collect();
         let mut taken = Vec::new();
         for r in &records {
             r.take_continuations_of(shared, &mut taken);
@@ -817,8 +841,11 @@ impl Reactor {
         if n <= 0 {
             return;
         }
-        let records = self.records.read();
-        for ev in &events[..n as usize] {
+        // The records are looked up under the lock and woken after it, so that registering
+        // threads do not spin through the wake-ups.
+        let mut ready: [(Option<Arc<IoRecord>>, u32); EVENTS] = [const { (None, 0) }; EVENTS];
+        let records = self.records.lock();
+        for (ev, slot) in events[..n as usize].iter().zip(&mut ready) {
             let data = ev.u64;
             if data == WAKE_TOKEN {
                 let mut buf: u64 = 0;
@@ -858,7 +885,13 @@ impl Reactor {
                 // error), so every waiter wakes and none can wait again.
                 bits |= READABLE | WRITABLE | CLOSED;
             }
-            record.set_ready(bits);
+            *slot = (Some(record.clone()), bits);
+        }
+        drop(records);
+        for (record, bits) in &ready[..n as usize] {
+            if let Some(record) = record {
+                record.set_ready(*bits);
+            }
         }
     }
 }

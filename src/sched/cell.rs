@@ -260,9 +260,22 @@ mod slabs;
 
 pub(crate) use slabs::trim as trim_slabs;
 
+/// Takes the locks of the depot and the slabs before a `fork` (see `crate::fork`).
+pub(crate) fn fork_hold() {
+    blocks::fork_hold();
+    slabs::fork_hold();
+}
+
+/// Releases what [`fork_hold`] took, in the parent or the child of the `fork`.
+pub(crate) fn fork_release() {
+    slabs::fork_release();
+    blocks::fork_release();
+}
+
 /// The per-thread block caches and the depot behind them.
 mod blocks {
     use super::*;
+    use crate::sys::spin::SpinLock;
 
     /// Size classes are multiples of `GRAIN` bytes up to `CLASSES × GRAIN`; larger cells, and
     /// cells aligned beyond `ALIGN`, go straight to the global allocator.
@@ -296,12 +309,27 @@ mod blocks {
         empty: Vec<Vec<Block>>,
     }
 
-    static DEPOT: [parking_lot::Mutex<Depot>; CLASSES] = [const {
-        parking_lot::Mutex::new(Depot {
+    static DEPOT: [SpinLock<Depot>; CLASSES] = [const {
+        SpinLock::new(Depot {
             full: Vec::new(),
             empty: Vec::new(),
         })
     }; CLASSES];
+
+    /// Locks every class's depot, the guards forgotten (see `crate::fork`).
+    pub(super) fn fork_hold() {
+        for depot in &DEPOT {
+            depot.fork_hold();
+        }
+    }
+
+    /// Unlocks what `fork_hold` locked.
+    pub(super) fn fork_release() {
+        for depot in DEPOT.iter().rev() {
+            // SAFETY: `fork_hold` locked it on this thread; nothing released it since.
+            unsafe { depot.fork_release() };
+        }
+    }
 
     /// This thread's free blocks, per class (at most `2 × MAGAZINE` each).
     struct Local {

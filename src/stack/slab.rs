@@ -8,7 +8,7 @@
 
 use super::FiberStack;
 use crate::sys::page_size;
-use parking_lot::Mutex;
+use crate::sys::spin::SpinLock;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -37,7 +37,10 @@ struct Class {
     free: Vec<FiberStack>,
 }
 
-static CLASSES: Mutex<Vec<Class>> = Mutex::new(Vec::new());
+static CLASSES: SpinLock<Vec<Class>> = SpinLock::new(Vec::new());
+/// This process's pidfd, with the pid it was opened for: after a `fork` the child must not
+/// advise its parent's address space through an inherited one.
+static SELF_PIDFD: SpinLock<Option<(libc::pid_t, OwnedFd)>> = SpinLock::new(None);
 static SLABS: AtomicUsize = AtomicUsize::new(0);
 static RESERVED: AtomicUsize = AtomicUsize::new(0);
 static CARVED: AtomicUsize = AtomicUsize::new(0);
@@ -65,6 +68,22 @@ fn class_of(classes: &mut Vec<Class>, size: usize, stride: usize) -> &mut Class 
     &mut classes[i]
 }
 
+/// Locks the stack classes and then the pidfd, for a `fork` (see `crate::fork`):
+/// code that advises under `CLASSES` takes the pidfd after it.
+pub(crate) fn fork_hold() {
+    CLASSES.fork_hold();
+    SELF_PIDFD.fork_hold();
+}
+
+/// Unlocks what `fork_hold` locked.
+pub(crate) fn fork_release() {
+    // SAFETY: `fork_hold` locked both on this thread; nothing released them since.
+    unsafe {
+        SELF_PIDFD.fork_release();
+        CLASSES.fork_release();
+    }
+}
+
 /// Adds up to `n` stacks of `size` usable bytes to `out`: spare ones first (their memory is
 /// still there, most recently handed over first), then ones whose memory was given back, then
 /// freshly carved. Fails only if not even one can be had.
@@ -73,6 +92,8 @@ pub(super) fn alloc(size: usize, n: usize, out: &mut Vec<FiberStack>) -> io::Res
     let stride = size
         .checked_add(guard)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    // Stacks are allocated here before any is handed back.
+    crate::fork::register();
     let mut classes = CLASSES.lock();
     let class = class_of(&mut classes, size, stride);
     let spare = n.min(class.spare.len());
@@ -287,10 +308,6 @@ pub(super) fn release_memory(stacks: &[FiberStack]) {
 /// (or a seccomp filter) refuses, clears `ok` for good and returns what was done; a passing
 /// shortage (descriptors, memory) returns without clearing it.
 fn self_madvise(ranges: &[(usize, usize)], advice: libc::c_int, ok: &AtomicBool) -> usize {
-    /// This process's pidfd, with the pid it was opened for: after a `fork` the child must
-    /// not advise its parent's address space through an inherited one.
-    static SELF_PIDFD: parking_lot::Mutex<Option<(libc::pid_t, OwnedFd)>> =
-        parking_lot::Mutex::new(None);
     let passing =
         |errno: Option<i32>| matches!(errno, Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM));
     if !ok.load(Ordering::Relaxed) {

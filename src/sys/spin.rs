@@ -1,5 +1,8 @@
 //! A test-and-test-and-set spin lock for critical sections of a few instructions that never
-//! span a park or a suspension: `fibra::sync`'s internal lock, and a few of the scheduler's.
+//! span a park or a suspension: `fibra::sync`'s internal lock, a few of the scheduler's, and
+//! the locks of the process-wide structures that a `fork` holds (see `crate::fork`: a spin
+//! lock is released with a store, which works in a `fork` child whatever other threads were
+//! doing at the fork).
 //!
 //! Unlocking is a plain release store, where a lock whose waiters may sleep must use a locked
 //! instruction to learn whether any do (`parking_lot`'s mutex, used before, did). A waiter
@@ -54,6 +57,34 @@ impl<T> SpinLock<T> {
             lock: self,
             _not_send: std::marker::PhantomData,
         }
+    }
+
+    /// Locks for the duration of a `fork`, without a guard: [`SpinLock::fork_release`]
+    /// unlocks, in the parent or in the child (see `crate::fork`).
+    pub(crate) fn fork_hold(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// The value, while this thread holds the lock through [`SpinLock::fork_hold`].
+    ///
+    /// # Safety
+    /// This thread took the lock with `fork_hold` and has not released it, and no other
+    /// reference from this call is alive.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn fork_held(&self) -> &mut T {
+        // SAFETY: per the contract the lock is held here and this is the only access.
+        unsafe { &mut *self.value.get() }
+    }
+
+    /// Unlocks what [`SpinLock::fork_hold`] locked, in the parent or the child of the
+    /// `fork`: a plain store, as no thread ever sleeps on the word (a `parking_lot` lock's
+    /// unlock may look up its parked waiters in a process-wide table whose locks a parent
+    /// thread may have held at the fork).
+    ///
+    /// # Safety
+    /// This thread took the lock with `fork_hold` and has not released it.
+    pub(crate) unsafe fn fork_release(&self) {
+        self.locked.store(false, Ordering::Release);
     }
 
     #[cold]

@@ -25,7 +25,7 @@
 //! whose aligned base is not a slab of its class came from the global allocator (below
 //! `BULK_BYTES`, or when no slab could be mapped) and goes back there.
 
-use parking_lot::Mutex;
+use crate::sys::spin::SpinLock;
 use std::alloc::{dealloc, handle_alloc_error};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -91,7 +91,7 @@ struct ClassSlabs {
 // the class's mutex.
 unsafe impl Send for ClassSlabs {}
 
-static SLABS: [Mutex<Option<ClassSlabs>>; CLASSES] = [const { Mutex::new(None) }; CLASSES];
+static SLABS: [SpinLock<Option<ClassSlabs>>; CLASSES] = [const { SpinLock::new(None) }; CLASSES];
 /// Empty slabs of all classes that [`trim`] may unmap (not a class's last), changed with the
 /// lists: an idle worker looks here before it takes the locks.
 static TRIMMABLE: AtomicUsize = AtomicUsize::new(0);
@@ -154,12 +154,29 @@ fn map_slab(class: usize) -> Option<usize> {
     Some(base)
 }
 
+/// Locks every class's slabs, the guards forgotten (see `crate::fork`).
+pub(super) fn fork_hold() {
+    for class in &SLABS {
+        class.fork_hold();
+    }
+}
+
+/// Unlocks what `fork_hold` locked.
+pub(super) fn fork_release() {
+    for class in SLABS.iter().rev() {
+        // SAFETY: `fork_hold` locked it on this thread; nothing released it since.
+        unsafe { class.fork_release() };
+    }
+}
+
 /// Adds `n` blocks of `class` (at least one) to `out`: from slabs once the class has
 /// `BULK_BYTES` out, from the global allocator before, or if no slab can be mapped (whose
 /// failure aborts, as `handle_alloc_error` does).
 pub(super) fn take(class: usize, n: usize, out: &mut Vec<Block>) {
     let layout = class_layout(class);
     let n = n.max(1);
+    // Blocks are taken here before any is cached or given back.
+    crate::fork::register();
     let mut guard = SLABS[class].lock();
     let cs = guard.get_or_insert_with(|| ClassSlabs {
         slabs: HashMap::default(),
