@@ -231,25 +231,7 @@ fn child_accept_emfile() {
     let addr = addr_rx.recv().unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let held = common::fill_descriptor_table(0);
-    let sa = match addr {
-        std::net::SocketAddr::V4(a) => libc::sockaddr_in {
-            sin_family: libc::AF_INET as u16,
-            sin_port: a.port().to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from(*a.ip()).to_be(),
-            },
-            sin_zero: [0; 8],
-        },
-        _ => unreachable!(),
-    };
-    // SAFETY: a valid sockaddr_in.
-    let r = unsafe {
-        libc::connect(
-            client,
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as u32,
-        )
-    };
+    let r = common::raw_connect(client, addr);
     assert_eq!(r, 0, "client connect: {}", std::io::Error::last_os_error());
     std::thread::sleep(Duration::from_millis(400));
     drop(held);

@@ -20,26 +20,6 @@ const CHILD_ENV: &str = "FIBRA_ATTACK_NESTING_CHILD";
 /// Generous bound for what correct code does in well under a second.
 const BOUND: Duration = Duration::from_secs(20);
 
-/// In a child process: ends the process with `code` and `msg` on stderr unless `disarm` is
-/// set within `after` (a hang becomes a clear failure).
-fn child_watchdog(after: Duration, msg: &'static str) -> Arc<AtomicBool> {
-    let disarm = Arc::new(AtomicBool::new(false));
-    let d = disarm.clone();
-    thread::spawn(move || {
-        let end = Instant::now() + after;
-        while Instant::now() < end {
-            if d.load(Ordering::SeqCst) {
-                return;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        eprintln!("{msg}");
-        // SAFETY: ends the process at once.
-        unsafe { libc::_exit(3) };
-    });
-    disarm
-}
-
 fn passes(helper: &str, marker: &str) {
     let (st, err) = run_child(CHILD_ENV, helper);
     assert!(
@@ -65,7 +45,7 @@ fn child_tls_last_scheduler() {
     if !is_child(CHILD_ENV, "child_tls_last_scheduler") {
         return;
     }
-    let disarm = child_watchdog(Duration::from_secs(30), "CHILD-TLS-LAST-HANG");
+    let disarm = common::child_watchdog(Duration::from_secs(30), "CHILD-TLS-LAST-HANG");
     thread_local! {
         static HOLD: RefCell<Option<Arc<Scheduler>>> = const { RefCell::new(None) };
     }
@@ -126,7 +106,7 @@ fn child_tls_worker_battery() {
     if !is_child(CHILD_ENV, "child_tls_worker_battery") {
         return;
     }
-    let disarm = child_watchdog(Duration::from_secs(40), "CHILD-TLS-BATTERY-HANG");
+    let disarm = common::child_watchdog(Duration::from_secs(40), "CHILD-TLS-BATTERY-HANG");
     struct Ctx {
         a: Arc<Scheduler>,
         b: Arc<Scheduler>,
@@ -234,7 +214,7 @@ fn child_nested_stop() {
     if !is_child(CHILD_ENV, "child_nested_stop") {
         return;
     }
-    let disarm = child_watchdog(
+    let disarm = common::child_watchdog(
         Duration::from_secs(15),
         "CHILD-NESTED-STOP-HANG: B.stop() inside a fiber of A blocked A's only worker",
     );

@@ -371,8 +371,20 @@ pub(crate) fn forget(fd: libc::c_int) {
         if super::in_forked_child() {
             s.generation.fetch_add(1, Ordering::AcqRel);
             s.state.store(UNKNOWN, Ordering::Release);
-        } else if s.state() != UNKNOWN || s.record.lock().is_some() {
-            s.reset();
+        } else {
+            let owned = s.state() & KIND == OWNED;
+            if s.state() != UNKNOWN || s.record.lock().is_some() {
+                s.reset();
+            }
+            if owned {
+                // A `fibra::net` socket's fd closed or replaced behind its back: its record
+                // is the socket's, not the slot's. Deregistering wakes its waiters, which
+                // then fail with `EBADF` (`Registration`), as the kernel drops the epoll
+                // entry without an event.
+                if let Some(r) = crate::io::reactor::get() {
+                    r.deregister_fd(fd);
+                }
+            }
         }
     }
 }

@@ -43,6 +43,10 @@ pub(crate) const CLOSED: u32 = 4;
 /// non-blocking ones still fail with `EAGAIN` where a blocking one returns 0, which the
 /// `hook` feature's blocking emulation needs to know.
 pub(crate) const READ_SHUT: u32 = 8;
+/// The record was deregistered: its fd was closed or its number given to another file (by
+/// the owner, or behind its back through the `hook` feature's `close` and `dup2`), so a
+/// system call on the fd number may reach another file. Comes with `CLOSED`; kept for good.
+pub(crate) const GONE: u32 = 16;
 
 /// The event `data` of the eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -133,7 +137,7 @@ impl IoRecord {
     }
 
     fn ready(&self, interest: u32) -> bool {
-        self.readiness.load(Ordering::Acquire) as u32 & (interest | CLOSED) != 0
+        self.readiness.load(Ordering::Acquire) as u32 & (interest | CLOSED | GONE) != 0
     }
 
     /// The poller's half: record `bits`, wake the waiters they concern.
@@ -249,9 +253,9 @@ impl IoRecord {
         }
     }
 
-    /// Wakes every waiter with a hang-up: the fd is going away.
+    /// Wakes every waiter with a hang-up, for good: the fd is going away.
     fn close(&self) {
-        self.set_ready(CLOSED);
+        self.set_ready(CLOSED | GONE);
     }
 
     /// Marks `bits` ready and wakes their waiters, as if the poller had seen them: after a

@@ -2,7 +2,7 @@
 //! around non-blocking system calls, and std-style timeouts.
 
 use crate::error::WhenReadableError;
-use crate::io::reactor::{reactor, Continuation, IoRecord};
+use crate::io::reactor::{reactor, Continuation, IoRecord, GONE};
 use crate::time::deadline_after;
 use std::io;
 use std::os::fd::RawFd;
@@ -91,6 +91,12 @@ impl Registration {
     ) -> io::Result<R> {
         loop {
             let seen = self.record.get().map(|r| r.snapshot());
+            if seen.is_some_and(|s| s as u32 & GONE != 0) {
+                // Deregistered while this socket owns the fd: it was closed or replaced
+                // behind the socket's back (the `hook` feature's `close` or `dup2`). The
+                // number may name another file by now: no call goes to it.
+                return Err(io::Error::from_raw_os_error(libc::EBADF));
+            }
             match op() {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if seen.is_some_and(|s| s as u32 & READ_SHUT != 0) {

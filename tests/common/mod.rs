@@ -514,3 +514,47 @@ pub fn unmapped_page() -> *mut libc::c_void {
     assert_ne!(p, libc::MAP_FAILED);
     p
 }
+
+/// In a child process: ends the process with `msg` on stderr (exit code 3) unless the
+/// returned flag is set within `after`, so that a hang becomes a clear failure.
+pub fn child_watchdog(after: Duration, msg: &'static str) -> Arc<std::sync::atomic::AtomicBool> {
+    let disarm = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = disarm.clone();
+    thread::spawn(move || {
+        let end = Instant::now() + after;
+        while Instant::now() < end {
+            if d.load(Ordering::SeqCst) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!("{msg}");
+        // SAFETY: ends the process at once.
+        unsafe { libc::_exit(3) };
+    });
+    disarm
+}
+
+/// `connect(2)` of the raw socket `fd` to the IPv4 `addr`, without making a descriptor (for
+/// tests that fill the descriptor table first); returns the call's result.
+pub fn raw_connect(fd: std::os::fd::RawFd, addr: std::net::SocketAddr) -> i32 {
+    let std::net::SocketAddr::V4(a) = addr else {
+        panic!("raw_connect takes IPv4 addresses");
+    };
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a valid sockaddr_in that lives across the call; a bad `fd` is an error.
+    unsafe {
+        libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as u32,
+        )
+    }
+}
