@@ -12,12 +12,15 @@
 //! parent's threads (the reactor's waiters, the pool's sleepers and queue).
 //!
 //! `prepare` takes the locks in one fixed order, and no code path takes two of them in
-//! another: the reactor's registrations before each registration's waiters before the
-//! reactor's standby list (a poll wakes waiters under the registrations' read lock, and a
-//! woken continuation allocates a task cell); the blocking pool's idle list; the stack slabs
-//! before the pidfd they advise through; last the task-cell depot and then its slabs, which
-//! are leaves (the depot is released before the slabs are taken). Every other lock of
-//! fibra's belongs to one scheduler, which the child does not run.
+//! another: the reactor's creation lock (first, so that concurrent forks take turns), its
+//! registrations before each registration's waiters before its standby list (a registration
+//! that replaces a stale record wakes that record's waiters under the registrations' lock,
+//! and a woken continuation allocates a task cell); the blocking pool's idle list; the stack
+//! slabs before the pidfd they advise through; last the task-cell depot and then its slabs,
+//! which are leaves (the depot is released before the slabs are taken). Every other lock of
+//! fibra's belongs to one scheduler, which the child does not run: if the forking thread is
+//! a worker's, its fiber goes on in the child as on a plain thread and the child exits when
+//! it ends (`sched::worker::forked_in_child`).
 //!
 //! What stays out of reach: a `OnceLock` or `Once` that a parent thread was initialising at
 //! the fork, and the bucket locks of `parking_lot`'s global table of parked threads, which a
@@ -55,6 +58,7 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    crate::sched::worker::forked_in_child();
     crate::sched::cell::fork_release();
     crate::stack::fork_release();
     crate::unblock::fork_release(true);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{finish, is_child, run_child, started, with_deadline};
+use common::{finish, fork_and, is_child, run_child, started, with_deadline};
 use fibra::Scheduler;
 
 const CHILD_ENV: &str = "FIBRA_ATTACK_NESTING_CHILD";
@@ -283,49 +283,6 @@ fn cross_scheduler_joins_both_directions() {
 }
 
 // ============================================================================ 3. fork
-
-/// Waits for `pid` for at most `limit`; returns its wait status, or kills it and returns
-/// `None`.
-fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let end = Instant::now() + limit;
-    loop {
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return Some(status);
-        }
-        if Instant::now() > end {
-            // SAFETY: killing and reaping our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Forks; the child runs `body` under an alarm of `limit` and exits 0 if it returns; the
-/// parent reports how the child ended.
-fn fork_and(limit: Duration, body: fn()) -> String {
-    // SAFETY: the child only runs `body` and exits.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork");
-    if pid == 0 {
-        let r = std::panic::catch_unwind(body);
-        // SAFETY: ends the child without running the parent's atexit handlers.
-        unsafe { libc::_exit(if r.is_ok() { 0 } else { 1 }) };
-    }
-    match wait_child(pid, limit) {
-        None => "hung (killed)".to_string(),
-        Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => "ok".to_string(),
-        Some(st) if libc::WIFEXITED(st) => format!("exit {}", libc::WEXITSTATUS(st)),
-        Some(st) if libc::WIFSIGNALED(st) => format!("signal {}", libc::WTERMSIG(st)),
-        Some(st) => format!("status {st:#x}"),
-    }
-}
 
 /// In a forked child: a fresh scheduler's fiber accepts one connection from a plain thread.
 fn accept_one_in_a_fresh_scheduler() {

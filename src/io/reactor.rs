@@ -440,13 +440,20 @@ static REACTOR: OnceLock<Reactor> = OnceLock::new();
 const REGISTERED_EVENTS: u32 =
     (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
-/// Whether `fork_hold` took the reactor's locks: the reactor may be created between the
-/// `prepare` and `parent` handlers of a `fork`, by another parent thread.
+/// Held while the reactor is created, and by a `fork` from its `prepare` handler to its
+/// `parent` or `child` one (see `fork_hold`): a reactor is never made during a fork, so the
+/// child handler makes the child's own every reactor the parent had. Concurrent forks, whose
+/// `prepare` handlers the C library may run at once, take their turns here.
+static CREATING: SpinLock<()> = SpinLock::new(());
+
+/// Whether `fork_hold` took the reactor's locks (changed only under `CREATING`).
 static FORK_HELD: AtomicBool = AtomicBool::new(false);
 
-/// Takes the reactor's locks before a `fork` (see `crate::fork`): the registrations', then
-/// each registration's waiters, then the standby list.
+/// Takes the reactor's locks before a `fork` (see `crate::fork`): the creation lock, then,
+/// if there is a reactor, the registrations', each registration's waiters, and the standby
+/// list.
 pub(crate) fn fork_hold() {
+    CREATING.fork_hold();
     let Some(r) = REACTOR.get() else { return };
     r.records.fork_hold();
     // SAFETY: this thread holds the lock just taken.
@@ -461,23 +468,24 @@ pub(crate) fn fork_hold() {
 /// Releases what [`fork_hold`] took. In the child, first makes the reactor the child's own
 /// (see `Reactor::after_fork_in_child`).
 pub(crate) fn fork_release(in_child: bool) {
-    if !FORK_HELD.swap(false, Ordering::Relaxed) {
-        return;
-    }
-    let Some(r) = REACTOR.get() else { return };
-    // SAFETY: `fork_hold` took these locks on this thread; nothing released them since, and
-    // no registration changed, so these are the records whose waiters it locked.
-    unsafe {
-        let records = r.records.fork_held();
-        if in_child {
-            r.after_fork_in_child(records, r.standby.fork_held());
+    if FORK_HELD.swap(false, Ordering::Relaxed) {
+        let r = REACTOR.get().expect("held, so made before the fork");
+        // SAFETY: `fork_hold` took these locks on this thread; nothing released them since,
+        // and no registration changed, so these are the records whose waiters it locked.
+        unsafe {
+            let records = r.records.fork_held();
+            if in_child {
+                r.after_fork_in_child(records, r.standby.fork_held());
+            }
+            r.standby.fork_release();
+            for record in records.iter().flatten() {
+                record.waiters.fork_release();
+            }
+            r.records.fork_release();
         }
-        r.standby.fork_release();
-        for record in records.iter().flatten() {
-            record.waiters.fork_release();
-        }
-        r.records.fork_release();
     }
+    // SAFETY: `fork_hold` took it on this thread; nothing released it since.
+    unsafe { CREATING.fork_release() };
 }
 
 /// The reactor, if any fd was ever registered (workers skip polling otherwise).
@@ -492,7 +500,10 @@ pub(crate) fn get() -> Option<&'static Reactor> {
 /// If no registration ever succeeded and the kernel refuses the epoll instance or eventfd
 /// now; registrations go through [`registering`], which reports that as an error.
 pub(crate) fn reactor() -> &'static Reactor {
-    REACTOR.get_or_init(|| Reactor::new().expect("fibra: cannot create the epoll reactor"))
+    match REACTOR.get() {
+        Some(r) => r,
+        None => registering().expect("fibra: cannot create the epoll reactor"),
+    }
 }
 
 /// The reactor for a registration, created on first use. Out of descriptors at the very
@@ -502,9 +513,13 @@ pub(crate) fn registering() -> io::Result<&'static Reactor> {
     if let Some(r) = REACTOR.get() {
         return Ok(r);
     }
+    // Before the lock (see `crate::fork::register`).
+    crate::fork::register();
+    let _creating = CREATING.lock();
+    if let Some(r) = REACTOR.get() {
+        return Ok(r);
+    }
     let created = Reactor::new()?;
-    // Two first registrations may race: the loser's reactor is dropped, its descriptors
-    // closed, before anything was registered with it.
     Ok(REACTOR.get_or_init(|| created))
 }
 
@@ -540,7 +555,6 @@ impl Reactor {
         {
             return Err(io::Error::last_os_error());
         }
-        crate::fork::register();
         Ok(Reactor {
             epoll,
             wake,
@@ -569,11 +583,14 @@ impl Reactor {
     ) {
         let fresh = |made: libc::c_int, onto: RawFd| {
             if made >= 0 {
+                // Raw system calls: with the `hook` feature the C names are fibra's own
+                // hooks, which take the fd table's locks, and this handler may run before
+                // the hooks' own child handler tells them they are in a child.
                 // SAFETY: `made` is a descriptor just created here; `dup3` replaces `onto`,
                 // which this reactor owns, atomically, and the original is closed.
                 unsafe {
-                    libc::dup3(made, onto, libc::O_CLOEXEC);
-                    libc::close(made);
+                    libc::syscall(libc::SYS_dup3, made, onto, libc::O_CLOEXEC);
+                    libc::syscall(libc::SYS_close, made);
                 }
             }
         };

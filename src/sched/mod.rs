@@ -24,7 +24,7 @@ use crate::fiber;
 use crate::join::{JoinCell, JoinHandle};
 use crate::park::Unparker;
 use crate::stack::{round_size, DEFAULT_STACK_SIZE, MIN_STACK_SIZE};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use task::Header;
@@ -348,7 +348,10 @@ impl Scheduler {
     /// the threads spawned so far keep running and the error says which worker failed.
     fn spawn_workers(&self) -> Result<(), String> {
         let first = usize::from(self.shared.config.use_caller);
-        let running = Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
+        // A futex word, not a `parking_lot` condition variable: a worker that has just
+        // notified may still be inside `parking_lot`'s table of parked threads when this
+        // thread goes on and forks, leaving that table's lock held in the child.
+        let running = Arc::new(AtomicU32::new(0));
         let mut threads = self.threads.lock();
         if self.workers_joined.load(Ordering::Relaxed) {
             // Joined by a shutdown (this `start` waited for the lock meanwhile): none is
@@ -364,8 +367,8 @@ impl Scheduler {
                 .name(format!("{}-{index}", self.shared.config.name))
                 .spawn(move || {
                     worker_main(shared, index, move || {
-                        *running.0.lock() += 1;
-                        running.1.notify_all();
+                        running.fetch_add(1, Ordering::SeqCst);
+                        crate::sys::futex::wake(&running, i32::MAX);
                     })
                 });
             match thread {
@@ -381,11 +384,13 @@ impl Scheduler {
         }
         let complete = threads.len() == self.threads() - first;
         drop(threads);
-        let mut n = running.0.lock();
-        while *n < spawned {
-            running.1.wait(&mut n);
+        loop {
+            let n = running.load(Ordering::SeqCst);
+            if n as usize >= spawned {
+                break;
+            }
+            crate::sys::futex::wait(&running, n, None);
         }
-        drop(n);
         if complete && !self.all_spawned.swap(true, Ordering::AcqRel) {
             watchdog::start(&self.shared);
         }

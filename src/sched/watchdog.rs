@@ -19,10 +19,10 @@
 use super::task::Header;
 use super::worker::Shared;
 use crate::fiber::FiberId;
-use parking_lot::{Condvar, Mutex};
+use crate::sys::futex;
 use std::panic::Location;
 use std::sync::atomic::{
-    compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
+    compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -123,12 +123,17 @@ impl Watch {
 }
 
 /// The monitor's sleep, shared by the scheduler (which wakes it) and the monitor thread.
+///
+/// A futex word, not a `parking_lot` condition variable: the monitor sleeps and wakes all
+/// the time, and a `fork` while it is inside `parking_lot`'s table of parked threads would
+/// leave that table's lock held in the child, for whatever parks there next (a fresh
+/// scheduler's own waits, say).
 pub(crate) struct MonitorCtl {
     /// The monitor sleeps without a timeout until a worker wakes up.
     parked: AtomicBool,
     stop: AtomicBool,
-    lock: Mutex<()>,
-    cv: Condvar,
+    /// Bumped by every wake-up; the monitor sleeps while it holds the value it read.
+    word: AtomicU32,
 }
 
 impl MonitorCtl {
@@ -136,9 +141,13 @@ impl MonitorCtl {
         MonitorCtl {
             parked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
+            word: AtomicU32::new(0),
         }
+    }
+
+    fn wake(&self) {
+        self.word.fetch_add(1, Ordering::SeqCst);
+        futex::wake(&self.word, 1);
     }
 
     /// A worker woke up or began a drive (after a SeqCst operation that made it visible as
@@ -146,33 +155,33 @@ impl MonitorCtl {
     #[inline]
     pub(crate) fn nudge(&self) {
         if self.parked.load(Ordering::SeqCst) && self.parked.swap(false, Ordering::SeqCst) {
-            let _g = self.lock.lock();
-            self.cv.notify_one();
+            self.wake();
         }
     }
 
     /// Ends the monitor thread (the scheduler stopped).
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _g = self.lock.lock();
-        self.cv.notify_one();
+        self.wake();
     }
 
-    /// Sleeps `period` (or, with `None`, until nudged); false once stopped.
+    /// Sleeps `period` (or, with `None`, until nudged); false once stopped. The word is read
+    /// before the flags, so a wake-up between the two makes the wait return at once.
     fn sleep(&self, period: Option<Duration>) -> bool {
-        let mut g = self.lock.lock();
-        if self.stop.load(Ordering::SeqCst) {
-            return false;
-        }
         match period {
             Some(p) => {
-                self.cv.wait_for(&mut g, p);
-            }
-            None => {
-                while self.parked.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                    self.cv.wait(&mut g);
+                let seen = self.word.load(Ordering::SeqCst);
+                if !self.stop.load(Ordering::SeqCst) {
+                    futex::wait(&self.word, seen, Some(p));
                 }
             }
+            None => loop {
+                let seen = self.word.load(Ordering::SeqCst);
+                if !self.parked.load(Ordering::SeqCst) || self.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                futex::wait(&self.word, seen, None);
+            },
         }
         !self.stop.load(Ordering::SeqCst)
     }

@@ -694,6 +694,22 @@ impl std::ops::Deref for Held {
 thread_local! {
     /// The worker whose loop runs on this thread, or null.
     static CURRENT_WORKER: Cell<*const Worker> = const { Cell::new(std::ptr::null()) };
+    /// This thread is a worker's copied into the child of a `fork` (see `forked_in_child`).
+    static FORKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// In the child of a `fork`, on the forking thread. If it is a worker thread, it is the copy
+/// of one worker of a scheduler whose other threads the child does not have, with copies of
+/// that scheduler's fibers in its queues: running them would repeat their effects (a copied
+/// fiber accepted the parent's connection, say). So the fiber that forked goes on as code on
+/// a plain thread would (no fiber is current: its waits block the thread, `spawn` panics),
+/// and the worker loop never runs again: when that fiber ends, the child exits (`_exit`,
+/// status 0, or 101 if it panicked).
+pub(crate) fn forked_in_child() {
+    if !CURRENT_WORKER.with(Cell::get).is_null() {
+        FORKED.with(|f| f.set(true));
+        crate::fiber::leave_all();
+    }
 }
 
 /// The index of the worker running the calling code: `Some(i)` inside a fiber of a scheduler
@@ -2320,6 +2336,16 @@ impl Worker {
     /// A fiber ended: recycle its stack, forget it, count it out.
     #[inline(never)]
     fn finish(&self, job: Held, outcome: Outcome) {
+        if FORKED.with(Cell::get) {
+            // SAFETY: ends the process at once (see `forked_in_child`).
+            unsafe {
+                libc::_exit(if matches!(outcome, Outcome::Done) {
+                    0
+                } else {
+                    101
+                })
+            };
+        }
         let home = self.home(&**job);
         let (coro, ended) = (home.fiber.take(), home.ended);
         if let Some(coro) = coro {

@@ -94,6 +94,7 @@ pub(super) fn alloc(size: usize, n: usize, out: &mut Vec<FiberStack>) -> io::Res
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
     // Stacks are allocated here before any is handed back.
     crate::fork::register();
+    mprotect_forced();
     let mut classes = CLASSES.lock();
     let class = class_of(&mut classes, size, stride);
     let spare = n.min(class.spare.len());
@@ -226,11 +227,28 @@ const GUARD_MADVISE: u8 = 1;
 const GUARD_MPROTECT: u8 = 2;
 static GUARD_KIND: AtomicU8 = AtomicU8::new(GUARD_UNKNOWN);
 
+/// `FIBRA_GUARD=mprotect` forces the fallback, to test it on new kernels: 0 not read yet,
+/// 1 not set, 2 set.
+static FORCE_MPROTECT: AtomicU8 = AtomicU8::new(0);
+
+/// Whether `FIBRA_GUARD=mprotect` is set, read once. Read first outside the stack lock:
+/// reading the environment takes std's lock, which a thread that forks for a `Command` with
+/// `pre_exec` holds while fibra's fork handler waits for the stack lock.
+fn mprotect_forced() -> bool {
+    match FORCE_MPROTECT.load(Ordering::Relaxed) {
+        0 => {
+            let set = std::env::var_os("FIBRA_GUARD").is_some_and(|v| v == "mprotect");
+            FORCE_MPROTECT.store(1 + u8::from(set), Ordering::Relaxed);
+            set
+        }
+        v => v == 2,
+    }
+}
+
 fn install_guard(addr: usize, len: usize) -> io::Result<()> {
     let mut kind = GUARD_KIND.load(Ordering::Relaxed);
     if kind == GUARD_UNKNOWN {
-        // FIBRA_GUARD=mprotect forces the fallback, to test it on new kernels.
-        kind = if std::env::var_os("FIBRA_GUARD").is_some_and(|v| v == "mprotect") {
+        kind = if mprotect_forced() {
             GUARD_MPROTECT
         } else {
             GUARD_MADVISE

@@ -558,3 +558,90 @@ pub fn raw_connect(fd: std::os::fd::RawFd, addr: std::net::SocketAddr) -> i32 {
         )
     }
 }
+
+// ------------------------------------------------------------------ forked children
+
+/// The threads' backtraces of process `pid`, fibra's frames and their neighbours only.
+pub fn backtrace(pid: libc::pid_t) -> String {
+    let out = std::process::Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| {
+                l.starts_with("Thread")
+                    || l.starts_with("#0 ")
+                    || (l.starts_with('#')
+                        && (l.contains(" fibra::") || l.contains(" attack_"))
+                        && !l.contains("{closure"))
+            })
+            .map(|l| l.chars().take(160).collect::<String>())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(no gdb: {e})"),
+    }
+}
+
+/// Waits for `pid` for at most `limit`; returns its wait status, or prints its backtraces,
+/// kills it and returns `None`.
+pub fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let end = Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Some(status);
+        }
+        if Instant::now() > end {
+            eprintln!(
+                "--- forked child {pid} hung; its threads:\n{}",
+                backtrace(pid)
+            );
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// How a forked child ended, in words.
+pub fn describe(st: Option<i32>) -> String {
+    match st {
+        None => "hung (killed)".to_string(),
+        Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => "ok".to_string(),
+        Some(st) if libc::WIFEXITED(st) => format!("exit {}", libc::WEXITSTATUS(st)),
+        Some(st) if libc::WIFSIGNALED(st) => format!("signal {}", libc::WTERMSIG(st)),
+        Some(st) => format!("status {st:#x}"),
+    }
+}
+
+/// In a forked child: runs `body`, then ends the process (0 if it returned).
+pub fn child_runs(body: impl FnOnce()) -> ! {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    // SAFETY: ends the child without running the parent's atexit handlers.
+    unsafe { libc::_exit(if r.is_ok() { 0 } else { 1 }) }
+}
+
+/// Forks; the child runs `body` and exits 0 if it returns; the parent reports how it ended.
+pub fn fork_and(limit: Duration, body: fn()) -> String {
+    // SAFETY: the child only runs `body` and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        child_runs(body);
+    }
+    describe(wait_child(pid, limit))
+}
