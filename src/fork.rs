@@ -28,19 +28,24 @@
 //! either waits for ever; both windows are short and rare. A child should still `exec` soon,
 //! as POSIX advises for any multithreaded parent.
 
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Registers the handlers, once per process. Called before the first use of each
 /// process-wide structure, outside all their locks: `fork` holds the C library's handler
 /// list while the handlers run, so registering under one of the locks could deadlock with
 /// a `fork` whose `prepare` waits for that lock.
+///
+/// A flag, not a `Once`: a fork while another thread registers would leave a `Once` in the
+/// middle of its initialisation in the child, where the next call waits for ever. A caller
+/// that loses the race goes on before the winner's call returns, as it would have a moment
+/// earlier.
 pub(crate) fn register() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if !REGISTERED.load(Ordering::Acquire) && !REGISTERED.swap(true, Ordering::AcqRel) {
         // SAFETY: registers three plain functions without preconditions; they run around
         // each later `fork`, on the forking thread.
         unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
-    });
+    }
 }
 
 extern "C" fn prepare() {

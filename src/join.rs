@@ -346,9 +346,9 @@ impl<T> JoinHandle<T> {
     }
 
     /// Runs `f` with the task's value when it completes successfully — on the thread that
-    /// completes it (inside the task's fiber), or at once on this thread if it already has
-    ///. Returns `&self` for chaining. `f` may do anything a fiber may
-    /// (join other tasks, sleep, lock) but must not wait for this same task.
+    /// completes it (inside the task's fiber), or at once on this thread if it already has.
+    /// Returns `&self` for chaining. `f` may do anything a fiber may (join other tasks,
+    /// sleep, lock) but must not wait for this same task.
     ///
     /// Continuations registered from several threads may run at the same time, each with a
     /// `&T`, so `T` must be `Sync` (as for sharing a `&T` between threads anywhere):

@@ -9,6 +9,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -587,13 +588,23 @@ fn run_cell(ctx: Ctx, op: Op) -> Outcome {
             let env = Env {
                 sched: Some(s.clone()),
             };
-            let h = s.spawn(|| 1u32);
+            // The task ends only once the first continuation is registered: one registered
+            // before the end (run in the task's fiber), one after it (run by the caller).
+            // Without the gate a loaded machine could end the task first.
+            let gate = Arc::new(AtomicBool::new(false));
+            let g = gate.clone();
+            let h = s.spawn(move || {
+                while !g.load(Ordering::SeqCst) {
+                    fibra::sleep(Duration::from_millis(1));
+                }
+                1u32
+            });
             let tx2 = tx.clone();
             let env2 = env.clone();
-            // One registered before the end (usually), one after it.
             h.then(move |_| {
                 let _ = tx2.send(catch(op, &env2).map_err(|e| format!("then: {e}")));
             });
+            gate.store(true, Ordering::SeqCst);
             let (dtx, drx) = mpsc::channel();
             h.then(move |_| dtx.send(()).unwrap());
             drx.recv().unwrap();
