@@ -498,6 +498,15 @@ impl Entry {
     fn run(self) -> Option<Unparker> {
         // SAFETY: the call is live until `complete` (see `unblock`).
         unsafe { self.job.as_ref().run() };
+        if FORKED.with(Cell::get) {
+            // A call that forked returned in the child: its caller is a fiber of a
+            // scheduler inherited from the parent, which never runs here, and completing
+            // the call would reach into that scheduler's state (whose locks parent threads
+            // may have held). As a forking fiber's child does when the fiber ends, the
+            // child exits.
+            // SAFETY: ends the process at once.
+            unsafe { libc::_exit(0) };
+        }
         // SAFETY: the call has run; `completion` is not used after this.
         unsafe { Completion::complete(self.completion) }
     }
@@ -509,6 +518,8 @@ static POOL: Pool = Pool::new();
 thread_local! {
     /// Whether this thread is a pool thread.
     static IN_POOL: Cell<bool> = const { Cell::new(false) };
+    /// This pool thread made a call that forked, and this is the child (see `Entry::run`).
+    static FORKED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The pool's first queue, `Pool::queue` until a `fork`.
@@ -530,9 +541,11 @@ pub(crate) fn fork_release(in_child: bool) {
         let idle = unsafe { POOL.idle.fork_held() };
         // Forgotten, not dropped: nothing of them is needed, and no thread waits on them.
         std::mem::forget(std::mem::take(&mut idle.sleepers));
-        // The forking thread itself, if a pool thread (a call that forks), goes on here and
-        // will count itself out when it exits.
-        idle.threads = usize::from(IN_POOL.with(Cell::get));
+        // The forking thread itself, if a pool thread (a call that forks), finishes the
+        // call here and then ends the child (see `Entry::run`); it counts until then.
+        let forker = IN_POOL.with(Cell::get);
+        FORKED.with(|f| f.set(forker));
+        idle.threads = usize::from(forker);
         // The parent's queue and its calls are leaked, as the calls must not run or drop.
         POOL.queue
             .store(Box::into_raw(Box::new(SegQueue::new())), Ordering::Release);

@@ -903,7 +903,10 @@ fn child_fork_in_unblock() {
             .unwrap();
         results.push(finish(h));
     }
-    // The child returns from the call.
+    // The child returns from the call. It must then end (the call's caller is a fiber of
+    // the inherited scheduler, which never runs there), not linger as an idle pool thread
+    // for the keep-alive, which is made longer than the wait for the child.
+    fibra::unblock::set_keep_alive(FORK_LIMIT * 5);
     let h = parent
         .submit(
             || {
