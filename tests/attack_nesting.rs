@@ -437,8 +437,8 @@ fn child_fork_basics() {
 }
 
 /// The parent's threads keep every process-wide structure of fibra busy while the main
-/// thread forks over and over: task cells (spawn and join), fiber stacks (schedulers of
-/// their own stack size built, filled and stopped), the blocking pool (`unblock`) and the
+/// thread forks over and over: task cells (spawn and join), fiber stacks (a scheduler of
+/// its own stack size with a small stack cache, filled and emptied), the blocking pool (`unblock`) and the
 /// reactor (sockets opened and closed). Each child builds a fresh scheduler and uses all of
 /// them. A lock a parent thread held at the fork, or a structure it was changing, must not
 /// leave a child waiting for ever.
@@ -475,25 +475,30 @@ fn child_fork_busy_everywhere() {
         assert_eq!(v, fibers * (fibers - 1) / 2 + 1);
     }
     let parent = Arc::new(started(2));
+    // Fibers of their own stack size, whose workers cache only a few stacks: 200 of them at
+    // once send stacks to and from the process-wide stack classes all the time. (Built
+    // once: threads started and ended in a loop would also race the C library's own locks
+    // with the forks, which no library can hold across a fork for it.)
+    let own = Arc::new(
+        Scheduler::builder()
+            .threads(1)
+            .stack_size(128 * 1024)
+            .stack_cache(4)
+            .build()
+            .unwrap(),
+    );
+    own.start();
     let stop = Arc::new(AtomicBool::new(false));
     let mut load = Vec::new();
     for kind in 0..3 {
         let stop = stop.clone();
         let parent = parent.clone();
+        let own = own.clone();
         load.push(thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 match kind {
                     0 => uses_everything(&parent, 64),
-                    1 => {
-                        let own = Scheduler::builder()
-                            .threads(1)
-                            .stack_size(128 * 1024)
-                            .build()
-                            .unwrap();
-                        own.start();
-                        uses_everything(&own, 200);
-                        own.stop();
-                    }
+                    1 => uses_everything(&own, 200),
                     _ => {
                         let hs: Vec<_> = (0..8)
                             .map(|_| parent.submit(|| fibra::unblock(|| 1u64), None).unwrap())
@@ -522,6 +527,7 @@ fn child_fork_busy_everywhere() {
     for t in load {
         t.join().unwrap();
     }
+    own.stop();
     parent.stop();
     eprintln!("forks: {results:?}");
     assert!(results.iter().all(|r| r == "ok"), "{results:?}");
