@@ -225,12 +225,25 @@ pub fn max_threads() -> usize {
 }
 
 /// How long an idle blocking thread waits for work before it exits (default
-/// [`DEFAULT_KEEP_ALIVE`]). Applies from each thread's next wait. Zero makes every thread
-/// exit as soon as it finds no work; a keep-alive beyond `u64::MAX` nanoseconds (about 584
-/// years, `Duration::MAX` included) is kept as that, so idle threads never exit.
+/// [`DEFAULT_KEEP_ALIVE`]). Applies at once, also to threads idle now (counted from when
+/// each went idle). Zero makes every thread exit as soon as it finds no work; a keep-alive
+/// beyond `u64::MAX` nanoseconds (about 584 years, `Duration::MAX` included) is kept as that,
+/// so idle threads never exit.
 pub fn set_keep_alive(idle: Duration) {
     let ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
     POOL.keep_alive_ns.store(ns, Ordering::SeqCst);
+    // Idle threads wait with the keep-alive they read: make them read it again. The word
+    // changes, so a sleeper about to wait does not miss it; a submitter's `NOTIFIED` (it
+    // takes a sleeper out of this list, under this lock) overrides it.
+    let idle = POOL.idle.lock();
+    for s in &idle.sleepers {
+        if s.word
+            .compare_exchange(EMPTY, RECHECK, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            futex::wake(&s.word, 1);
+        }
+    }
 }
 
 /// How long an idle blocking thread waits for work before it exits.
@@ -588,8 +601,8 @@ struct Idle {
     threads: usize,
 }
 
-/// A sleeping pool thread's futex word: `EMPTY`, or `NOTIFIED` by the submitter that took
-/// it out of the idle list.
+/// A sleeping pool thread's futex word: `EMPTY`, `RECHECK` by `set_keep_alive`, or
+/// `NOTIFIED` by the submitter that took it out of the idle list.
 struct Sleeper {
     word: AtomicU32,
     /// The CPU the thread went to sleep on (`NO_CPU` if unknown): one of the two the kernel
@@ -599,6 +612,8 @@ struct Sleeper {
 
 const EMPTY: u32 = 0;
 const NOTIFIED: u32 = 1;
+/// Set by `set_keep_alive` on a listed sleeper: read the keep-alive again.
+const RECHECK: u32 = 2;
 
 /// How a pool thread's sleep ended.
 enum Woke {
@@ -816,13 +831,27 @@ impl Pool {
             self.searching.fetch_add(1, Ordering::SeqCst);
             return Woke::Notified;
         }
-        let keep_alive = Duration::from_nanos(self.keep_alive_ns.load(Ordering::Relaxed));
-        let deadline = Instant::now().checked_add(keep_alive);
+        let since = Instant::now();
         loop {
-            if me.word.load(Ordering::Acquire) == NOTIFIED {
-                return Woke::Notified;
+            match me.word.load(Ordering::Acquire) {
+                NOTIFIED => return Woke::Notified,
+                RECHECK => {
+                    // A failure means `NOTIFIED` came meanwhile: the next look returns.
+                    let _ = me.word.compare_exchange(
+                        RECHECK,
+                        EMPTY,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                    continue;
+                }
+                _ => {}
             }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // Read again at every wake-up: `set_keep_alive` wakes idle threads.
+            let keep_alive = Duration::from_nanos(self.keep_alive_ns.load(Ordering::SeqCst));
+            let left = since
+                .checked_add(keep_alive)
+                .map(|d| d.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
                 let mut idle = self.idle.lock();
                 if let Some(i) = idle.sleepers.iter().rposition(|s| Arc::ptr_eq(s, me)) {

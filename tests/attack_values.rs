@@ -684,7 +684,12 @@ fn child_keep_alive() {
         })
         .collect();
     assert_eq!(v.into_iter().map(finish).sum::<i32>(), 56);
+    // Threads idle under the endless keep-alive take a new one at once, with no new call.
     fibra::unblock::set_keep_alive(Duration::ZERO);
+    assert!(
+        common::eventually(BOUND, || fibra::unblock::threads() == 0),
+        "idle threads kept the keep-alive they went idle with"
+    );
     let v: Vec<_> = (0..8)
         .map(|i| {
             sched
