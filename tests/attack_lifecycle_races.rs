@@ -10,13 +10,12 @@
 mod common;
 
 use std::collections::HashSet;
-use std::os::unix::process::ExitStatusExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use common::{cap_threads, is_child, run_child, uncap_threads, with_deadline, LIMIT};
+use common::{cap_threads, is_child, uncap_threads, with_deadline, LIMIT};
 use fibra::{JoinSet, Scheduler};
 
 const CHILD: &str = "FIBRA_ATTACK_LIFECYCLE_RACES_CHILD";
@@ -30,17 +29,9 @@ const PARTIAL_UC_UID: libc::uid_t = 61_906;
 const CONC_UID: libc::uid_t = 61_907;
 const RACE_UID: libc::uid_t = 61_908;
 
-/// Runs `helper` in a child and fails with its stderr unless it exited with 0 and said
-/// `CHILD OK`.
+/// Runs `helper` in a child (see `common::child_says_ok`).
 fn child_passes(helper: &str) {
-    let (status, stderr) = run_child(CHILD, helper);
-    let lines: Vec<&str> = stderr.lines().collect();
-    let tail = lines[lines.len().saturating_sub(60)..].join("\n");
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "child {helper} ended with {status:?} (signal {:?})\n--- its stderr ---\n{tail}",
-        status.signal()
-    );
+    common::child_says_ok(CHILD, helper);
 }
 
 fn msg_of(r: std::thread::Result<impl Sized>) -> String {

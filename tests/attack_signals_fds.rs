@@ -11,28 +11,18 @@ mod common;
 use std::io::{ErrorKind, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
-use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{is_child, run_child, LIMIT};
+use common::{is_child, LIMIT};
 use fibra::Scheduler;
 
 const CHILD: &str = "FIBRA_ATTACK_SIGFD_CHILD";
 
-/// Runs `helper` in a child; fails with its stderr unless it exited 0 and said `CHILD OK`.
+/// Runs `helper` in a child (see `common::child_says_ok`).
 fn child_passes(helper: &str) {
-    let (status, stderr) = run_child(CHILD, helper);
-    let tail: String = {
-        let lines: Vec<&str> = stderr.lines().collect();
-        lines[lines.len().saturating_sub(60)..].join("\n")
-    };
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "child {helper} ended with {status:?} (signal {:?})\n--- its stderr ---\n{tail}",
-        status.signal()
-    );
+    common::child_says_ok(CHILD, helper);
 }
 
 // ================================================================ 1. signals

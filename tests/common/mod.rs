@@ -645,3 +645,17 @@ pub fn fork_and(limit: Duration, body: fn()) -> String {
     }
     describe(wait_child(pid, limit))
 }
+
+/// Runs `helper` in a child (`run_child`); fails with the last 60 lines of its stderr unless
+/// it exited 0 and said `CHILD OK`.
+pub fn child_says_ok(env_key: &str, helper: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let (status, stderr) = run_child(env_key, helper);
+    let lines: Vec<&str> = stderr.lines().collect();
+    let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+    assert!(
+        status.success() && stderr.contains("CHILD OK"),
+        "child {helper} ended with {status:?} (signal {:?})\n--- its stderr ---\n{tail}",
+        status.signal()
+    );
+}
