@@ -79,30 +79,115 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> Option<String> {
 /// A slot where a test keeps a value handed out by a fiber (an `Unparker`).
 pub type Slot<T> = std::sync::Arc<Mutex<Option<T>>>;
 
-/// Runs the ignored helper test `helper` of this test binary in a child process, with the
-/// environment variable `env_key` set to `helper` (the helper does its work only then, so
-/// that `cargo test -- --ignored` leaves it inert); kills it after `2 * LIMIT`. Returns how
-/// it ended and what it wrote to stderr. For what cannot be checked in the test harness's
-/// own process: signals that kill, aborts, process-wide settings such as the panic hook.
-pub fn run_child(env_key: &str, helper: &str) -> (ExitStatus, String) {
-    run_child_with(env_key, helper, &[])
+/// The environment variable that tells a re-run test binary which test runs its body in
+/// the child (see [`in_child`]).
+const CHILD_TEST: &str = "FIBRA_TEST_CHILD";
+
+/// The line a child writes to stderr once its body has returned: a child that exits 0
+/// without it ran no body (its test name did not match), which [`ChildRun::assert_ok`]
+/// refuses.
+const BODY_RETURNED: &str = "fibra-test-child: the body returned";
+
+/// How a child process made by [`in_child`] ended.
+pub struct ChildRun {
+    /// The test whose body the child ran.
+    pub test: String,
+    /// Its exit status; `None` if it outlived `2 * LIMIT` and was killed.
+    pub status: Option<ExitStatus>,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
 }
 
-/// [`run_child`] with extra environment variables for the child.
-pub fn run_child_with(env_key: &str, helper: &str, envs: &[(&str, &str)]) -> (ExitStatus, String) {
+impl ChildRun {
+    /// Whether the body returned and the child exited with status 0.
+    pub fn passed(&self) -> bool {
+        self.status.is_some_and(|s| s.success()) && self.stderr.contains(BODY_RETURNED)
+    }
+
+    /// The signal that ended the child, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        self.status.and_then(|s| s.signal())
+    }
+
+    /// The child's exit code, if it exited.
+    pub fn code(&self) -> Option<i32> {
+        self.status.and_then(|s| s.code())
+    }
+
+    /// The exit status; fails the test if the child hung.
+    pub fn exit_status(&self) -> ExitStatus {
+        match self.status {
+            Some(s) => s,
+            None => panic!("{}", self.explain("hung and was killed")),
+        }
+    }
+
+    /// Fails the test, with `defect` and the end of the child's stderr, unless the body
+    /// returned and the child exited with status 0.
+    pub fn assert_ok(&self, defect: &str) {
+        if self.passed() {
+            return;
+        }
+        let how = match self.status {
+            None => format!("hung and was killed after {:?}", 2 * LIMIT),
+            Some(s) if s.success() => {
+                "exited 0 without running its body (is in_child called on the test's own \
+                 thread?)"
+                    .to_string()
+            }
+            Some(_) if self.signal() == Some(libc::SIGABRT) => "ABORTED (SIGABRT)".to_string(),
+            Some(s) => format!("failed: {s}"),
+        };
+        panic!("{defect}\n{}", self.explain(&how));
+    }
+
+    fn explain(&self, how: &str) -> String {
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+        format!(
+            "the child process of `{}` {how}; the end of its stderr:\n{tail}",
+            self.test
+        )
+    }
+}
+
+/// Runs `body` in a child process, for what the test harness's own process cannot hold: a
+/// signal or abort that ends the process, process-wide settings (a panic hook, resource
+/// limits, the blocking pool's keep-alive, signal handlers), counts of the whole process
+/// (CPU time, threads, descriptors), or a `fork`.
+///
+/// The child is this test binary, re-run for this one test (`--exact`, one test thread),
+/// with stdout discarded and stderr captured; it is killed if it outlives `2 * LIMIT`. In
+/// the child the same test function runs again up to this call, which then runs `body`
+/// and ends the process (status 0 when `body` returns; a panic fails it as a test failure
+/// does). So call it first, on the test's own thread, once per test; whatever the test
+/// asserts about the child comes after it and runs in the parent only.
+pub fn in_child(body: impl FnOnce()) -> ChildRun {
+    in_child_with(&[], body)
+}
+
+/// [`in_child`] with extra environment variables for the child. `RUST_BACKTRACE` is `0`
+/// in the child unless `envs` sets it.
+pub fn in_child_with(envs: &[(&str, &str)], body: impl FnOnce()) -> ChildRun {
+    let test = thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .expect("in_child runs on the test's own thread (named after the test)")
+        .to_string();
+    if std::env::var(CHILD_TEST).is_ok_and(|t| t == test) {
+        body();
+        eprintln!("{BODY_RETURNED}");
+        std::process::exit(0);
+    }
     let mut cmd = Command::new(std::env::current_exe().expect("current test binary"));
-    cmd.args([
-        helper,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(env_key, helper)
-    .envs(envs.iter().copied())
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+    cmd.args([&test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_TEST, &test)
+        .env("RUST_BACKTRACE", "0")
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn the child test process");
     let mut stderr = child.stderr.take().expect("piped stderr");
     let reader = thread::spawn(move || {
@@ -113,21 +198,25 @@ pub fn run_child_with(env_key: &str, helper: &str, envs: &[(&str, &str)]) -> (Ex
     let deadline = Instant::now() + 2 * LIMIT;
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for the child") {
-            break status;
+            break Some(status);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the child {helper} did not end within {:?}", 2 * LIMIT);
+            break None;
         }
         thread::sleep(Duration::from_millis(10));
     };
-    (status, reader.join().expect("stderr reader"))
+    ChildRun {
+        test,
+        status,
+        stderr: reader.join().expect("stderr reader"),
+    }
 }
 
-/// True when this process is the child [`run_child`] started to run `helper`.
-pub fn is_child(env_key: &str, helper: &str) -> bool {
-    std::env::var(env_key).is_ok_and(|h| h == helper)
+/// Runs `body` in a child process ([`in_child`]) and fails unless it returned there.
+pub fn child_ok(body: impl FnOnce()) {
+    in_child(body).assert_ok("the child's body failed");
 }
 
 /// A started scheduler with `threads` workers named `name`.
@@ -580,7 +669,8 @@ pub fn backtrace(pid: libc::pid_t) -> String {
                 l.starts_with("Thread")
                     || l.starts_with("#0 ")
                     || (l.starts_with('#')
-                        && (l.contains(" fibra::") || l.contains(" attack_"))
+                        && (l.contains(" fibra::")
+                            || l.contains(concat!(" ", env!("CARGO_CRATE_NAME"), "::")))
                         && !l.contains("{closure"))
             })
             .map(|l| l.chars().take(160).collect::<String>())
@@ -646,8 +736,51 @@ pub fn fork_and(limit: Duration, body: fn()) -> String {
     describe(wait_child(pid, limit))
 }
 
-/// Runs `helper` in a child (`run_child`); fails with the last 60 lines of its stderr unless
-/// it exited 0 and said `CHILD OK`.
+// ------------------------------------------------------------------ TRANSITIONAL (to remove)
+
+/// Old-style child runner: the helper's name is a filter (not `--exact`), since the helper
+/// now sits in a module.
+pub fn run_child(env_key: &str, helper: &str) -> (ExitStatus, String) {
+    run_child_with(env_key, helper, &[])
+}
+
+/// Old-style child runner with extra environment variables.
+pub fn run_child_with(env_key: &str, helper: &str, envs: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut cmd = Command::new(std::env::current_exe().expect("current test binary"));
+    cmd.args([helper, "--ignored", "--nocapture", "--test-threads=1"])
+        .env(env_key, helper)
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn the child test process");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let reader = thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    });
+    let deadline = Instant::now() + 2 * LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child {helper} did not end within {:?}", 2 * LIMIT);
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().expect("stderr reader"))
+}
+
+/// Old-style: true when this process is the child asked to run `helper`.
+pub fn is_child(env_key: &str, helper: &str) -> bool {
+    std::env::var(env_key).is_ok_and(|h| h == helper)
+}
+
+/// Old-style: fails unless the child exited 0 and said `CHILD OK`.
 pub fn child_says_ok(env_key: &str, helper: &str) {
     use std::os::unix::process::ExitStatusExt;
     let (status, stderr) = run_child(env_key, helper);

@@ -718,7 +718,7 @@ impl Drop for HttpServer {
     }
 }
 
-/// Builds one of the fibra crate's examples with its features and this binary's profile (so
+/// Builds one of the workspace's example programs with its features and this binary's profile (so
 /// into the same target directory) and returns its path (where there is no cargo, the one
 /// already built next to this binary); once per run, as redis_get starts
 /// its example once per repetition. Cargo keeps the fibra library built with and without
@@ -733,7 +733,7 @@ fn build_example(self_exe: &Path, example: Example) -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "fibra", "--example", name])
+    cmd.args(["build", "--quiet", "-p", example.package, "--example", name])
         .current_dir(root);
     if !example.features.is_empty() {
         cmd.args(["--features", &example.features.join(",")]);

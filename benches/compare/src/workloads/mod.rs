@@ -260,10 +260,13 @@ pub fn family(workload: &str) -> &str {
     find(workload).map_or(workload, |w| w.program())
 }
 
-/// A program of the fibra crate's `examples/` that the parent builds (`cargo build --release
-/// --example <name> --features <features>`) and runs as a peer's child process.
+/// An example program of the workspace that the parent builds (`cargo build --release -p
+/// <package> --example <name> --features <features>`) and runs as a peer's child process.
 #[derive(Clone, Copy, Debug)]
 pub struct Example {
+    /// The package whose `examples/` holds it: `fibra`, or `fibra-interop` for the programs
+    /// that need crates fibra's own build leaves out (the `redis` client).
+    pub package: &'static str,
     pub name: &'static str,
     pub features: &'static [&'static str],
 }
@@ -274,14 +277,18 @@ pub struct Example {
 pub fn fibra_example(peer: Peer, workload: &str) -> Option<Example> {
     const PLAIN: &[&str] = &[];
     const HOOK: &[&str] = &["hook"];
-    let (name, features) = match (peer, workload) {
-        (Peer::Fibra, "http") | (Peer::FibraNet, "http_hooked") => ("http_hello", PLAIN),
-        (Peer::Fibra, "http_cont") => ("http_cont", PLAIN),
-        (Peer::Fibra, "http_hooked") => ("http_std", HOOK),
-        (Peer::Fibra, "redis_get") => ("redis_load", HOOK),
+    let (package, name, features) = match (peer, workload) {
+        (Peer::Fibra, "http") | (Peer::FibraNet, "http_hooked") => ("fibra", "http_hello", PLAIN),
+        (Peer::Fibra, "http_cont") => ("fibra", "http_cont", PLAIN),
+        (Peer::Fibra, "http_hooked") => ("fibra", "http_std", HOOK),
+        (Peer::Fibra, "redis_get") => ("fibra-interop", "redis_load", HOOK),
         _ => return None,
     };
-    Some(Example { name, features })
+    Some(Example {
+        package,
+        name,
+        features,
+    })
 }
 
 /// Why `peer` does not run `workload`, when that is decided by design rather than by what is
@@ -374,7 +381,7 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
              fibra/fibra-net is the hooks' cost",
         ),
         (Peer::Fibra, "redis_get") => Some(
-            "fibra: examples/redis_load (the synchronous redis crate in fibers, hook feature), \
+            "fibra: tests/interop/examples/redis_load (the synchronous redis crate in fibers, hook feature), \
              built by the harness with --features hook",
         ),
         (Peer::Tokio, "redis_get") => Some(

@@ -7,7 +7,7 @@
 //! fibra: the synchronous `redis` crate (`redis::Connection`) in fibra fibers with the `hook`
 //! feature, so that its blocking socket calls park only the fiber. Hooks are compiled into
 //! everything a binary links, tokio's system calls included, so fibra's side is a separate
-//! program, `examples/redis_load.rs` in the fibra crate, which the parent builds with
+//! program, `tests/interop/examples/redis_load.rs` (package `fibra-interop`), which the parent builds with
 //! `--features hook` and passes `--connections` and `--gets` from here.
 //!
 //! tokio: the async `redis` crate (`tokio-comp`): one `MultiplexedConnection` per task on a
@@ -26,14 +26,14 @@ use crate::rt;
 pub const CONNECTIONS: usize = 50;
 /// GETs per connection and repetition.
 pub const GETS: usize = 2_000;
-/// The key every GET reads; `examples/redis_load.rs` uses the same key and value.
+/// The key every GET reads; `tests/interop/examples/redis_load.rs` uses the same key and value.
 const KEY: &str = "fibra-compare:redis_get";
 const VALUE: &str = "the value of fibra-compare's redis_get key";
 
 pub fn run(peer: Peer, cfg: Cfg) -> Result<Vec<f64>, String> {
     match peer {
         Peer::Tokio => Ok(tokio(cfg)),
-        // fibra's side is examples/redis_load (see the module docs).
+        // fibra's side is tests/interop/examples/redis_load (see the module docs).
         Peer::Fibra | Peer::FibraNet | Peer::May | Peer::Go | Peer::Std => {
             Err("not run in-process".into())
         }
