@@ -242,6 +242,7 @@ impl Builder {
             caller_worker: parking_lot::Mutex::new(caller_worker),
             all_spawned: AtomicBool::new(false),
             workers_joined: AtomicBool::new(false),
+            monitor_thread: parking_lot::Mutex::new(None),
         })
     }
 }
@@ -291,6 +292,9 @@ pub struct Scheduler {
     /// Set, under the `threads` lock, once a shutdown took the worker threads to join them:
     /// a `start` racing that shutdown must not spawn them again.
     workers_joined: AtomicBool,
+    /// The watchdog's monitor thread, joined at the end of a shutdown so that none of the
+    /// scheduler's threads outlives it.
+    monitor_thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Default for Builder {
@@ -392,7 +396,7 @@ impl Scheduler {
             crate::sys::futex::wait(&running, n, None);
         }
         if complete && !self.all_spawned.swap(true, Ordering::AcqRel) {
-            watchdog::start(&self.shared);
+            *self.monitor_thread.lock() = watchdog::start(&self.shared);
         }
         refused.map_or(Ok(()), Err)
     }
@@ -671,6 +675,7 @@ impl Scheduler {
         self.join_workers();
         sh.phase.advance_to(Phase::Done);
         sh.monitor.stop();
+        self.join_monitor();
         if how == Shutdown::Wait {
             // `stop` reports no count; leave it to a racing `stop_timeout` that cancelled.
             0
@@ -740,6 +745,25 @@ impl Scheduler {
             }
             let _ = t.join();
         }
+    }
+
+    /// Joins the watchdog's monitor thread, told to end just before: it exits at once, and a
+    /// shutdown that returns leaves no thread of the scheduler behind (a caller counting its
+    /// process's threads, or capping them, sees them all gone). Inside a fiber it sleeps the
+    /// fiber, not its worker, until the thread has exited.
+    fn join_monitor(&self) {
+        let Some(t) = self.monitor_thread.lock().take() else {
+            return;
+        };
+        if t.thread().id() == std::thread::current().id() {
+            return;
+        }
+        if fiber::in_scheduled_fiber() {
+            while !t.is_finished() {
+                crate::time::sleep(Duration::from_millis(1));
+            }
+        }
+        let _ = t.join();
     }
 
     /// Whether the calling code should run worker 0 itself (`use_caller`, on the building

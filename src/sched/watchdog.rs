@@ -187,19 +187,24 @@ impl MonitorCtl {
     }
 }
 
-/// Starts the monitor thread of the scheduler behind `shared`, if its watchdog is on.
-pub(crate) fn start(shared: &Arc<Shared>) {
+/// Starts the monitor thread of the scheduler behind `shared`, if its watchdog is on, and
+/// returns it for the shutdown to join.
+pub(crate) fn start(shared: &Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
     let threshold = shared.config.watchdog;
     if threshold.is_zero() {
-        return;
+        return None;
     }
     let weak = Arc::downgrade(shared);
     let ctl = shared.monitor.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("{}-watchdog", shared.config.name))
         .spawn(move || monitor(weak, ctl, threshold));
-    if let Err(e) = spawned {
-        eprintln!("fibra: cannot start the watchdog thread, running without it: {e}");
+    match spawned {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("fibra: cannot start the watchdog thread, running without it: {e}");
+            None
+        }
     }
 }
 

@@ -281,7 +281,7 @@ fn child_start_nproc() {
     s.start();
     assert_eq!(crate::common::finish(pinned), 3);
     let stopped = stop_in_background(&s);
-    assert!(stopped.recv_timeout(LIMIT).is_ok(), "stop returned");
+    assert!(stopped.returned_within(LIMIT), "stop returned");
 
     // Refused again, and still refused when it stops (the stopping thread is made first).
     let (go, stop_now) = std::sync::mpsc::channel::<()>();
@@ -376,15 +376,33 @@ fn child_pinned_submit_during_stop() {
     eprintln!("CHILD OK");
 }
 
-/// Calls `s.stop()` on a thread of its own; the receiver hears when it returned.
-fn stop_in_background(s: &Arc<Scheduler>) -> std::sync::mpsc::Receiver<()> {
+/// Calls `s.stop()` on a thread of its own.
+fn stop_in_background(s: &Arc<Scheduler>) -> Stopping {
     let (tx, rx) = std::sync::mpsc::channel();
     let s = s.clone();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         s.stop();
         let _ = tx.send(());
     });
-    rx
+    Stopping { rx, thread }
+}
+
+/// A `stop` running on its own thread.
+struct Stopping {
+    rx: std::sync::mpsc::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Stopping {
+    /// Whether `stop` returned within `limit`; if it did, its thread has exited too, so that
+    /// a thread cap counted next does not count a thread about to go.
+    fn returned_within(self, limit: Duration) -> bool {
+        let returned = self.rx.recv_timeout(limit).is_ok();
+        if returned {
+            self.thread.join().expect("the stopping thread");
+        }
+        returned
+    }
 }
 
 /// The blocking pool cannot grow (RLIMIT_NPROC): many concurrent `unblock` calls still

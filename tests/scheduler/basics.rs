@@ -732,6 +732,27 @@ fn stop_drains_fibers_parked_and_woken_later() {
     });
 }
 
+/// Once `stop` returns, none of the scheduler's threads is left: neither its workers nor
+/// the watchdog's monitor, so a thread count (or a thread cap) taken next sees them gone.
+#[test]
+fn stop_leaves_no_thread_of_the_scheduler_behind() {
+    crate::common::child_ok(|| {
+        let threads = || std::fs::read_dir("/proc/self/task").unwrap().count();
+        let before = threads();
+        for round in 0..20 {
+            let s = Scheduler::builder()
+                .threads(3)
+                .watchdog(Duration::from_millis(4))
+                .build()
+                .unwrap();
+            s.start();
+            crate::common::finish(s.spawn(|| ()));
+            s.stop();
+            assert_eq!(threads(), before, "threads left after stop in round {round}");
+        }
+    });
+}
+
 #[test]
 fn stop_timeout_cancels_a_fiber_parked_forever() {
     with_deadline(|| {
