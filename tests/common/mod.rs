@@ -425,7 +425,23 @@ pub fn same_as_libc<T: std::fmt::Debug + PartialEq + Send + 'static>(
     assert_eq!(fib, plain, "fiber: {what}");
 }
 
-/// Waits until worker 0 of `sched` has parked a fiber.
+/// Waits until `sched`'s dump shows at least `n` of its fibers parked on I/O readiness
+/// (a socket or fd wait): on several workers, no one worker's counters can tell.
+pub fn parked_on_io(sched: &Scheduler, n: usize) {
+    use fibra::dump::{Status, WaitOn};
+    wait_until("fibers to park on I/O", || {
+        sched
+            .dump()
+            .fibers()
+            .iter()
+            .filter(|e| matches!(e.status(), Status::Parked(WaitOn::Io { .. })))
+            .count()
+            >= n
+    });
+}
+
+/// Waits until worker 0 of `sched` has parked a fiber (for one-worker schedulers: on more,
+/// the fiber may have run elsewhere).
 pub fn a_fiber_parked(sched: &Scheduler) {
     wait_until("a fiber to park", || {
         sched.metrics().workers()[0].parks() > 0

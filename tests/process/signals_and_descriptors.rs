@@ -950,8 +950,9 @@ fn raw_shutdown_wakes_accept_and_udp_recv() {
                 None,
             )
             .unwrap();
-        crate::common::a_fiber_parked(&s);
-        std::thread::sleep(Duration::from_millis(100));
+        // Both tasks may have started on either worker: wait for both waits, not for one
+        // worker's park count.
+        crate::common::parked_on_io(&s, 2);
         let t0 = Instant::now();
         // SAFETY: shutting down our own sockets.
         unsafe {
