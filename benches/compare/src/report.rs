@@ -245,7 +245,10 @@ pub fn markdown(rows: &[Row], meta: &Meta) -> String {
         let _ = writeln!(md, "| {} |", cells(row, rows).join(" | "));
     }
     let _ = writeln!(md, "\n{LEGEND}\n");
-    let _ = writeln!(md, "![fibra / peer cost ratios](report.svg)\n");
+    let _ = writeln!(
+        md,
+        "![fibra's cost relative to tokio and Go, log scale, below 1 = fibra ahead](report.svg)\n"
+    );
     let remarks = remarks(rows);
     if !remarks.is_empty() {
         let _ = writeln!(md, "## Skipped, failed and notes\n");
