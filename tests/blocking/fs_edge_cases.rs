@@ -11,10 +11,7 @@ use fibra::dump::{Status, WaitOn};
 use fibra::{Scheduler, MIN_STACK_SIZE};
 
 fn scratch(what: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "fibra-attack-io-exec-{what}-{}",
-        std::process::id()
-    ));
+    let d = std::env::temp_dir().join(format!("fibra-fs-edge-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

@@ -683,49 +683,37 @@ impl std::task::Wake for DroppingTask {
     }
 }
 
-const CHILD_ENV: &str = "FIBRA_SELECT_CHILD";
-
-/// The child of `a_send_waking_a_waker_that_drops_its_recv_future_returns`.
-#[test]
-#[ignore = "helper of a_send_waking_a_waker_that_drops_its_recv_future_returns"]
-fn child_waker_drops_its_recv_future() {
-    if !crate::common::is_child(CHILD_ENV, "child_waker_drops_its_recv_future") {
-        return;
-    }
-    let (tx, rx) = mpsc::channel::<u32>();
-    let rx = Arc::new(rx);
-    let r = rx.clone();
-    let task = Arc::new(DroppingTask {
-        fut: std::sync::Mutex::new(Some(Box::pin(async move {
-            let _ = r.recv_async().await;
-        }))),
-    });
-    let waker = std::task::Waker::from(task.clone());
-    let mut fut = task.fut.lock().unwrap().take().unwrap();
-    let mut cx = std::task::Context::from_waker(&waker);
-    assert!(fut.as_mut().poll(&mut cx).is_pending());
-    // Only the waker registered in the channel keeps the task, and the future, alive.
-    *task.fut.lock().unwrap() = Some(fut);
-    drop((waker, task));
-    let (done_tx, done) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        tx.send(1).unwrap();
-        done_tx.send(()).unwrap();
-    });
-    if done.recv_timeout(LIMIT).is_ok() {
-        eprintln!("CHILD OK");
-    }
-    std::process::exit(0);
-}
-
 /// A send fires the watcher of a pending `recv_async` future; the waker it wakes belongs to
 /// an executor that has shut down and drops the task, whose future's `Drop` takes the
 /// channel's lock. Wakers are woken after the lock is released (the send used to deadlock).
+/// The send runs in a child process, so a deadlocked sender cannot outlive the test.
 #[test]
 fn a_send_waking_a_waker_that_drops_its_recv_future_returns() {
-    let (status, stderr) = crate::common::run_child(CHILD_ENV, "child_waker_drops_its_recv_future");
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "{status}\n{stderr}"
-    );
+    crate::common::in_child(|| {
+        let (tx, rx) = mpsc::channel::<u32>();
+        let rx = Arc::new(rx);
+        let r = rx.clone();
+        let task = Arc::new(DroppingTask {
+            fut: std::sync::Mutex::new(Some(Box::pin(async move {
+                let _ = r.recv_async().await;
+            }))),
+        });
+        let waker = std::task::Waker::from(task.clone());
+        let mut fut = task.fut.lock().unwrap().take().unwrap();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        // Only the waker registered in the channel keeps the task, and the future, alive.
+        *task.fut.lock().unwrap() = Some(fut);
+        drop((waker, task));
+        let (done_tx, done) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            tx.send(1).unwrap();
+            done_tx.send(()).unwrap();
+        });
+        assert!(
+            done.recv_timeout(LIMIT).is_ok(),
+            "the send did not return within {LIMIT:?}"
+        );
+    })
+    .assert_ok("a send that wakes a waker dropping its recv future did not return");
 }

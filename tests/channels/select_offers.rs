@@ -1,4 +1,4 @@
-//! `select!` offering its sends on rendezvous channels, attacked: rings of selects, twelve
+//! `select!` offering its sends on rendezvous channels, under stress: rings of selects, twelve
 //! arms of mixed kinds, cancellation and `stop_timeout` while offers are claimed, receivers
 //! dropped under outstanding offers, non-blocking selects (which never offer), messages
 //! whose `Drop` panics, and `recv_async` futures in tokio tasks claiming offers.

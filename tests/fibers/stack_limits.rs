@@ -4,13 +4,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::common::{finish, started};
+use crate::common::{finish, in_child, started};
+use crate::overflow::aborted;
 use fibra::MIN_STACK_SIZE;
-const CHILD: &str = "FIBRA_ATTACK_IO_EXEC_CHILD";
-
-// ---------------------------------------------------------------------------------------
-// 5. stacks and tasks
-// ---------------------------------------------------------------------------------------
 
 /// Recursion using most of a task's stack works at MIN_STACK_SIZE, 1 MiB and 64 MiB: the
 /// requested size is usable (minus a small margin).
@@ -98,34 +94,26 @@ fn stacks_builder_misuse_is_refused_with_the_closure() {
 /// A stack overflow in a named fiber on the minimum stack size: the report names the fiber
 /// and the process aborts (SIGABRT), even with so small a stack.
 #[test]
-fn stacks_overflow_in_a_min_stack_named_fiber() {
-    use std::os::unix::process::ExitStatusExt;
-    let (status, err) = crate::common::run_child(CHILD, "child_min_overflow");
-    assert_eq!(status.signal(), Some(libc::SIGABRT), "{status:?}\n{err}");
+fn an_overflow_in_a_named_fiber_on_the_minimum_stack_aborts_naming_it() {
+    let run = in_child(|| {
+        #[inline(never)]
+        #[allow(unconditional_recursion)]
+        fn recurse(d: u64) -> u64 {
+            let mut frame = [0u8; 512];
+            std::hint::black_box(&mut frame);
+            recurse(d + 1) + frame[d as usize % 512] as u64
+        }
+        let sched = started(2);
+        let h = sched
+            .task()
+            .name("tiny-overflow")
+            .stack_size(MIN_STACK_SIZE)
+            .submit(|| recurse(0), Some(1))
+            .unwrap();
+        let _ = h.join();
+        eprintln!("UNREACHABLE: the overflow did not abort");
+    });
+    let err = aborted(&run);
     assert!(err.contains("tiny-overflow"), "{err}");
     assert!(err.contains("overflow"), "{err}");
-}
-
-#[test]
-#[ignore = "child of stacks_overflow_in_a_min_stack_named_fiber"]
-fn child_min_overflow() {
-    if !crate::common::is_child(CHILD, "child_min_overflow") {
-        return;
-    }
-    #[inline(never)]
-    #[allow(unconditional_recursion)]
-    fn recurse(d: u64) -> u64 {
-        let mut frame = [0u8; 512];
-        std::hint::black_box(&mut frame);
-        recurse(d + 1) + frame[d as usize % 512] as u64
-    }
-    let sched = started(2);
-    let h = sched
-        .task()
-        .name("tiny-overflow")
-        .stack_size(MIN_STACK_SIZE)
-        .submit(|| recurse(0), Some(1))
-        .unwrap();
-    let _ = h.join();
-    eprintln!("UNREACHABLE: the overflow did not abort");
 }

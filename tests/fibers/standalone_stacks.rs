@@ -10,18 +10,8 @@ use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
 use std::rc::Rc;
 
+use crate::common::{in_child, ChildRun};
 use fibra::{Fiber, FiberState};
-
-/// Names the helper a child process is asked to run.
-const CHILD_ENV: &str = "FIBRA_TEST_CHILD";
-
-fn is_child(helper: &str) -> bool {
-    crate::common::is_child(CHILD_ENV, helper)
-}
-
-fn run_child(helper: &str, envs: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
-    crate::common::run_child_with(CHILD_ENV, helper, envs)
-}
 
 const CYCLES: usize = 20_000;
 
@@ -68,6 +58,13 @@ fn rss() -> usize {
     pages * 4096
 }
 
+/// Fails unless the child exited with status 0 and wrote `line` on stderr.
+fn assert_child_said(run: &ChildRun, line: &str) {
+    let (status, stderr) = (run.exit_status(), &run.stderr);
+    assert!(status.success(), "status {status}, stderr:\n{stderr}");
+    assert!(stderr.contains(line), "stderr:\n{stderr}");
+}
+
 /// Counts the drops of the value a fiber's closure captures.
 struct CountDrop(Rc<Cell<usize>>);
 
@@ -79,78 +76,73 @@ impl Drop for CountDrop {
 
 #[test]
 fn never_resumed_fibers_give_their_stacks_back() {
-    let ran = Rc::new(Cell::new(0usize));
-    let drops = Rc::new(Cell::new(0usize));
-    let rss_before = rss();
-    assert_stacks_reused("never resumed", CYCLES, || {
-        let captured = CountDrop(drops.clone());
-        let ran = ran.clone();
-        let fiber = Fiber::new(move || {
-            let _keep = &captured;
-            ran.set(ran.get() + 1);
+    crate::common::child_ok(|| {
+        let ran = Rc::new(Cell::new(0usize));
+        let drops = Rc::new(Cell::new(0usize));
+        let rss_before = rss();
+        assert_stacks_reused("never resumed", CYCLES, || {
+            let captured = CountDrop(drops.clone());
+            let ran = ran.clone();
+            let fiber = Fiber::new(move || {
+                let _keep = &captured;
+                ran.set(ran.get() + 1);
+            });
+            assert_eq!(fiber.state(), FiberState::Ready);
+            drop(fiber);
         });
-        assert_eq!(fiber.state(), FiberState::Ready);
-        drop(fiber);
+        let grown = rss().saturating_sub(rss_before);
+        assert_eq!(ran.get(), 0, "dropping a fiber never runs its closure");
+        assert_eq!(drops.get(), CYCLES + 1, "each closure is dropped once");
+        // Without reuse, each cycle leaves the first page of a fresh stack resident (80 MiB).
+        assert!(
+            grown < 32 << 20,
+            "RSS grew by {grown} bytes over {CYCLES} cycles"
+        );
     });
-    let grown = rss().saturating_sub(rss_before);
-    assert_eq!(ran.get(), 0, "dropping a fiber never runs its closure");
-    assert_eq!(drops.get(), CYCLES + 1, "each closure is dropped once");
-    // Without reuse, each cycle leaves the first page of a fresh stack resident (80 MiB).
-    assert!(
-        grown < 32 << 20,
-        "RSS grew by {grown} bytes over {CYCLES} cycles"
-    );
 }
 
 #[test]
 fn finished_fibers_give_their_stacks_back() {
-    assert_stacks_reused("done", CYCLES, || {
-        let mut fiber = Fiber::new(|| {});
-        assert_eq!(fiber.resume(), FiberState::Done);
+    crate::common::child_ok(|| {
+        assert_stacks_reused("done", CYCLES, || {
+            let mut fiber = Fiber::new(|| {});
+            assert_eq!(fiber.resume(), FiberState::Done);
+        });
     });
 }
 
 #[test]
 fn fibers_dropped_while_suspended_give_their_stacks_back() {
-    let unwound = Rc::new(Cell::new(0usize));
-    assert_stacks_reused("dropped while suspended", CYCLES, || {
-        let guard = CountDrop(unwound.clone());
-        let mut fiber = Fiber::new(move || {
-            let _guard = guard;
-            Fiber::yield_now();
-            unreachable!("the fiber is dropped while suspended");
+    crate::common::child_ok(|| {
+        let unwound = Rc::new(Cell::new(0usize));
+        assert_stacks_reused("dropped while suspended", CYCLES, || {
+            let guard = CountDrop(unwound.clone());
+            let mut fiber = Fiber::new(move || {
+                let _guard = guard;
+                Fiber::yield_now();
+                unreachable!("the fiber is dropped while suspended");
+            });
+            assert_eq!(fiber.resume(), FiberState::Suspended);
+            drop(fiber);
         });
-        assert_eq!(fiber.resume(), FiberState::Suspended);
-        drop(fiber);
+        assert_eq!(unwound.get(), CYCLES + 1, "every drop unwound its fiber");
     });
-    assert_eq!(unwound.get(), CYCLES + 1, "every drop unwound its fiber");
 }
 
 /// Each panic is reported, so this runs in a child process without backtraces: that keeps
 /// the reports out of this process and symbolisation's memory out of the RSS figure of
 /// `never_resumed_fibers_give_their_stacks_back`.
 #[test]
-#[ignore = "child process of panicked_fibers_give_their_stacks_back"]
-fn child_panicking_fibers() {
-    if !is_child("child_panicking_fibers") {
-        return;
-    }
-    assert_stacks_reused("panicked", 2_000, || {
-        let mut fiber = Fiber::new(|| panic!("fiber_stacks: expected panic"));
-        assert_eq!(fiber.resume(), FiberState::Panicked);
-        assert!(fiber.take_panic().is_some());
-    });
-    eprintln!("child: panicked fibers checked");
-}
-
-#[test]
 fn panicked_fibers_give_their_stacks_back() {
-    let (status, stderr) = run_child("child_panicking_fibers", &[("RUST_BACKTRACE", "0")]);
-    assert!(status.success(), "status {status}, stderr:\n{stderr}");
-    assert!(
-        stderr.contains("child: panicked fibers checked"),
-        "stderr:\n{stderr}"
-    );
+    let run = in_child(|| {
+        assert_stacks_reused("panicked", 2_000, || {
+            let mut fiber = Fiber::new(|| panic!("fiber_stacks: expected panic"));
+            assert_eq!(fiber.resume(), FiberState::Panicked);
+            assert!(fiber.take_panic().is_some());
+        });
+        eprintln!("child: panicked fibers checked");
+    });
+    assert_child_said(&run, "child: panicked fibers checked");
 }
 
 /// Panics when dropped.
@@ -162,43 +154,34 @@ impl Drop for PanicOnDrop {
     }
 }
 
-/// Before the fix, corosensei's own drop of such a coroutine turned the panic into a double
-/// panic and aborted the process, so this runs in a child process.
-#[test]
-#[ignore = "child process of a_panicking_closure_drop_reaches_the_dropper_once_and_frees_the_stack"]
-fn child_closure_drop_panics() {
-    if !is_child("child_closure_drop_panics") {
-        return;
-    }
-    let drops = Rc::new(Cell::new(0usize));
-    assert_stacks_reused("never resumed, closure drop panics", 300, || {
-        let first = CountDrop(drops.clone());
-        let bomb = PanicOnDrop;
-        let last = CountDrop(drops.clone());
-        let fiber = Fiber::new(move || {
-            let _all = (&first, &bomb, &last);
-        });
-        let dropped = panic::catch_unwind(AssertUnwindSafe(|| drop(fiber)));
-        let payload = dropped.expect_err("the closure's drop panic reaches the dropper");
-        assert_eq!(
-            payload.downcast_ref::<&str>(),
-            Some(&"fiber_stacks: a captured value's drop panics")
-        );
-    });
-    assert_eq!(
-        drops.get(),
-        2 * 301,
-        "the captured values around the panicking one are dropped, once"
-    );
-    eprintln!("child: closure drops checked");
-}
-
+/// A captured value's panicking drop, when a never-resumed fiber is dropped, reaches the
+/// dropper once, the values captured around it are dropped once, and the stack goes back
+/// to the pool. Were the panic turned into a double panic (as corosensei's own drop of such
+/// a coroutine would), the process would abort, so this runs in a child process.
 #[test]
 fn a_panicking_closure_drop_reaches_the_dropper_once_and_frees_the_stack() {
-    let (status, stderr) = run_child("child_closure_drop_panics", &[("RUST_BACKTRACE", "0")]);
-    assert!(status.success(), "status {status}, stderr:\n{stderr}");
-    assert!(
-        stderr.contains("child: closure drops checked"),
-        "stderr:\n{stderr}"
-    );
+    let run = in_child(|| {
+        let drops = Rc::new(Cell::new(0usize));
+        assert_stacks_reused("never resumed, closure drop panics", 300, || {
+            let first = CountDrop(drops.clone());
+            let bomb = PanicOnDrop;
+            let last = CountDrop(drops.clone());
+            let fiber = Fiber::new(move || {
+                let _all = (&first, &bomb, &last);
+            });
+            let dropped = panic::catch_unwind(AssertUnwindSafe(|| drop(fiber)));
+            let payload = dropped.expect_err("the closure's drop panic reaches the dropper");
+            assert_eq!(
+                payload.downcast_ref::<&str>(),
+                Some(&"fiber_stacks: a captured value's drop panics")
+            );
+        });
+        assert_eq!(
+            drops.get(),
+            2 * 301,
+            "the captured values around the panicking one are dropped, once"
+        );
+        eprintln!("child: closure drops checked");
+    });
+    assert_child_said(&run, "child: closure drops checked");
 }

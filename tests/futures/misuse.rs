@@ -1,5 +1,6 @@
-//! Adversarial tests of the async bridge. `cargo test --test attack_future`; the tokio ones
-//! need `--features tokio`.
+//! The async bridge misused: futures that misbehave in `block_on` (wakes from odd threads,
+//! polls after completion, panics), fibra's futures dropped or raced from async code, and,
+//! with the `tokio` feature, tokio's context under many fibers and cancellation.
 
 use std::future::Future;
 use std::pin::Pin;

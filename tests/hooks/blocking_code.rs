@@ -1,8 +1,14 @@
-//! Adversarial tests of the `hook` feature from the point of view of unmodified blocking
-//! code. Run with `cargo test --features hook --test attack_hook_blocking`.
+//! The `hook` feature from the point of view of unmodified blocking code: `MSG_WAITALL`,
+//! `MSG_PEEK` and urgent data, blocking modes shared by duplicates and by fds received over
+//! `SCM_RIGHTS`, vectored calls with control data, shutdowns waking parked calls, the edges
+//! of `poll`/`select` and of socket timeouts, plain threads on switched fds (spawned from a
+//! fiber, restarted by a signal, timed), signals at every thread, a switched socket on the
+//! standard streams, the largest timeouts, and a closed stdin.
 //!
-//! Each attack compares what a hooked call does in a fiber with what the C library's own call
+//! Each test compares what a hooked call does in a fiber with what the C library's own call
 //! does on a plain thread (on a fresh fd the hooks never switched, so it is libc's call).
+//! Those that install signal handlers, replace the standard streams or must not see another
+//! test's descriptors run in a child process.
 #![cfg(feature = "hook")]
 
 use std::io::{ErrorKind, Read, Write};
@@ -13,12 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{
-    both, errno, finish, is_child, run_child, same_as_libc, shared_started, with_deadline,
-};
+use crate::common::{both, child_ok, errno, finish, same_as_libc, shared_started, with_deadline};
 use fibra::Scheduler;
-
-const CHILD: &str = "FIBRA_ATTACK_HOOK_BLOCKING_CHILD";
 
 /// A connected TCP pair on 127.0.0.1 made with real calls on this thread: (client, server).
 fn tcp_pair() -> (TcpStream, TcpStream) {
@@ -1036,23 +1038,15 @@ fn select_bad_fd() -> (i32, i32, bool) {
 
 #[test]
 fn select_with_a_closed_fd_fails_with_ebadf_at_once() {
-    check_child("child_select_bad_fd");
-}
-
-#[test]
-#[ignore = "child of select_with_a_closed_fd_fails_with_ebadf_at_once"]
-fn child_select_bad_fd() {
-    if !is_child(CHILD, "child_select_bad_fd") {
-        return;
-    }
-    with_deadline(|| {
-        same_as_libc(
-            select_bad_fd,
-            (-1, libc::EBADF, true),
-            "select with a closed fd",
-        );
+    child_ok(|| {
+        with_deadline(|| {
+            same_as_libc(
+                select_bad_fd,
+                (-1, libc::EBADF, true),
+                "select with a closed fd",
+            );
+        });
     });
-    eprintln!("CHILD OK");
 }
 
 fn ppoll_and_poll_edge_timeouts() -> Vec<(i32, i16)> {
@@ -1334,191 +1328,175 @@ fn a_thread_spawned_from_a_fiber_gets_libc_semantics_on_switched_fds() {
 
 extern "C" fn on_signal(_: libc::c_int) {}
 
-fn check_child(helper: &str) {
-    let (status, err) = run_child(CHILD, helper);
-    assert!(
-        status.success() && err.contains("CHILD OK"),
-        "{helper}: {status:?}\n{err}"
-    );
-}
-
 /// Signals without SA_RESTART rain on every thread (workers included) while fibers park in
 /// all kinds of hooked calls: each call completes as if no signal came, and no worker
 /// stalls or dies.
 #[test]
 fn signals_at_every_thread_while_fibers_park_in_hooked_calls() {
-    check_child("child_signals_at_workers");
-}
-
-#[test]
-#[ignore = "child of signals_at_every_thread_while_fibers_park_in_hooked_calls"]
-fn child_signals_at_workers() {
-    if !is_child(CHILD, "child_signals_at_workers") {
-        return;
-    }
-    crate::common::install_signal(libc::SIGUSR1, false, on_signal);
-    let s = shared_started(2);
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
-    let signaller = std::thread::spawn(move || {
-        let mut sent = 0usize;
-        while !st.load(Ordering::Relaxed) {
-            crate::common::signal_other_threads(libc::SIGUSR1);
-            sent += 1;
-            // A raw nanosleep: unhooked and restarted by hand.
-            crate::common::block_thread(Duration::from_micros(300));
-        }
-        sent
-    });
-    let hs: Vec<_> = (0..60)
-        .map(|i| {
-            s.submit(
-                move || -> Result<(), String> {
-                    for round in 0..5 {
-                        match i % 7 {
-                            0 => {
-                                let ts = libc::timespec {
-                                    tv_sec: 0,
-                                    tv_nsec: 20_000_000,
-                                };
-                                let mut rem = libc::timespec {
-                                    tv_sec: 9,
-                                    tv_nsec: 9,
-                                };
-                                let t = Instant::now();
-                                // SAFETY: live timespecs.
-                                let r = unsafe { libc::nanosleep(&ts, &mut rem) };
-                                if r != 0 || t.elapsed() < Duration::from_millis(19) {
-                                    return Err(format!(
-                                        "nanosleep {r} errno {} after {:?}",
-                                        errno(),
-                                        t.elapsed()
-                                    ));
+    child_ok(|| {
+        crate::common::install_signal(libc::SIGUSR1, false, on_signal);
+        let s = shared_started(2);
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let signaller = std::thread::spawn(move || {
+            let mut sent = 0usize;
+            while !st.load(Ordering::Relaxed) {
+                crate::common::signal_other_threads(libc::SIGUSR1);
+                sent += 1;
+                // A raw nanosleep: unhooked and restarted by hand.
+                crate::common::block_thread(Duration::from_micros(300));
+            }
+            sent
+        });
+        let hs: Vec<_> = (0..60)
+            .map(|i| {
+                s.submit(
+                    move || -> Result<(), String> {
+                        for round in 0..5 {
+                            match i % 7 {
+                                0 => {
+                                    let ts = libc::timespec {
+                                        tv_sec: 0,
+                                        tv_nsec: 20_000_000,
+                                    };
+                                    let mut rem = libc::timespec {
+                                        tv_sec: 9,
+                                        tv_nsec: 9,
+                                    };
+                                    let t = Instant::now();
+                                    // SAFETY: live timespecs.
+                                    let r = unsafe { libc::nanosleep(&ts, &mut rem) };
+                                    if r != 0 || t.elapsed() < Duration::from_millis(19) {
+                                        return Err(format!(
+                                            "nanosleep {r} errno {} after {:?}",
+                                            errno(),
+                                            t.elapsed()
+                                        ));
+                                    }
                                 }
-                            }
-                            1 => {
-                                let (a, b) = UnixStream::pair().unwrap();
-                                let w = fibra::spawn(move || {
-                                    std::thread::sleep(Duration::from_millis(15));
-                                    (&b).write_all(b"z").unwrap();
-                                    b
-                                });
-                                let mut one = [0u8; 1];
-                                // SAFETY: a live buffer.
-                                let n = unsafe {
-                                    libc::read(a.as_raw_fd(), one.as_mut_ptr().cast(), 1)
-                                };
-                                let e = errno();
-                                drop(w.join().unwrap());
-                                if n != 1 {
-                                    return Err(format!("read {n} errno {e}"));
+                                1 => {
+                                    let (a, b) = UnixStream::pair().unwrap();
+                                    let w = fibra::spawn(move || {
+                                        std::thread::sleep(Duration::from_millis(15));
+                                        (&b).write_all(b"z").unwrap();
+                                        b
+                                    });
+                                    let mut one = [0u8; 1];
+                                    // SAFETY: a live buffer.
+                                    let n = unsafe {
+                                        libc::read(a.as_raw_fd(), one.as_mut_ptr().cast(), 1)
+                                    };
+                                    let e = errno();
+                                    drop(w.join().unwrap());
+                                    if n != 1 {
+                                        return Err(format!("read {n} errno {e}"));
+                                    }
                                 }
-                            }
-                            2 => {
-                                let l = TcpListener::bind("127.0.0.1:0").unwrap();
-                                let addr = l.local_addr().unwrap();
-                                let c = fibra::spawn(move || {
-                                    std::thread::sleep(Duration::from_millis(15));
-                                    TcpStream::connect(addr).map_err(|e| e.to_string())
-                                });
-                                // SAFETY: no address wanted.
-                                let fd = unsafe {
-                                    libc::accept(
-                                        l.as_raw_fd(),
-                                        std::ptr::null_mut(),
-                                        std::ptr::null_mut(),
-                                    )
-                                };
-                                let e = errno();
-                                let cr = c.join().unwrap();
-                                if fd < 0 {
-                                    return Err(format!("accept errno {e}"));
+                                2 => {
+                                    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                                    let addr = l.local_addr().unwrap();
+                                    let c = fibra::spawn(move || {
+                                        std::thread::sleep(Duration::from_millis(15));
+                                        TcpStream::connect(addr).map_err(|e| e.to_string())
+                                    });
+                                    // SAFETY: no address wanted.
+                                    let fd = unsafe {
+                                        libc::accept(
+                                            l.as_raw_fd(),
+                                            std::ptr::null_mut(),
+                                            std::ptr::null_mut(),
+                                        )
+                                    };
+                                    let e = errno();
+                                    let cr = c.join().unwrap();
+                                    if fd < 0 {
+                                        return Err(format!("accept errno {e}"));
+                                    }
+                                    // SAFETY: ours.
+                                    unsafe { libc::close(fd) };
+                                    cr?;
                                 }
-                                // SAFETY: ours.
-                                unsafe { libc::close(fd) };
-                                cr?;
-                            }
-                            3 => {
-                                let (a, b) = UnixStream::pair().unwrap();
-                                let w = fibra::spawn(move || {
-                                    std::thread::sleep(Duration::from_millis(15));
-                                    (&b).write_all(b"z").unwrap();
-                                    b
-                                });
-                                let mut p = libc::pollfd {
-                                    fd: a.as_raw_fd(),
-                                    events: libc::POLLIN,
-                                    revents: 0,
-                                };
-                                // SAFETY: one live pollfd.
-                                let r = unsafe { libc::poll(&mut p, 1, -1) };
-                                let e = errno();
-                                drop(w.join().unwrap());
-                                if r != 1 {
-                                    return Err(format!("poll {r} errno {e}"));
+                                3 => {
+                                    let (a, b) = UnixStream::pair().unwrap();
+                                    let w = fibra::spawn(move || {
+                                        std::thread::sleep(Duration::from_millis(15));
+                                        (&b).write_all(b"z").unwrap();
+                                        b
+                                    });
+                                    let mut p = libc::pollfd {
+                                        fd: a.as_raw_fd(),
+                                        events: libc::POLLIN,
+                                        revents: 0,
+                                    };
+                                    // SAFETY: one live pollfd.
+                                    let r = unsafe { libc::poll(&mut p, 1, -1) };
+                                    let e = errno();
+                                    drop(w.join().unwrap());
+                                    if r != 1 {
+                                        return Err(format!("poll {r} errno {e}"));
+                                    }
                                 }
-                            }
-                            4 => {
-                                let u = UdpSocket::bind("127.0.0.1:0").unwrap();
-                                let to = u.local_addr().unwrap();
-                                let w = fibra::spawn(move || {
-                                    std::thread::sleep(Duration::from_millis(15));
-                                    let v = UdpSocket::bind("127.0.0.1:0").unwrap();
-                                    v.send_to(b"dg", to).unwrap();
-                                });
-                                let mut buf = [0u8; 8];
-                                let r = u.recv_from(&mut buf).map_err(|e| e.to_string());
-                                w.join().unwrap();
-                                if r?.0 != 2 {
-                                    return Err("short datagram".into());
+                                4 => {
+                                    let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+                                    let to = u.local_addr().unwrap();
+                                    let w = fibra::spawn(move || {
+                                        std::thread::sleep(Duration::from_millis(15));
+                                        let v = UdpSocket::bind("127.0.0.1:0").unwrap();
+                                        v.send_to(b"dg", to).unwrap();
+                                    });
+                                    let mut buf = [0u8; 8];
+                                    let r = u.recv_from(&mut buf).map_err(|e| e.to_string());
+                                    w.join().unwrap();
+                                    if r?.0 != 2 {
+                                        return Err("short datagram".into());
+                                    }
                                 }
-                            }
-                            5 => {
-                                use std::net::ToSocketAddrs;
-                                let n = ("localhost", 80)
-                                    .to_socket_addrs()
-                                    .map_err(|e| e.to_string())?
-                                    .count();
-                                if n == 0 {
-                                    return Err("no address for localhost".into());
+                                5 => {
+                                    use std::net::ToSocketAddrs;
+                                    let n = ("localhost", 80)
+                                        .to_socket_addrs()
+                                        .map_err(|e| e.to_string())?
+                                        .count();
+                                    if n == 0 {
+                                        return Err("no address for localhost".into());
+                                    }
                                 }
-                            }
-                            _ => {
-                                let (a, b) = UnixStream::pair().unwrap();
-                                let w = fibra::spawn(move || {
-                                    std::thread::sleep(Duration::from_millis(15));
-                                    (&b).write_all(b"z").unwrap();
-                                    b
-                                });
-                                let fd = a.as_raw_fd();
-                                let r = select_readable(&[fd], 10);
-                                let e = errno();
-                                drop(w.join().unwrap());
-                                if r != 1 {
-                                    return Err(format!("select {r} errno {e} round {round}"));
+                                _ => {
+                                    let (a, b) = UnixStream::pair().unwrap();
+                                    let w = fibra::spawn(move || {
+                                        std::thread::sleep(Duration::from_millis(15));
+                                        (&b).write_all(b"z").unwrap();
+                                        b
+                                    });
+                                    let fd = a.as_raw_fd();
+                                    let r = select_readable(&[fd], 10);
+                                    let e = errno();
+                                    drop(w.join().unwrap());
+                                    if r != 1 {
+                                        return Err(format!("select {r} errno {e} round {round}"));
+                                    }
                                 }
                             }
                         }
-                    }
-                    Ok(())
-                },
-                None,
-            )
-            .unwrap()
-        })
-        .collect();
-    let mut errs = Vec::new();
-    for (i, h) in hs.into_iter().enumerate() {
-        if let Err(e) = finish(h) {
-            errs.push(format!("fiber {i}: {e}"));
+                        Ok(())
+                    },
+                    None,
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut errs = Vec::new();
+        for (i, h) in hs.into_iter().enumerate() {
+            if let Err(e) = finish(h) {
+                errs.push(format!("fiber {i}: {e}"));
+            }
         }
-    }
-    stop.store(true, Ordering::Relaxed);
-    let sent = signaller.join().unwrap();
-    assert!(errs.is_empty(), "{errs:#?}");
-    assert!(sent > 10, "only {sent} signal rounds");
-    s.stop();
-    eprintln!("CHILD OK");
+        stop.store(true, Ordering::Relaxed);
+        let sent = signaller.join().unwrap();
+        assert!(errs.is_empty(), "{errs:#?}");
+        assert!(sent > 10, "only {sent} signal rounds");
+        s.stop();
+    });
 }
 
 /// On a plain thread (one spawned from main, one spawned from inside a fiber) every hooked
@@ -1526,7 +1504,43 @@ fn child_signals_at_workers() {
 /// reports the time left, sleep() the seconds left.
 #[test]
 fn plain_threads_see_eintr_as_in_libc() {
-    check_child("child_plain_thread_eintr");
+    child_ok(|| {
+        crate::common::install_signal(libc::SIGUSR1, false, on_signal);
+        let s = shared_started(1);
+        let tid = Arc::new(AtomicI32::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let run_on = |spawn_in_fiber: bool| -> Vec<String> {
+            tid.store(0, Ordering::SeqCst);
+            done.store(false, Ordering::SeqCst);
+            let (t2, d2) = (tid.clone(), done.clone());
+            let body = move || {
+                t2.store(crate::common::gettid(), Ordering::SeqCst);
+                let r = eintr_battery();
+                d2.store(true, Ordering::SeqCst);
+                r
+            };
+            let th = if spawn_in_fiber {
+                s.block_on(move || std::thread::spawn(body))
+            } else {
+                std::thread::spawn(body)
+            };
+            while tid.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            while !done.load(Ordering::SeqCst) {
+                crate::common::block_thread(Duration::from_millis(100));
+                crate::common::tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
+            }
+            th.join().unwrap()
+        };
+        let a = run_on(false);
+        let b = run_on(true);
+        assert!(
+            a.is_empty() && b.is_empty(),
+            "from main: {a:?}; from a fiber: {b:?}"
+        );
+        s.stop();
+    });
 }
 
 fn eintr_battery() -> Vec<String> {
@@ -1593,50 +1607,6 @@ fn eintr_battery() -> Vec<String> {
     bad
 }
 
-#[test]
-#[ignore = "child of plain_threads_see_eintr_as_in_libc"]
-fn child_plain_thread_eintr() {
-    if !is_child(CHILD, "child_plain_thread_eintr") {
-        return;
-    }
-    crate::common::install_signal(libc::SIGUSR1, false, on_signal);
-    let s = shared_started(1);
-    let tid = Arc::new(AtomicI32::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let run_on = |spawn_in_fiber: bool| -> Vec<String> {
-        tid.store(0, Ordering::SeqCst);
-        done.store(false, Ordering::SeqCst);
-        let (t2, d2) = (tid.clone(), done.clone());
-        let body = move || {
-            t2.store(crate::common::gettid(), Ordering::SeqCst);
-            let r = eintr_battery();
-            d2.store(true, Ordering::SeqCst);
-            r
-        };
-        let th = if spawn_in_fiber {
-            s.block_on(move || std::thread::spawn(body))
-        } else {
-            std::thread::spawn(body)
-        };
-        while tid.load(Ordering::SeqCst) == 0 {
-            std::thread::yield_now();
-        }
-        while !done.load(Ordering::SeqCst) {
-            crate::common::block_thread(Duration::from_millis(100));
-            crate::common::tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
-        }
-        th.join().unwrap()
-    };
-    let a = run_on(false);
-    let b = run_on(true);
-    assert!(
-        a.is_empty() && b.is_empty(),
-        "from main: {a:?}; from a fiber: {b:?}"
-    );
-    s.stop();
-    eprintln!("CHILD OK");
-}
-
 /// Writes "ping" on `a` from a fiber of `s`, which switches its open file to O_NONBLOCK
 /// (while a plain thread is blocked in a real read on it).
 fn switch_from_a_fiber(s: &Scheduler, a: &Arc<UnixStream>) {
@@ -1654,48 +1624,40 @@ fn switch_from_a_fiber(s: &Scheduler, a: &Arc<UnixStream>) {
 /// an error a blocking read can never return: the hook must go on waiting for the data.
 #[test]
 fn a_restarted_read_on_a_plain_thread_after_a_fiber_switched_the_socket() {
-    check_child("child_restart_after_switch");
-}
-
-#[test]
-#[ignore = "child of a_restarted_read_on_a_plain_thread_after_a_fiber_switched_the_socket"]
-fn child_restart_after_switch() {
-    if !is_child(CHILD, "child_restart_after_switch") {
-        return;
-    }
-    crate::common::install_signal(libc::SIGUSR1, true, on_signal);
-    let s = shared_started(1);
-    let (a, b) = UnixStream::pair().unwrap();
-    let a = Arc::new(a);
-    let a2 = a.clone();
-    let tid = Arc::new(AtomicI32::new(0));
-    let t2 = tid.clone();
-    let reader = std::thread::spawn(move || {
-        t2.store(crate::common::gettid(), Ordering::SeqCst);
-        let mut buf = [0u8; 16];
-        (&*a2)
-            .read(&mut buf)
-            .map(|n| buf[..n].to_vec())
-            .map_err(|e| e.kind())
+    child_ok(|| {
+        crate::common::install_signal(libc::SIGUSR1, true, on_signal);
+        let s = shared_started(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        let a = Arc::new(a);
+        let a2 = a.clone();
+        let tid = Arc::new(AtomicI32::new(0));
+        let t2 = tid.clone();
+        let reader = std::thread::spawn(move || {
+            t2.store(crate::common::gettid(), Ordering::SeqCst);
+            let mut buf = [0u8; 16];
+            (&*a2)
+                .read(&mut buf)
+                .map(|n| buf[..n].to_vec())
+                .map_err(|e| e.kind())
+        });
+        while tid.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        crate::common::block_thread(Duration::from_millis(200));
+        switch_from_a_fiber(&s, &a);
+        for _ in 0..3 {
+            crate::common::tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
+            crate::common::block_thread(Duration::from_millis(100));
+        }
+        let early = reader.is_finished();
+        (&b).write_all(b"data").unwrap();
+        let got = reader.join().unwrap();
+        assert!(
+            !early && got == Ok(b"data".to_vec()),
+            "the reader returned early: {early}, with {got:?} (libc: blocks until the data, then Ok(\"data\"))"
+        );
+        s.stop();
     });
-    while tid.load(Ordering::SeqCst) == 0 {
-        std::thread::yield_now();
-    }
-    crate::common::block_thread(Duration::from_millis(200));
-    switch_from_a_fiber(&s, &a);
-    for _ in 0..3 {
-        crate::common::tgkill(tid.load(Ordering::SeqCst), libc::SIGUSR1);
-        crate::common::block_thread(Duration::from_millis(100));
-    }
-    let early = reader.is_finished();
-    (&b).write_all(b"data").unwrap();
-    let got = reader.join().unwrap();
-    assert!(
-        !early && got == Ok(b"data".to_vec()),
-        "the reader returned early: {early}, with {got:?} (libc: blocks until the data, then Ok(\"data\"))"
-    );
-    s.stop();
-    eprintln!("CHILD OK");
 }
 
 /// The other side of the restart fix: a plain thread in a real blocking read with a receive
@@ -1739,79 +1701,71 @@ fn a_timed_read_on_a_plain_thread_ends_at_its_timeout_after_a_fiber_switched_the
 /// comes back short (or fails), where libc blocks.
 #[test]
 fn a_switched_socket_dup2ed_onto_stdin_and_stdout_keeps_blocking() {
-    check_child("child_dup2_onto_std_streams");
-}
+    child_ok(|| {
+        // SAFETY: duplicating our own standard streams, to put them back afterwards (the test
+        // harness reports on stdout).
+        let saved = unsafe { (libc::dup(0), libc::dup(1)) };
+        assert!(saved.0 >= 0 && saved.1 >= 0);
+        let s = shared_started(1);
+        let r = s.block_on(|| {
+            let (a, b) = UnixStream::pair().unwrap();
+            // Switch `a` by using it in this fiber.
+            (&b).write_all(b"1").unwrap();
+            let mut one = [0u8; 1];
+            (&a).read_exact(&mut one).unwrap();
+            // SAFETY: replacing our own stdin with a socket we own.
+            assert_eq!(unsafe { libc::dup2(a.as_raw_fd(), 0) }, 0);
+            let w = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                (&b).write_all(b"line\n").unwrap();
+                b
+            });
+            let mut buf = [0u8; 16];
+            // SAFETY: a live buffer.
+            let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), 16) };
+            let e = if n < 0 { errno() } else { 0 };
+            let b = w.join().unwrap();
+            let stdin = (n, e);
 
-#[test]
-#[ignore = "child of a_switched_socket_dup2ed_onto_stdin_and_stdout_keeps_blocking"]
-fn child_dup2_onto_std_streams() {
-    if !is_child(CHILD, "child_dup2_onto_std_streams") {
-        return;
-    }
-    // SAFETY: duplicating our own standard streams, to put them back afterwards (the test
-    // harness reports on stdout).
-    let saved = unsafe { (libc::dup(0), libc::dup(1)) };
-    assert!(saved.0 >= 0 && saved.1 >= 0);
-    let s = shared_started(1);
-    let r = s.block_on(|| {
-        let (a, b) = UnixStream::pair().unwrap();
-        // Switch `a` by using it in this fiber.
-        (&b).write_all(b"1").unwrap();
-        let mut one = [0u8; 1];
-        (&a).read_exact(&mut one).unwrap();
-        // SAFETY: replacing our own stdin with a socket we own.
-        assert_eq!(unsafe { libc::dup2(a.as_raw_fd(), 0) }, 0);
-        let w = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            (&b).write_all(b"line\n").unwrap();
-            b
-        });
-        let mut buf = [0u8; 16];
-        // SAFETY: a live buffer.
-        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), 16) };
-        let e = if n < 0 { errno() } else { 0 };
-        let b = w.join().unwrap();
-        let stdin = (n, e);
-
-        // SAFETY: replacing our own stdout (the test harness captured nothing: --nocapture,
-        // and the parent reads only stderr).
-        assert_eq!(unsafe { libc::dup2(a.as_raw_fd(), 1) }, 1);
-        let reader = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            let mut total = 0usize;
-            let mut buf = vec![0u8; 1 << 16];
-            let mut b = b;
-            b.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            while let Ok(n) = b.read(&mut buf) {
-                if n == 0 {
-                    break;
+            // SAFETY: replacing our own stdout (the test harness captured nothing: --nocapture,
+            // and the parent reads only stderr).
+            assert_eq!(unsafe { libc::dup2(a.as_raw_fd(), 1) }, 1);
+            let reader = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let mut total = 0usize;
+                let mut buf = vec![0u8; 1 << 16];
+                let mut b = b;
+                b.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                while let Ok(n) = b.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    total += n;
+                    if total >= 4 << 20 {
+                        break;
+                    }
                 }
-                total += n;
-                if total >= 4 << 20 {
-                    break;
-                }
-            }
-            total
+                total
+            });
+            let big = vec![b'x'; 4 << 20];
+            // SAFETY: a live buffer.
+            let n = unsafe { libc::write(1, big.as_ptr().cast(), big.len()) };
+            let e = if n < 0 { errno() } else { 0 };
+            let got = reader.join().unwrap();
+            (stdin, (n, e, got))
         });
-        let big = vec![b'x'; 4 << 20];
-        // SAFETY: a live buffer.
-        let n = unsafe { libc::write(1, big.as_ptr().cast(), big.len()) };
-        let e = if n < 0 { errno() } else { 0 };
-        let got = reader.join().unwrap();
-        (stdin, (n, e, got))
+        // SAFETY: putting back the streams saved above.
+        unsafe {
+            libc::dup2(saved.0, 0);
+            libc::dup2(saved.1, 1);
+        }
+        let expect = ((5, 0), (4 << 20, 0, 4 << 20));
+        assert_eq!(
+            r, expect,
+            "((stdin read, errno), (stdout write, errno, bytes read))"
+        );
+        s.stop();
     });
-    // SAFETY: putting back the streams saved above.
-    unsafe {
-        libc::dup2(saved.0, 0);
-        libc::dup2(saved.1, 1);
-    }
-    let expect = ((5, 0), (4 << 20, 0, 4 << 20));
-    assert_eq!(
-        r, expect,
-        "((stdin read, errno), (stdout write, errno, bytes read))"
-    );
-    s.stop();
-    eprintln!("CHILD OK");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1871,125 +1825,117 @@ fn a_plain_thread_recv_on_a_switched_udp_socket_after_shutdown() {
 
 #[test]
 fn the_largest_timeouts_park_and_end_on_cancel() {
-    check_child("child_largest_timeouts");
-}
-
-#[test]
-#[ignore = "child of the_largest_timeouts_park_and_end_on_cancel"]
-fn child_largest_timeouts() {
-    if !is_child(CHILD, "child_largest_timeouts") {
-        return;
-    }
-    let s = shared_started(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let ticks = Arc::new(AtomicUsize::new(0));
-    let (st, tk) = (stop.clone(), ticks.clone());
-    let ticker = s
-        .submit(
-            move || {
-                while !st.load(Ordering::Relaxed) {
-                    tk.fetch_add(1, Ordering::Relaxed);
-                    fibra::sleep(Duration::from_millis(2));
-                }
-            },
-            None,
-        )
-        .unwrap();
-    let (pa, _pb) = UnixStream::pair().unwrap();
-    let pfd = pa.as_raw_fd();
-    /// A named call on an fd, returning its result widened.
-    type Call = (&'static str, fn(RawFd) -> i64);
-    let calls: Vec<Call> = vec![
-        ("select", |_| unsafe {
-            let mut tv = libc::timeval {
-                tv_sec: libc::time_t::MAX,
-                tv_usec: 999_999,
-            };
-            libc::select(
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                &mut tv,
-            ) as i64
-        }),
-        ("ppoll", |fd| unsafe {
-            let ts = libc::timespec {
-                tv_sec: libc::time_t::MAX,
-                tv_nsec: 999_999_999,
-            };
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            libc::ppoll(&mut p, 1, &ts, std::ptr::null()) as i64
-        }),
-        ("poll", |fd| unsafe {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            libc::poll(&mut p, 1, i32::MAX) as i64
-        }),
-        ("clock_nanosleep abstime", |_| unsafe {
-            let ts = libc::timespec {
-                tv_sec: libc::time_t::MAX,
-                tv_nsec: 999_999_999,
-            };
-            libc::clock_nanosleep(
-                libc::CLOCK_REALTIME,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            ) as i64
-        }),
-        ("nanosleep", |_| unsafe {
-            let ts = libc::timespec {
-                tv_sec: libc::time_t::MAX,
-                tv_nsec: 999_999_999,
-            };
-            libc::nanosleep(&ts, std::ptr::null_mut()) as i64
-        }),
-        ("thread::sleep(MAX)", |_| {
-            std::thread::sleep(Duration::MAX);
-            0
-        }),
-        ("sleep(u32::MAX)", |_| unsafe {
-            libc::sleep(u32::MAX) as i64
-        }),
-    ];
-    let hs: Vec<_> = calls
-        .into_iter()
-        .map(|(name, f)| (name, s.submit(move || f(pfd), None).unwrap()))
-        .collect();
-    crate::common::block_thread(Duration::from_millis(300));
-    let mut bad = Vec::new();
-    for (name, h) in &hs {
-        if h.is_finished() {
-            bad.push(format!("{name} returned early"));
+    child_ok(|| {
+        let s = shared_started(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let (st, tk) = (stop.clone(), ticks.clone());
+        let ticker = s
+            .submit(
+                move || {
+                    while !st.load(Ordering::Relaxed) {
+                        tk.fetch_add(1, Ordering::Relaxed);
+                        fibra::sleep(Duration::from_millis(2));
+                    }
+                },
+                None,
+            )
+            .unwrap();
+        let (pa, _pb) = UnixStream::pair().unwrap();
+        let pfd = pa.as_raw_fd();
+        /// A named call on an fd, returning its result widened.
+        type Call = (&'static str, fn(RawFd) -> i64);
+        let calls: Vec<Call> = vec![
+            ("select", |_| unsafe {
+                let mut tv = libc::timeval {
+                    tv_sec: libc::time_t::MAX,
+                    tv_usec: 999_999,
+                };
+                libc::select(
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut tv,
+                ) as i64
+            }),
+            ("ppoll", |fd| unsafe {
+                let ts = libc::timespec {
+                    tv_sec: libc::time_t::MAX,
+                    tv_nsec: 999_999_999,
+                };
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                libc::ppoll(&mut p, 1, &ts, std::ptr::null()) as i64
+            }),
+            ("poll", |fd| unsafe {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                libc::poll(&mut p, 1, i32::MAX) as i64
+            }),
+            ("clock_nanosleep abstime", |_| unsafe {
+                let ts = libc::timespec {
+                    tv_sec: libc::time_t::MAX,
+                    tv_nsec: 999_999_999,
+                };
+                libc::clock_nanosleep(
+                    libc::CLOCK_REALTIME,
+                    libc::TIMER_ABSTIME,
+                    &ts,
+                    std::ptr::null_mut(),
+                ) as i64
+            }),
+            ("nanosleep", |_| unsafe {
+                let ts = libc::timespec {
+                    tv_sec: libc::time_t::MAX,
+                    tv_nsec: 999_999_999,
+                };
+                libc::nanosleep(&ts, std::ptr::null_mut()) as i64
+            }),
+            ("thread::sleep(MAX)", |_| {
+                std::thread::sleep(Duration::MAX);
+                0
+            }),
+            ("sleep(u32::MAX)", |_| unsafe {
+                libc::sleep(u32::MAX) as i64
+            }),
+        ];
+        let hs: Vec<_> = calls
+            .into_iter()
+            .map(|(name, f)| (name, s.submit(move || f(pfd), None).unwrap()))
+            .collect();
+        crate::common::block_thread(Duration::from_millis(300));
+        let mut bad = Vec::new();
+        for (name, h) in &hs {
+            if h.is_finished() {
+                bad.push(format!("{name} returned early"));
+            }
         }
-    }
-    let before = ticks.load(Ordering::Relaxed);
-    crate::common::block_thread(Duration::from_millis(100));
-    assert!(
-        ticks.load(Ordering::Relaxed) > before,
-        "the worker is blocked"
-    );
-    for (_, h) in &hs {
-        h.cancel();
-    }
-    for (name, h) in hs {
-        if !h.wait_timeout(Duration::from_secs(10)) {
-            bad.push(format!("{name} did not end after cancel"));
+        let before = ticks.load(Ordering::Relaxed);
+        crate::common::block_thread(Duration::from_millis(100));
+        assert!(
+            ticks.load(Ordering::Relaxed) > before,
+            "the worker is blocked"
+        );
+        for (_, h) in &hs {
+            h.cancel();
         }
-    }
-    stop.store(true, Ordering::Relaxed);
-    finish(ticker);
-    assert!(bad.is_empty(), "{bad:?}");
-    s.stop();
-    eprintln!("CHILD OK");
+        for (name, h) in hs {
+            if !h.wait_timeout(Duration::from_secs(10)) {
+                bad.push(format!("{name} did not end after cancel"));
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        finish(ticker);
+        assert!(bad.is_empty(), "{bad:?}");
+        s.stop();
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1998,30 +1944,22 @@ fn child_largest_timeouts() {
 
 #[test]
 fn stdin_closed_reads_as_end_of_file_in_fibers() {
-    check_child("child_no_stdin");
-}
-
-#[test]
-#[ignore = "child of stdin_closed_reads_as_end_of_file_in_fibers"]
-fn child_no_stdin() {
-    if !is_child(CHILD, "child_no_stdin") {
-        return;
-    }
-    let s = shared_started(1);
-    // /dev/null first (how run_child starts us), then no fd 0 at all.
-    let r1 = s.block_on(|| {
-        let mut line = String::new();
-        std::io::stdin().read_line(&mut line).map_err(|e| e.kind())
+    child_ok(|| {
+        let s = shared_started(1);
+        // /dev/null first (how in_child starts us), then no fd 0 at all.
+        let r1 = s.block_on(|| {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map_err(|e| e.kind())
+        });
+        // SAFETY: closing our own stdin.
+        unsafe { libc::close(0) };
+        let r2 = s.block_on(|| {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf).map_err(|e| e.kind())
+        });
+        assert_eq!((r1, r2), (Ok(0), Ok(0)));
+        s.stop();
     });
-    // SAFETY: closing our own stdin.
-    unsafe { libc::close(0) };
-    let r2 = s.block_on(|| {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map_err(|e| e.kind())
-    });
-    assert_eq!((r1, r2), (Ok(0), Ok(0)));
-    s.stop();
-    eprintln!("CHILD OK");
 }
 
 // ---------------------------------------------------------------------------------------

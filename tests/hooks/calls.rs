@@ -1,8 +1,10 @@
 #![cfg(feature = "hook")]
-//! Adversarial tests of the hooked calls less attacked so far: `poll`/`ppoll`/`select`,
-//! `connect`/`accept4`, the sleeps, `getaddrinfo`, `hook::without` and the fortified forms.
-//! Each compares what a hooked call does in a fiber with what libc's own call does on a plain
-//! thread. Run with `cargo test --features hook --test attack_hook_calls`.
+//! The hooked calls one by one: `poll`/`ppoll`/`select` (their flags, odd arguments, fds past
+//! `FD_SETSIZE`, read-only sets), `connect`/`accept4` (timeouts, full backlogs, refusals),
+//! the sleeps, `getaddrinfo` cancelled while it resolves, `hook::without`, and the
+//! `_FORTIFY_SOURCE` forms, which abort on an overflow as glibc's do. Each compares what a
+//! hooked call does in a fiber with what libc's own call does on a plain thread; a call that
+//! may hang, kill the process or leave threads behind runs in a child process.
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -11,18 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    both, errno, finish, is_child, run_child, same_as_libc, started, with_deadline,
+    both, child_ok, errno, finish, in_child, same_as_libc, started, with_deadline,
 };
-
-const CHILD: &str = "FIBRA_ATTACK_HOOK_CALLS_CHILD";
-
-fn check_child(helper: &str) {
-    let (status, err) = run_child(CHILD, helper);
-    assert!(
-        status.success() && err.contains("CHILD OK"),
-        "{helper}: {status:?}\n{err}"
-    );
-}
 
 fn pfd(fd: RawFd, events: i16) -> libc::pollfd {
     libc::pollfd {
@@ -889,24 +881,16 @@ fn unix_connect_to_a_full_backlog_completes_when_room_comes() {
 /// The same without any timeout, in a child (the fiber may hang).
 #[test]
 fn unix_connect_to_a_full_backlog_without_timeout_ends() {
-    check_child("child_unix_backlog_no_timeout");
-}
-
-#[test]
-#[ignore = "child of unix_connect_to_a_full_backlog_without_timeout_ends"]
-fn child_unix_backlog_no_timeout() {
-    if !is_child(CHILD, "child_unix_backlog_no_timeout") {
-        return;
-    }
-    assert_eq!(unix_backlog_room(0), (0, 0, true), "libc");
-    let s = started(1);
-    let h = s.submit(|| unix_backlog_room(0), None).unwrap();
-    assert!(
-        h.wait_timeout(Duration::from_secs(5)),
-        "a fiber's blocking Unix connect still waits 5 s after the listener made room"
-    );
-    assert_eq!(h.join().unwrap(), (0, 0, true));
-    eprintln!("CHILD OK");
+    child_ok(|| {
+        assert_eq!(unix_backlog_room(0), (0, 0, true), "libc");
+        let s = started(1);
+        let h = s.submit(|| unix_backlog_room(0), None).unwrap();
+        assert!(
+            h.wait_timeout(Duration::from_secs(5)),
+            "a fiber's blocking Unix connect still waits 5 s after the listener made room"
+        );
+        assert_eq!(h.join().unwrap(), (0, 0, true));
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -996,71 +980,63 @@ fn hooked_calls_in_a_drop_while_a_fiber_unwinds_from_a_panic() {
 
 #[test]
 fn getaddrinfo_in_fibers_cancelled_while_resolving() {
-    check_child("child_getaddrinfo_cancel");
-}
-
-#[test]
-#[ignore = "child of getaddrinfo_in_fibers_cancelled_while_resolving"]
-fn child_getaddrinfo_cancel() {
-    if !is_child(CHILD, "child_getaddrinfo_cancel") {
-        return;
-    }
-    use std::net::ToSocketAddrs;
-    for threads in [1, 2] {
-        let s = started(threads);
-        for round in 0..5 {
-            let ok = Arc::new(AtomicUsize::new(0));
-            let handles: Vec<_> = (0..200)
-                .map(|_| {
-                    let ok = ok.clone();
-                    s.submit(
-                        move || {
-                            for _ in 0..1000 {
-                                // A raw getaddrinfo/freeaddrinfo pair too.
-                                let mut res: *mut libc::addrinfo = std::ptr::null_mut();
-                                // SAFETY: NUL-terminated strings, a live out-pointer.
-                                let r = unsafe {
-                                    libc::getaddrinfo(
-                                        c"localhost".as_ptr(),
-                                        c"80".as_ptr(),
-                                        std::ptr::null(),
-                                        &mut res,
-                                    )
-                                };
-                                if r == 0 {
-                                    assert!(!res.is_null());
-                                    // SAFETY: the list the call made.
-                                    unsafe { libc::freeaddrinfo(res) };
-                                } else {
-                                    assert!(res.is_null(), "an error with a list: {r}");
+    child_ok(|| {
+        use std::net::ToSocketAddrs;
+        for threads in [1, 2] {
+            let s = started(threads);
+            for round in 0..5 {
+                let ok = Arc::new(AtomicUsize::new(0));
+                let handles: Vec<_> = (0..200)
+                    .map(|_| {
+                        let ok = ok.clone();
+                        s.submit(
+                            move || {
+                                for _ in 0..1000 {
+                                    // A raw getaddrinfo/freeaddrinfo pair too.
+                                    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+                                    // SAFETY: NUL-terminated strings, a live out-pointer.
+                                    let r = unsafe {
+                                        libc::getaddrinfo(
+                                            c"localhost".as_ptr(),
+                                            c"80".as_ptr(),
+                                            std::ptr::null(),
+                                            &mut res,
+                                        )
+                                    };
+                                    if r == 0 {
+                                        assert!(!res.is_null());
+                                        // SAFETY: the list the call made.
+                                        unsafe { libc::freeaddrinfo(res) };
+                                    } else {
+                                        assert!(res.is_null(), "an error with a list: {r}");
+                                    }
+                                    if ("localhost", 80).to_socket_addrs().is_ok() {
+                                        ok.fetch_add(1, Ordering::Relaxed);
+                                    }
                                 }
-                                if ("localhost", 80).to_socket_addrs().is_ok() {
-                                    ok.fetch_add(1, Ordering::Relaxed);
-                                }
-                            }
-                        },
-                        None,
-                    )
-                    .unwrap()
-                })
-                .collect();
-            std::thread::sleep(Duration::from_millis(20 + round * 15));
-            for h in &handles {
-                h.cancel();
+                            },
+                            None,
+                        )
+                        .unwrap()
+                    })
+                    .collect();
+                std::thread::sleep(Duration::from_millis(20 + round * 15));
+                for h in &handles {
+                    h.cancel();
+                }
+                for h in handles {
+                    assert!(
+                        h.wait_timeout(Duration::from_secs(20)),
+                        "a cancelled resolver hangs"
+                    );
+                    let _ = h.join();
+                }
             }
-            for h in handles {
-                assert!(
-                    h.wait_timeout(Duration::from_secs(20)),
-                    "a cancelled resolver hangs"
-                );
-                let _ = h.join();
-            }
+            let n = s.block_on(|| ("localhost", 80).to_socket_addrs().map(|a| a.count()));
+            assert!(n.unwrap() > 0);
+            s.stop();
         }
-        let n = s.block_on(|| ("localhost", 80).to_socket_addrs().map(|a| a.count()));
-        assert!(n.unwrap() > 0);
-        s.stop();
-    }
-    eprintln!("CHILD OK");
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1097,47 +1073,74 @@ fn chk_call(which: &str) {
     }
 }
 
-#[test]
-#[ignore = "child of fortified_calls_abort_on_overflow"]
-fn child_chk() {
-    if !is_child(CHILD, "child_chk") {
-        return;
-    }
-    let which = std::env::var("CHK").unwrap();
-    if std::env::var("IN_FIBER").is_ok() {
-        let s = started(1);
-        s.block_on(move || chk_call(&which));
+/// Runs `chk_call(which)` in a child process, in a fiber or on its plain test thread, and
+/// checks how the child ended, which is the same in a fiber as libc's own call on a plain
+/// thread: a call told the truth about its buffer returns; one told a buffer smaller than
+/// what it may write aborts with glibc's "buffer overflow detected" (SIGABRT).
+fn fortified_call_ends_as_in_libc(which: &'static str, in_fiber: bool) {
+    let run = in_child(|| {
+        if in_fiber {
+            let s = started(1);
+            s.block_on(move || chk_call(which));
+        } else {
+            chk_call(which);
+        }
+    });
+    let outcome = (
+        run.signal(),
+        run.stderr.contains("buffer overflow detected"),
+        run.passed(),
+    );
+    let libc = if which == "read_ok" {
+        (None, false, true)
     } else {
-        chk_call(&which);
-    }
-    eprintln!("CHILD OK");
+        (Some(libc::SIGABRT), true, false)
+    };
+    assert_eq!(
+        outcome, libc,
+        "{which} (in a fiber: {in_fiber}): (signal, overflow reported, returned); libc's \
+         own call on a plain thread ends as {libc:?}"
+    );
 }
 
 #[test]
-fn fortified_calls_abort_on_overflow() {
-    use std::os::unix::process::ExitStatusExt;
-    for which in ["read_ok", "read", "recv", "poll"] {
-        let mut outcomes = Vec::new();
-        for fiber in [false, true] {
-            let envs: Vec<(&str, &str)> = if fiber {
-                vec![("CHK", which), ("IN_FIBER", "1")]
-            } else {
-                vec![("CHK", which)]
-            };
-            let (status, err) = crate::common::run_child_with(CHILD, "child_chk", &envs);
-            outcomes.push((
-                status.signal(),
-                err.contains("buffer overflow detected"),
-                err.contains("CHILD OK"),
-            ));
-        }
-        assert_eq!(outcomes[0], outcomes[1], "{which}: libc vs fiber");
-        if which == "read_ok" {
-            assert_eq!(outcomes[0], (None, false, true));
-        } else {
-            assert_eq!(outcomes[0], (Some(libc::SIGABRT), true, false), "{which}");
-        }
-    }
+fn a_fortified_read_within_its_buffer_returns_on_a_plain_thread() {
+    fortified_call_ends_as_in_libc("read_ok", false);
+}
+
+#[test]
+fn a_fortified_read_within_its_buffer_returns_in_a_fiber() {
+    fortified_call_ends_as_in_libc("read_ok", true);
+}
+
+#[test]
+fn a_fortified_read_past_its_buffer_aborts_on_a_plain_thread() {
+    fortified_call_ends_as_in_libc("read", false);
+}
+
+#[test]
+fn a_fortified_read_past_its_buffer_aborts_in_a_fiber() {
+    fortified_call_ends_as_in_libc("read", true);
+}
+
+#[test]
+fn a_fortified_recv_past_its_buffer_aborts_on_a_plain_thread() {
+    fortified_call_ends_as_in_libc("recv", false);
+}
+
+#[test]
+fn a_fortified_recv_past_its_buffer_aborts_in_a_fiber() {
+    fortified_call_ends_as_in_libc("recv", true);
+}
+
+#[test]
+fn a_fortified_poll_past_its_array_aborts_on_a_plain_thread() {
+    fortified_call_ends_as_in_libc("poll", false);
+}
+
+#[test]
+fn a_fortified_poll_past_its_array_aborts_in_a_fiber() {
+    fortified_call_ends_as_in_libc("poll", true);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1272,19 +1275,11 @@ fn select_into_a_read_only_set() -> (i32, i32) {
 /// `select` updates it itself and dies; the hook leaves it as it was, as the kernel does.
 #[test]
 fn select_with_a_read_only_fd_set_is_efault_as_in_libc() {
-    check_child("child_select_read_only_set");
-}
-
-#[test]
-#[ignore = "child of select_with_a_read_only_fd_set_is_efault_as_in_libc"]
-fn child_select_read_only_set() {
-    if !is_child(CHILD, "child_select_read_only_set") {
-        return;
-    }
-    same_as_libc(
-        select_into_a_read_only_set,
-        (-1, libc::EFAULT),
-        "a read-only set",
-    );
-    eprintln!("CHILD OK");
+    child_ok(|| {
+        same_as_libc(
+            select_into_a_read_only_set,
+            (-1, libc::EFAULT),
+            "a read-only set",
+        );
+    });
 }

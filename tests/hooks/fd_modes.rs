@@ -1,10 +1,9 @@
 #![cfg(feature = "hook")]
-//! Adversarial tests of the `hook` feature's view of an fd's blocking mode, which belongs
-//! to the open file (duplicates, fds received over `SCM_RIGHTS`, stale numbers, failed
-//! calls, `fork`), of calls that meet fibra's switch in the kernel, and of the other names
-//! of hooked calls (`fcntl64`). Each compares a hooked call with what libc's own call does.
-//! Run with
-//! `cargo test --features hook --test attack_hook_views`.
+//! The `hook` feature's view of an fd's blocking mode, which belongs to the open file
+//! (duplicates, fds received over `SCM_RIGHTS`, stale numbers, failed calls, `fork`), calls
+//! that meet fibra's switch in the kernel, and the other names of hooked calls (`fcntl64`,
+//! the `_FORTIFY_SOURCE` forms). Each compares a hooked call with what libc's own call does;
+//! the `fork` and `fcntl64` checks run in a child process.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -13,19 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{
-    both, errno, finish, is_child, run_child, same_as_libc, shared_started, with_deadline,
-};
-
-const CHILD: &str = "FIBRA_ATTACK_HOOK_VIEWS_CHILD";
-
-fn check_child(helper: &str) {
-    let (status, err) = run_child(CHILD, helper);
-    assert!(
-        status.success() && err.contains("CHILD OK"),
-        "{helper}: {status:?}\n{err}"
-    );
-}
+use crate::common::{both, child_ok, errno, finish, same_as_libc, shared_started, with_deadline};
 
 fn getfl_nb(fd: RawFd) -> bool {
     // SAFETY: F_GETFL on an fd number.
@@ -309,66 +296,58 @@ fn a_failed_dup2_does_not_wake_a_parked_reader_with_ebadf() {
 /// at once, F_GETFL shows O_NONBLOCK.
 #[test]
 fn a_forked_child_reusing_a_switched_number_gets_libc_semantics() {
-    check_child("child_fork_reuse");
-}
-
-#[test]
-#[ignore = "child of a_forked_child_reusing_a_switched_number_gets_libc_semantics"]
-fn child_fork_reuse() {
-    if !is_child(CHILD, "child_fork_reuse") {
-        return;
-    }
-    let s = shared_started(1);
-    let (a, b) = UnixStream::pair().unwrap();
-    let (a, _b) = s.block_on(move || {
-        let (mut a, mut b) = (a, b);
-        touch(&mut a, &mut b);
-        (a, b)
-    });
-    let fd = a.as_raw_fd();
-    // SAFETY: the child makes plain calls and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        // SAFETY: as above.
-        unsafe {
-            libc::alarm(3);
-            libc::close(fd);
-            let mut p = [0; 2];
-            if libc::pipe2(p.as_mut_ptr(), libc::O_NONBLOCK) != 0 {
-                libc::_exit(10);
+    child_ok(|| {
+        let s = shared_started(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        let (a, _b) = s.block_on(move || {
+            let (mut a, mut b) = (a, b);
+            touch(&mut a, &mut b);
+            (a, b)
+        });
+        let fd = a.as_raw_fd();
+        // SAFETY: the child makes plain calls and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe {
+                libc::alarm(3);
+                libc::close(fd);
+                let mut p = [0; 2];
+                if libc::pipe2(p.as_mut_ptr(), libc::O_NONBLOCK) != 0 {
+                    libc::_exit(10);
+                }
+                if p[0] != fd && libc::dup2(p[0], fd) != fd {
+                    libc::_exit(11);
+                }
+                let nb = libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
+                let mut one = [0u8; 1];
+                let r = libc::read(fd, one.as_mut_ptr().cast(), 1);
+                let e = *libc::__errno_location();
+                let code = match (nb, r, e) {
+                    (true, -1, libc::EAGAIN) => 0,
+                    (false, -1, libc::EAGAIN) => 2,
+                    _ => 3,
+                };
+                libc::_exit(code);
             }
-            if p[0] != fd && libc::dup2(p[0], fd) != fd {
-                libc::_exit(11);
-            }
-            let nb = libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0;
-            let mut one = [0u8; 1];
-            let r = libc::read(fd, one.as_mut_ptr().cast(), 1);
-            let e = *libc::__errno_location();
-            let code = match (nb, r, e) {
-                (true, -1, libc::EAGAIN) => 0,
-                (false, -1, libc::EAGAIN) => 2,
-                _ => 3,
-            };
-            libc::_exit(code);
         }
-    }
-    let mut status = 0;
-    // SAFETY: our child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    s.stop();
-    let how = if libc::WIFSIGNALED(status) {
-        format!(
-            "killed by signal {} (the read hung)",
-            libc::WTERMSIG(status)
-        )
-    } else {
-        format!("exit {}", libc::WEXITSTATUS(status))
-    };
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "child: {how} (0: EAGAIN and O_NONBLOCK shown, as libc; 2: EAGAIN but F_GETFL hides O_NONBLOCK)"
-    );
-    eprintln!("CHILD OK");
+        let mut status = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        s.stop();
+        let how = if libc::WIFSIGNALED(status) {
+            format!(
+                "killed by signal {} (the read hung)",
+                libc::WTERMSIG(status)
+            )
+        } else {
+            format!("exit {}", libc::WEXITSTATUS(status))
+        };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the forked child: {how} (0: EAGAIN and O_NONBLOCK shown, as libc; 2: EAGAIN but F_GETFL hides O_NONBLOCK)"
+        );
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -948,41 +927,33 @@ extern "C" {
 /// (only the fiber), and another fiber of the same single worker must still run.
 #[test]
 fn fcntl64_on_a_switched_socket_does_not_block_the_worker() {
-    check_child("child_fcntl64");
-}
-
-#[test]
-#[ignore = "child of fcntl64_on_a_switched_socket_does_not_block_the_worker"]
-fn child_fcntl64() {
-    if !is_child(CHILD, "child_fcntl64") {
-        return;
-    }
-    let s = shared_started(1);
-    let (a, b) = UnixStream::pair().unwrap();
-    let fd = a.as_raw_fd();
-    let (a, mut b) = s.block_on(move || {
-        let (mut a, mut b) = (a, b);
-        touch(&mut a, &mut b);
-        // SAFETY: F_GETFL/F_SETFL through glibc's other name.
-        unsafe {
-            let fl = fcntl64(fd, libc::F_GETFL);
-            fcntl64(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
-        }
-        (a, b)
+    child_ok(|| {
+        let s = shared_started(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        let fd = a.as_raw_fd();
+        let (a, mut b) = s.block_on(move || {
+            let (mut a, mut b) = (a, b);
+            touch(&mut a, &mut b);
+            // SAFETY: F_GETFL/F_SETFL through glibc's other name.
+            unsafe {
+                let fl = fcntl64(fd, libc::F_GETFL);
+                fcntl64(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+            }
+            (a, b)
+        });
+        let reader = s.submit(move || read1(fd), None).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let other = s.submit(|| 7, None).unwrap();
+        let ran = other.wait_timeout(Duration::from_secs(2));
+        b.write_all(b"x").unwrap();
+        let got = finish(reader);
+        drop(a);
+        s.stop();
+        assert!(
+            ran && got == Ok(1),
+            "another fiber ran while one read: {ran}; read: {got:?}"
+        );
     });
-    let reader = s.submit(move || read1(fd), None).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let other = s.submit(|| 7, None).unwrap();
-    let ran = other.wait_timeout(Duration::from_secs(2));
-    b.write_all(b"x").unwrap();
-    let got = finish(reader);
-    drop(a);
-    s.stop();
-    assert!(
-        ran && got == Ok(1),
-        "another fiber ran while one read: {ran}; read: {got:?}"
-    );
-    eprintln!("CHILD OK");
 }
 
 extern "C" {

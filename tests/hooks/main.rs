@@ -1,6 +1,7 @@
 //! The `hook` feature: blocking C library calls made by std or any crate in a fiber park
 //! only that fiber, with libc's semantics (errors, `errno`, blocking modes) everywhere else.
-//! Run with `cargo test --features hook`; without it only the linking check runs.
+//! Without the feature only the linking check runs: `cargo test --features hook --test hooks`
+//! runs them all.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -8,6 +9,6 @@ mod common;
 mod blocking_code;
 mod calls;
 mod fd_modes;
+mod interference;
 mod linking;
-mod misuse;
 mod std_calls;

@@ -1,5 +1,5 @@
 //! The `hook` feature: blocking C library calls made by std (and any crate) in a fiber park
-//! only that fiber. Run with `cargo test --features hook`.
+//! only that fiber.
 #![cfg(feature = "hook")]
 
 use std::io::{ErrorKind, Read, Write};

@@ -730,60 +730,49 @@ fn matrix(ctxs: &[Ctx]) {
 }
 
 #[test]
-fn matrix_plain_thread_and_scheduled_fiber() {
+fn every_call_returns_or_panics_as_documented_on_a_plain_thread_and_in_a_scheduled_fiber() {
     matrix(&[Ctx::PlainThread, Ctx::ScheduledFiber]);
 }
 
 #[test]
-fn matrix_standalone_on_a_thread() {
+fn every_call_returns_or_panics_as_documented_in_a_standalone_fiber_on_a_thread() {
     matrix(&[Ctx::StandaloneOnThread]);
 }
 
 #[test]
-fn matrix_continuation_and_stopping() {
+fn every_call_returns_or_panics_as_documented_in_a_continuation_and_a_fiber_of_a_stopping_scheduler(
+) {
     matrix(&[Ctx::Continuation, Ctx::StoppingFiber]);
 }
 
 #[test]
-fn matrix_unwinding_destructors() {
+fn every_call_returns_or_panics_as_documented_in_destructors_of_a_panic_or_cancellation() {
     matrix(&[Ctx::DropInPanic, Ctx::DropInCancel]);
 }
 
 #[test]
-fn matrix_guard_and_unconstrained() {
+fn every_call_returns_or_panics_as_documented_with_a_fibra_lock_held_and_in_unconstrained() {
     matrix(&[Ctx::GuardHeld, Ctx::Unconstrained]);
 }
 
 /// (b): in a child process, after the only scheduler was stopped and dropped, every call
 /// from a plain thread and from a standalone fiber on it.
 #[test]
-fn matrix_after_every_scheduler_was_dropped() {
-    let (status, stderr) = crate::common::run_child_with(
-        "FIBRA_CTX_CHILD",
-        "child_after_drop",
-        &[("RUST_BACKTRACE", "0")],
-    );
-    assert!(status.success(), "child failed: {status:?}\n{stderr}");
-}
-
-#[test]
-#[ignore = "child of matrix_after_every_scheduler_was_dropped"]
-fn child_after_drop() {
-    if !crate::common::is_child("FIBRA_CTX_CHILD", "child_after_drop") {
-        return;
-    }
-    let s = sched(2);
-    assert_eq!(s.block_on(|| 1), 1);
-    s.stop();
-    drop(s);
-    matrix(&[Ctx::PlainThread, Ctx::StandaloneOnThread]);
+fn every_call_returns_or_panics_as_documented_after_every_scheduler_was_dropped() {
+    crate::common::child_ok(|| {
+        let s = sched(2);
+        assert_eq!(s.block_on(|| 1), 1);
+        s.stop();
+        drop(s);
+        matrix(&[Ctx::PlainThread, Ctx::StandaloneOnThread]);
+    });
 }
 
 /// (d2): a standalone fiber resumed from inside a scheduled fiber (one worker). The
 /// documentation of `fibra::spawn` (and of `scope`, `JoinSet::spawn`) promises a panic "in a
 /// standalone Fiber"; every other call blocks the thread, which is documented.
 #[test]
-fn matrix_standalone_inside_a_scheduled_fiber() {
+fn every_call_returns_or_panics_as_documented_in_a_standalone_fiber_inside_a_scheduled_fiber() {
     matrix(&[Ctx::StandaloneInFiber]);
 }
 

@@ -1,7 +1,7 @@
 //! Hostile values and contexts: extreme time values in every timed API, builder inputs at
 //! their limits, panics in every callback position (wakers included), and calls from odd
 //! contexts (thread-local destructors, other schedulers, after `stop`). Every wait is
-//! bounded; attacks that may abort run in a child process.
+//! bounded; calls that may abort the process run in a child process.
 
 use std::future::Future;
 use std::os::fd::AsRawFd;
@@ -13,13 +13,9 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{
-    every_worker_runs, finish, held_task, is_child, named, run_child, started, with_deadline,
-    Counted,
-};
+use crate::common::{every_worker_runs, finish, held_task, named, started, with_deadline, Counted};
 use fibra::{Fiber, FiberState, ParkResult, Scheduler, Unparker};
 
-const CHILD_ENV: &str = "FIBRA_ATTACK_VALUES_CHILD";
 const BOUND: Duration = Duration::from_secs(20);
 
 // ------------------------------------------------------------------------------ helpers
@@ -85,12 +81,6 @@ fn cpu_during(prefix: &str, d: Duration) -> u64 {
     let before = cpu_ticks(prefix);
     thread::sleep(d);
     cpu_ticks(prefix) - before
-}
-
-/// Runs the child-process helper `helper` of this file and checks that it passed.
-fn child_passes(helper: &str) {
-    let (st, err) = run_child(CHILD_ENV, helper);
-    assert!(st.success(), "child failed: {st:?}\n{err}");
 }
 
 /// Runs `check` on this thread, then in a fiber of a fresh one-worker scheduler, within
@@ -163,7 +153,7 @@ fn poll_once<F: Future + Unpin>(f: &mut F, w: &Waker) -> Poll<F::Output> {
 #[test]
 fn extreme_instants_in_fibers_do_not_spin_and_end_on_wake() {
     with_deadline(|| {
-        let sched = named(2, "r4ext");
+        let sched = named(2, "timeext");
         let max = max_instant();
         let min = min_instant();
         let sleeper = sched.submit(move || fibra::sleep_until(max), None).unwrap();
@@ -195,7 +185,7 @@ fn extreme_instants_in_fibers_do_not_spin_and_end_on_wake() {
         assert!(took < BOUND);
         crate::common::wait_until("the parker to park", || slot.lock().unwrap().is_some());
         thread::sleep(Duration::from_millis(100));
-        let burnt = cpu_during("r4ext", Duration::from_secs(1));
+        let burnt = cpu_during("timeext", Duration::from_secs(1));
         assert!(
             burnt < 30,
             "workers burnt {burnt} ticks in 1 s with far timers only"
@@ -614,7 +604,7 @@ fn watchdog_extremes() {
         .into_iter()
         .enumerate()
         {
-            let name = format!("r4wd{i}");
+            let name = format!("wdext{i}");
             let sched = Scheduler::builder()
                 .threads(2)
                 .name(&name)
@@ -647,13 +637,13 @@ fn watchdog_extremes() {
 #[test]
 fn sleep_max_does_not_spin_and_stop_timeout_cancels_it() {
     with_deadline(|| {
-        let sched = named(1, "r4smax");
+        let sched = named(1, "sleepmax");
         let h = sched.submit(|| fibra::sleep(Duration::MAX), None).unwrap();
         let h2 = sched
             .submit(|| fibra::sleep(Duration::from_secs(u64::MAX / 2)), None)
             .unwrap();
         thread::sleep(Duration::from_millis(100));
-        let burnt = cpu_during("r4smax", Duration::from_secs(1));
+        let burnt = cpu_during("sleepmax", Duration::from_secs(1));
         assert!(burnt < 30, "{burnt} ticks with a MAX sleeper");
         assert_eq!(sched.stop_timeout(Duration::from_millis(10)), 2);
         assert!(h.join().unwrap_err().is_cancelled());
@@ -664,51 +654,44 @@ fn sleep_max_does_not_spin_and_stop_timeout_cancels_it() {
 /// The blocking pool's keep-alive at MAX and ZERO (process-wide: in a child).
 #[test]
 fn unblock_keep_alive_extremes() {
-    child_passes("child_keep_alive");
-}
-
-#[test]
-#[ignore = "child of unblock_keep_alive_extremes"]
-fn child_keep_alive() {
-    if !is_child(CHILD_ENV, "child_keep_alive") {
-        return;
-    }
-    let sched = started(2);
-    fibra::unblock::set_keep_alive(Duration::MAX);
-    assert!(fibra::unblock::keep_alive() >= Duration::from_secs(500 * 365 * 24 * 3600));
-    let v: Vec<_> = (0..8)
-        .map(|i| {
-            sched
-                .submit(move || fibra::unblock(move || i * 2), None)
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(v.into_iter().map(finish).sum::<i32>(), 56);
-    // Threads idle under the endless keep-alive take a new one at once, with no new call.
-    fibra::unblock::set_keep_alive(Duration::ZERO);
-    assert!(
-        crate::common::eventually(BOUND, || fibra::unblock::threads() == 0),
-        "idle threads kept the keep-alive they went idle with"
-    );
-    let v: Vec<_> = (0..8)
-        .map(|i| {
-            sched
-                .submit(move || fibra::unblock(move || i * 2), None)
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(v.into_iter().map(finish).sum::<i32>(), 56);
-    assert!(crate::common::eventually(
-        BOUND,
-        || fibra::unblock::threads() == 0
-    ));
-    fibra::unblock::set_keep_alive(Duration::from_nanos(1));
-    assert_eq!(fibra::unblock(|| 5), 5);
-    assert_eq!(
-        finish(sched.submit(|| fibra::unblock(|| 6), None).unwrap()),
-        6
-    );
-    sched.stop();
+    crate::common::child_ok(|| {
+        let sched = started(2);
+        fibra::unblock::set_keep_alive(Duration::MAX);
+        assert!(fibra::unblock::keep_alive() >= Duration::from_secs(500 * 365 * 24 * 3600));
+        let v: Vec<_> = (0..8)
+            .map(|i| {
+                sched
+                    .submit(move || fibra::unblock(move || i * 2), None)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(v.into_iter().map(finish).sum::<i32>(), 56);
+        // Threads idle under the endless keep-alive take a new one at once, with no new call.
+        fibra::unblock::set_keep_alive(Duration::ZERO);
+        assert!(
+            crate::common::eventually(BOUND, || fibra::unblock::threads() == 0),
+            "idle threads kept the keep-alive they went idle with"
+        );
+        let v: Vec<_> = (0..8)
+            .map(|i| {
+                sched
+                    .submit(move || fibra::unblock(move || i * 2), None)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(v.into_iter().map(finish).sum::<i32>(), 56);
+        assert!(crate::common::eventually(
+            BOUND,
+            || fibra::unblock::threads() == 0
+        ));
+        fibra::unblock::set_keep_alive(Duration::from_nanos(1));
+        assert_eq!(fibra::unblock(|| 5), 5);
+        assert_eq!(
+            finish(sched.submit(|| fibra::unblock(|| 6), None).unwrap()),
+            6
+        );
+        sched.stop();
+    });
 }
 
 // ===================================================================== 2. builder inputs
@@ -897,37 +880,30 @@ fn task_and_fiber_stack_extremes() {
 /// MAX_THREADS workers (in a child: 4096 threads).
 #[test]
 fn max_threads_workers_build_run_and_stop() {
-    child_passes("child_max_threads");
-}
-
-#[test]
-#[ignore = "child of max_threads_workers_build_run_and_stop"]
-fn child_max_threads() {
-    if !is_child(CHILD_ENV, "child_max_threads") {
-        return;
-    }
-    let sched = Scheduler::builder()
-        .threads(fibra::MAX_THREADS)
-        .stack_size(fibra::MIN_STACK_SIZE)
-        .build()
-        .unwrap();
-    sched.start();
-    let hs: Vec<_> = (0..fibra::MAX_THREADS)
-        .step_by(97)
-        .chain([fibra::MAX_THREADS - 1])
-        .map(|w| (w, sched.submit(fibra::current_worker, Some(w)).unwrap()))
-        .collect();
-    for (w, h) in hs {
-        assert_eq!(finish(h), Some(w));
-    }
-    let many: Vec<_> = (0..10_000).map(|i| sched.spawn(move || i)).collect();
-    assert_eq!(
-        many.into_iter().map(finish).sum::<i64>(),
-        9_999 * 10_000 / 2
-    );
-    let t = Instant::now();
-    sched.stop();
-    eprintln!("stop took {:?}", t.elapsed());
+    crate::common::child_ok(|| {
+        let sched = Scheduler::builder()
+            .threads(fibra::MAX_THREADS)
+            .stack_size(fibra::MIN_STACK_SIZE)
+            .build()
+            .unwrap();
+        sched.start();
+        let hs: Vec<_> = (0..fibra::MAX_THREADS)
+            .step_by(97)
+            .chain([fibra::MAX_THREADS - 1])
+            .map(|w| (w, sched.submit(fibra::current_worker, Some(w)).unwrap()))
+            .collect();
+        for (w, h) in hs {
+            assert_eq!(finish(h), Some(w));
+        }
+        let many: Vec<_> = (0..10_000).map(|i| sched.spawn(move || i)).collect();
+        assert_eq!(
+            many.into_iter().map(finish).sum::<i64>(),
+            9_999 * 10_000 / 2
+        );
+        let t = Instant::now();
+        sched.stop();
+        eprintln!("stop took {:?}", t.elapsed());
+    });
 }
 
 // ============================================================ 3. panics in callback spots
@@ -1374,7 +1350,52 @@ fn stop_timeout_counts_a_discarded_queued_task_with_a_panicking_waker() {
 /// worker's own stack. A JoinHandle polled with a panicking waker then panics on the worker.
 #[test]
 fn no_stack_failure_with_a_panicking_waker_keeps_the_worker() {
-    child_passes("child_no_stack_waker");
+    crate::common::child_ok(|| {
+        let sched = Scheduler::builder()
+            .threads(1)
+            .stack_size(1 << 30)
+            .build()
+            .unwrap();
+        sched.start();
+        let limit = vm_size_bytes() + (256 << 20);
+        let lim = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: a valid rlimit.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+        // Control: a plain task fails with no stack.
+        let h = sched.submit(|| 1, None).unwrap();
+        assert!(h.wait_timeout(BOUND));
+        let e = h.join().unwrap_err();
+        assert!(e.is_no_stack(), "{e}");
+        eprintln!("control ok: {e}");
+        // Now one with a panicking waker.
+        let pw = Arc::new(PanicWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(pw.clone());
+        let (tx, rx) = stdmpsc::channel::<()>();
+        // Occupy the worker: a no-stack task cannot; so race: poll before the worker takes it.
+        let mut hs = Vec::new();
+        for _ in 0..200 {
+            let mut h = sched.submit(|| 2, Some(0)).unwrap();
+            if poll_once(&mut h, &waker).is_pending() {
+                hs.push(h);
+            }
+        }
+        drop(tx);
+        drop(rx);
+        eprintln!("{} handles polled while pending", hs.len());
+        for h in hs {
+            assert!(h.wait_timeout(BOUND), "a no-stack task never completed");
+            let _ = h.join();
+        }
+        eprintln!("waker panicked {} times", pw.0.load(Ordering::SeqCst));
+        // The worker must still be alive.
+        let h = sched.submit(|| 3, Some(0)).unwrap();
+        assert!(h.wait_timeout(BOUND), "the worker died");
+        assert!(h.join().unwrap_err().is_no_stack());
+        sched.stop_timeout(Duration::from_secs(2));
+    });
 }
 
 fn vm_size_bytes() -> u64 {
@@ -1388,96 +1409,64 @@ fn vm_size_bytes() -> u64 {
         * 1024
 }
 
-#[test]
-#[ignore = "child of no_stack_failure_with_a_panicking_waker_keeps_the_worker"]
-fn child_no_stack_waker() {
-    if !is_child(CHILD_ENV, "child_no_stack_waker") {
-        return;
-    }
-    let sched = Scheduler::builder()
-        .threads(1)
-        .stack_size(1 << 30)
-        .build()
-        .unwrap();
-    sched.start();
-    let limit = vm_size_bytes() + (256 << 20);
-    let lim = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: a valid rlimit.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
-    // Control: a plain task fails with no stack.
-    let h = sched.submit(|| 1, None).unwrap();
-    assert!(h.wait_timeout(BOUND));
-    let e = h.join().unwrap_err();
-    assert!(e.is_no_stack(), "{e}");
-    eprintln!("control ok: {e}");
-    // Now one with a panicking waker.
-    let pw = Arc::new(PanicWaker(AtomicUsize::new(0)));
-    let waker = Waker::from(pw.clone());
-    let (tx, rx) = stdmpsc::channel::<()>();
-    // Occupy the worker: a no-stack task cannot; so race: poll before the worker takes it.
-    let mut hs = Vec::new();
-    for _ in 0..200 {
-        let mut h = sched.submit(|| 2, Some(0)).unwrap();
-        if poll_once(&mut h, &waker).is_pending() {
-            hs.push(h);
-        }
-    }
-    drop(tx);
-    drop(rx);
-    eprintln!("{} handles polled while pending", hs.len());
-    for h in hs {
-        assert!(h.wait_timeout(BOUND), "a no-stack task never completed");
-        let _ = h.join();
-    }
-    eprintln!("waker panicked {} times", pw.0.load(Ordering::SeqCst));
-    // The worker must still be alive.
-    let h = sched.submit(|| 3, Some(0)).unwrap();
-    assert!(h.wait_timeout(BOUND), "the worker died");
-    assert!(h.join().unwrap_err().is_no_stack());
-    sched.stop_timeout(Duration::from_secs(2));
-}
-
 // ============================================================== 4. calling contexts
 
 /// fibra calls made from a thread-local destructor, with fibra's own thread-locals
-/// initialised before and after the user's (their destruction order differs). Each case
-/// runs on a fresh thread in a child process; the child prints what happened.
-#[test]
-fn fibra_calls_from_thread_local_destructors() {
-    let mut failures = Vec::new();
-    for (case, name) in TLS_CASES.iter().enumerate() {
-        for order in ["user_first", "fibra_first"] {
-            let (st, err) = crate::common::run_child_with(
-                CHILD_ENV,
-                "child_tls_dtor",
-                &[("R4_TLS_CASE", &case.to_string()), ("R4_TLS_ORDER", order)],
-            );
-            if !st.success() || !err.contains("TLS-CASE-OK") {
-                let tail: String = err
-                    .lines()
-                    .filter(|l| {
-                        !l.trim_start().starts_with(|c: char| c.is_ascii_digit())
-                            && !l.trim_start().starts_with("at ")
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" | ");
-                failures.push(format!(
-                    "{} ({order}): {st:?}: {}",
-                    name,
-                    &tail[..tail.len().min(400)]
-                ));
-            }
-        }
+/// initialised before and after the user's (their destruction order differs). Each case is
+/// a test of its own (`tls_destructor_tests!` below) and runs on a fresh thread in a child
+/// process; the child prints what happened, and the destructor's call must have returned.
+fn fibra_call_from_a_thread_local_destructor(case: usize, order: &str) {
+    let run =
+        crate::common::in_child(|| run_in_a_thread_local_destructor(case, order == "user_first"));
+    if !run.passed() || !run.stderr.contains("TLS-CASE-OK") {
+        let tail: String = run
+            .stderr
+            .lines()
+            .filter(|l| {
+                !l.trim_start().starts_with(|c: char| c.is_ascii_digit())
+                    && !l.trim_start().starts_with("at ")
+            })
+            .collect::<Vec<_>>()
+            .join(" | ");
+        panic!(
+            "{} ({order}): {:?}: {}",
+            TLS_CASES[case],
+            run.status,
+            &tail[..tail.len().min(400)]
+        );
     }
-    assert!(
-        failures.is_empty(),
-        "{} failing cases:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+}
+
+macro_rules! tls_destructor_tests {
+    ($($name:ident: $case:literal, $order:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            fibra_call_from_a_thread_local_destructor($case, $order);
+        }
+    )*};
+}
+
+tls_destructor_tests! {
+    a_tls_destructor_set_before_fibras_can_join_a_task: 0, "user_first";
+    a_tls_destructor_set_after_fibras_can_join_a_task: 0, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_park_with_a_timeout: 1, "user_first";
+    a_tls_destructor_set_after_fibras_can_park_with_a_timeout: 1, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_sleep: 2, "user_first";
+    a_tls_destructor_set_after_fibras_can_sleep: 2, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_recv_with_a_timeout: 3, "user_first";
+    a_tls_destructor_set_after_fibras_can_recv_with_a_timeout: 3, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_lock_a_contended_mutex: 4, "user_first";
+    a_tls_destructor_set_after_fibras_can_lock_a_contended_mutex: 4, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_block_on: 5, "user_first";
+    a_tls_destructor_set_after_fibras_can_block_on: 5, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_resume_a_standalone_fiber: 6, "user_first";
+    a_tls_destructor_set_after_fibras_can_resume_a_standalone_fiber: 6, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_unblock: 7, "user_first";
+    a_tls_destructor_set_after_fibras_can_unblock: 7, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_drop_a_scheduler: 8, "user_first";
+    a_tls_destructor_set_after_fibras_can_drop_a_scheduler: 8, "fibra_first";
+    a_tls_destructor_set_before_fibras_can_block_on_a_future: 9, "user_first";
+    a_tls_destructor_set_after_fibras_can_block_on_a_future: 9, "fibra_first";
 }
 
 const TLS_CASES: &[&str] = &[
@@ -1562,14 +1551,10 @@ fn tls_case(case: usize, sched: &Arc<Scheduler>) {
     }
 }
 
-#[test]
-#[ignore = "child of fibra_calls_from_thread_local_destructors"]
-fn child_tls_dtor() {
-    if !is_child(CHILD_ENV, "child_tls_dtor") {
-        return;
-    }
-    let case: usize = std::env::var("R4_TLS_CASE").unwrap().parse().unwrap();
-    let user_first = std::env::var("R4_TLS_ORDER").unwrap() == "user_first";
+/// The child of a thread-local destructor test: a fresh thread sets a thread-local whose
+/// destructor runs TLS case `case`, with fibra's thread-locals initialised after the user's
+/// (`user_first`) or before; the destructor prints `TLS-CASE-OK` if the case returned.
+fn run_in_a_thread_local_destructor(case: usize, user_first: bool) {
     let sched = Arc::new(started(2));
     struct OnExit(Option<(usize, Arc<Scheduler>)>);
     impl Drop for OnExit {
@@ -1924,9 +1909,9 @@ fn scheduler_apis_from_a_standalone_fiber() {
 }
 
 /// Channel capacities at the extremes: bounded mpsc/mpmc with usize::MAX (no prealloc
-/// expected), broadcast with usize::MAX and 2^40 (a panic is acceptable, an abort is not).
+/// expected) take messages at once.
 #[test]
-fn channel_capacity_extremes() {
+fn bounded_channels_of_capacity_max_take_messages_without_preallocating() {
     with_deadline(|| {
         let (tx, rx) = fibra::sync::mpsc::sync_channel::<u8>(usize::MAX);
         for i in 0..1000 {
@@ -1939,38 +1924,33 @@ fn channel_capacity_extremes() {
         }
         assert_eq!(rx.try_iter().count(), 1000);
     });
-    for case in ["max", "2^40"] {
-        let (st, err) = crate::common::run_child_with(
-            CHILD_ENV,
-            "child_broadcast_capacity",
-            &[("R4_CAP", case)],
-        );
-        assert!(
-            st.success(),
-            "broadcast::channel({case}) killed the process: {st:?}\n{}",
-            err.lines()
-                .filter(|l| !l.starts_with("  "))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
 }
 
+/// A broadcast channel with capacity usize::MAX, in a child process: a panic is
+/// acceptable, an abort is not.
 #[test]
-#[ignore = "child of channel_capacity_extremes"]
-fn child_broadcast_capacity() {
-    if !is_child(CHILD_ENV, "child_broadcast_capacity") {
-        return;
-    }
-    let cap = match std::env::var("R4_CAP").unwrap().as_str() {
-        "max" => usize::MAX,
-        _ => 1 << 40,
-    };
-    let r = panic::catch_unwind(|| {
-        let (tx, _rx) = fibra::sync::broadcast::channel::<u8>(cap);
-        tx.send(1).unwrap();
+fn a_broadcast_channel_of_capacity_max_panics_or_works_but_does_not_abort() {
+    broadcast_capacity_does_not_abort("max", usize::MAX);
+}
+
+/// A broadcast channel with capacity 2^40, in a child process: a panic is acceptable, an
+/// abort is not.
+#[test]
+fn a_broadcast_channel_of_capacity_2_pow_40_panics_or_works_but_does_not_abort() {
+    broadcast_capacity_does_not_abort("2^40", 1 << 40);
+}
+
+/// Makes a broadcast channel of capacity `cap` and sends on it in a child process, which
+/// must not be killed (a caught panic is fine).
+fn broadcast_capacity_does_not_abort(case: &str, cap: usize) {
+    let run = crate::common::in_child(|| {
+        let r = panic::catch_unwind(|| {
+            let (tx, _rx) = fibra::sync::broadcast::channel::<u8>(cap);
+            tx.send(1).unwrap();
+        });
+        eprintln!("broadcast::channel({cap}): panicked = {}", r.is_err());
     });
-    eprintln!("broadcast::channel({cap}): panicked = {}", r.is_err());
+    run.assert_ok(&format!("broadcast::channel({case}) killed the process"));
 }
 
 /// A task waiting on its own handle with `wait_timeout(Duration::MAX)`: `join` panics for
@@ -2076,66 +2056,52 @@ fn panicking_waker_does_not_swallow_another_waiters_wakeup() {
 /// fiber cancelled and the message still in the channel.
 #[test]
 fn a_panicking_waker_woken_by_a_cancelled_receiver_does_not_abort() {
-    child_passes("child_panicking_waker_during_cancel");
-}
-
-#[test]
-#[ignore = "child of a_panicking_waker_woken_by_a_cancelled_receiver_does_not_abort"]
-fn child_panicking_waker_during_cancel() {
-    if !is_child(CHILD_ENV, "child_panicking_waker_during_cancel") {
-        return;
-    }
-    let sched = started(1);
-    let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
-    let rx = Arc::new(rx);
-    let (wakes, waker) = panicking_waker();
-    let mut fut = Box::pin(rx.recv_async());
-    let mut cx = std::task::Context::from_waker(&waker);
-    let _tx = crate::common::cancel_a_receiver_holding_a_message(&sched, tx, &rx, 7, || {
-        // A future watching the receiver with a waker that panics.
-        assert!(fut.as_mut().poll(&mut cx).is_pending());
+    crate::common::child_ok(|| {
+        let sched = started(1);
+        let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
+        let rx = Arc::new(rx);
+        let (wakes, waker) = panicking_waker();
+        let mut fut = Box::pin(rx.recv_async());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let _tx = crate::common::cancel_a_receiver_holding_a_message(&sched, tx, &rx, 7, || {
+            // A future watching the receiver with a waker that panics.
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+        });
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the future was woken");
+        assert_eq!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(7)));
+        sched.stop();
     });
-    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the future was woken");
-    assert_eq!(fut.as_mut().poll(&mut cx), std::task::Poll::Ready(Ok(7)));
-    sched.stop();
 }
 
 /// The same from a `Sender` that a cancelled fiber's unwind drops: the last sender gone
 /// wakes a `recv_async` future, whose waker panics during that unwind.
 #[test]
 fn a_panicking_waker_woken_by_a_sender_a_cancellation_drops_does_not_abort() {
-    child_passes("child_panicking_waker_sender_drop");
-}
-
-#[test]
-#[ignore = "child of a_panicking_waker_woken_by_a_sender_a_cancellation_drops_does_not_abort"]
-fn child_panicking_waker_sender_drop() {
-    if !is_child(CHILD_ENV, "child_panicking_waker_sender_drop") {
-        return;
-    }
-    let sched = started(1);
-    let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
-    let h = sched
-        .submit(
-            move || {
-                let _tx = tx;
-                fibra::park(drop);
-            },
-            None,
-        )
-        .unwrap();
-    crate::common::a_fiber_parked(&sched);
-    let (wakes, waker) = panicking_waker();
-    let mut fut = Box::pin(rx.recv_async());
-    let mut cx = std::task::Context::from_waker(&waker);
-    assert!(fut.as_mut().poll(&mut cx).is_pending());
-    sched.stop_timeout(Duration::from_millis(10));
-    assert!(h.is_cancelled());
-    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the future was woken");
-    assert!(matches!(
-        fut.as_mut().poll(&mut cx),
-        std::task::Poll::Ready(Err(_))
-    ));
+    crate::common::child_ok(|| {
+        let sched = started(1);
+        let (tx, rx) = fibra::sync::mpsc::channel::<u32>();
+        let h = sched
+            .submit(
+                move || {
+                    let _tx = tx;
+                    fibra::park(drop);
+                },
+                None,
+            )
+            .unwrap();
+        crate::common::a_fiber_parked(&sched);
+        let (wakes, waker) = panicking_waker();
+        let mut fut = Box::pin(rx.recv_async());
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        sched.stop_timeout(Duration::from_millis(10));
+        assert!(h.is_cancelled());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the future was woken");
+        assert!(matches!(
+            fut.as_mut().poll(&mut cx),
+            std::task::Poll::Ready(Err(_))
+        ));
+    });
 }
 
 /// A blocking send on a rendezvous channel links its node, then lets the channel's lock go,
@@ -2145,42 +2111,35 @@ fn child_panicking_waker_sender_drop() {
 /// was not sent, and the channel still works.
 #[test]
 fn a_waker_panicking_as_a_blocked_send_waits_leaves_no_node_behind() {
-    child_passes("child_panicking_waker_blocked_sender");
-}
-
-#[test]
-#[ignore = "child of a_waker_panicking_as_a_blocked_send_waits_leaves_no_node_behind"]
-fn child_panicking_waker_blocked_sender() {
-    if !is_child(CHILD_ENV, "child_panicking_waker_blocked_sender") {
-        return;
-    }
-    /// Overwrites the stack below the caller with a pattern.
-    #[inline(never)]
-    fn scribble_stack(seed: u64) -> u64 {
-        let mut buf = [0u64; 2048];
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = seed.wrapping_mul(i as u64 + 0x9E37_79B9);
+    crate::common::child_ok(|| {
+        /// Overwrites the stack below the caller with a pattern.
+        #[inline(never)]
+        fn scribble_stack(seed: u64) -> u64 {
+            let mut buf = [0u64; 2048];
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = seed.wrapping_mul(i as u64 + 0x9E37_79B9);
+            }
+            std::hint::black_box(&mut buf);
+            buf.iter().fold(0, |a, b| a ^ b)
         }
-        std::hint::black_box(&mut buf);
-        buf.iter().fold(0, |a, b| a ^ b)
-    }
-    let (tx, rx) = fibra::sync::mpsc::sync_channel::<u64>(0);
-    let (_wakes, waker) = panicking_waker();
-    let mut fut = Box::pin(rx.recv_async());
-    assert!(fut
-        .as_mut()
-        .poll(&mut std::task::Context::from_waker(&waker))
-        .is_pending());
-    let sent = panic::catch_unwind(AssertUnwindSafe(|| tx.send(0xABCD)));
-    assert!(sent.is_err(), "the send ends with the waker's panic");
-    drop(fut);
-    std::hint::black_box(scribble_stack(0xDEAD_BEEF_DEAD_BEEF));
-    let got = rx.try_recv();
-    assert!(
-        matches!(got, Err(fibra::sync::mpsc::TryRecvError::Empty)),
-        "a message that was never sent: {got:?}"
-    );
-    let t = thread::spawn(move || tx.send(7));
-    assert_eq!(rx.recv_timeout(BOUND), Ok(7));
-    assert!(t.join().unwrap().is_ok());
+        let (tx, rx) = fibra::sync::mpsc::sync_channel::<u64>(0);
+        let (_wakes, waker) = panicking_waker();
+        let mut fut = Box::pin(rx.recv_async());
+        assert!(fut
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        let sent = panic::catch_unwind(AssertUnwindSafe(|| tx.send(0xABCD)));
+        assert!(sent.is_err(), "the send ends with the waker's panic");
+        drop(fut);
+        std::hint::black_box(scribble_stack(0xDEAD_BEEF_DEAD_BEEF));
+        let got = rx.try_recv();
+        assert!(
+            matches!(got, Err(fibra::sync::mpsc::TryRecvError::Empty)),
+            "a message that was never sent: {got:?}"
+        );
+        let t = thread::spawn(move || tx.send(7));
+        assert_eq!(rx.recv_timeout(BOUND), Ok(7));
+        assert!(t.join().unwrap().is_ok());
+    });
 }

@@ -1,4 +1,4 @@
-//! Adversarial checks of the scheduler's lifecycle and of the calls around it: panicking
+//! Hostile calls around the scheduler's lifecycle, each bounded or answered: panicking
 //! destructors in captures, results and payloads; zero, past and `Duration::MAX` timeouts
 //! on every wait; fiber-only calls on plain threads; pins out of range; schedulers dropped
 //! by their own workers or nested in fibers; unparkers of abandoned fibers; timers far
@@ -6,7 +6,7 @@
 //! huge timeouts, reset peers and a shutdown under a parked reader; cancellation
 //! destructors that lock, join, spawn, unblock, sleep or spin. Every wait is bounded;
 //! where a defect would abort or leave a scheduler stuck, the body runs in a child process
-//! (`crate::common::run_child`).
+//! (`crate::common::in_child`).
 
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
@@ -17,12 +17,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    block_thread, eventually, every_worker_runs, finish, held_task, is_child, named, panic_message,
-    run_child, started, with_deadline,
+    block_thread, eventually, every_worker_runs, finish, held_task, named, panic_message, started,
+    with_deadline,
 };
 use fibra::{Fiber, FiberState, JoinHandle, ParkResult, Scheduler, SubmitError, Unparker};
 
-const CHILD_ENV: &str = "FIBRA_ATTACK_LIFECYCLE_CHILD";
 /// Generous bound for things that correct code does in well under a second.
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -607,50 +606,41 @@ fn fs_on_a_closed_descriptor_is_an_error() {
     });
 }
 
-/// In a child: EMFILE for files through fibra::fs and the pool.
-#[test]
-#[ignore = "child of emfile_for_fs_is_an_error"]
-fn child_emfile_fs() {
-    if !is_child(CHILD_ENV, "child_emfile_fs") {
-        return;
-    }
-    let sched = started(1);
-    let dir = std::env::temp_dir().join(format!("fibra-attack-lifecycle-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("f");
-    std::fs::write(&path, b"data").unwrap();
-    let filler = crate::common::fill_descriptor_table(0);
-    let p = path.clone();
-    let (open, read, unb) = sched.block_on(move || {
-        let open = fibra::fs::File::open(&p)
-            .map(|_| ())
-            .map_err(|e| e.raw_os_error());
-        let read = fibra::fs::read(&p)
-            .map(|_| ())
-            .map_err(|e| e.raw_os_error());
-        let unb = fibra::unblock(|| 5);
-        (open, read, unb)
-    });
-    drop(filler);
-    assert_eq!(open, Err(Some(libc::EMFILE)));
-    assert_eq!(read, Err(Some(libc::EMFILE)));
-    assert_eq!(unb, 5);
-    assert_eq!(
-        sched.block_on(move || fibra::fs::read(&path).unwrap()),
-        b"data"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    sched.stop();
-    eprintln!("CHILD OK");
-}
-
+/// In a child: EMFILE for files through fibra::fs and the pool is an error, not a panic;
+/// the pool still runs closures, and files open again once descriptors are free.
 #[test]
 fn emfile_for_fs_is_an_error() {
-    let (status, stderr) = run_child(CHILD_ENV, "child_emfile_fs");
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "{status}\n{stderr}"
-    );
+    crate::common::in_child(|| {
+        let sched = started(1);
+        let dir =
+            std::env::temp_dir().join(format!("fibra-lifecycle-emfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, b"data").unwrap();
+        let filler = crate::common::fill_descriptor_table(0);
+        let p = path.clone();
+        let (open, read, unb) = sched.block_on(move || {
+            let open = fibra::fs::File::open(&p)
+                .map(|_| ())
+                .map_err(|e| e.raw_os_error());
+            let read = fibra::fs::read(&p)
+                .map(|_| ())
+                .map_err(|e| e.raw_os_error());
+            let unb = fibra::unblock(|| 5);
+            (open, read, unb)
+        });
+        drop(filler);
+        assert_eq!(open, Err(Some(libc::EMFILE)));
+        assert_eq!(read, Err(Some(libc::EMFILE)));
+        assert_eq!(unb, 5);
+        assert_eq!(
+            sched.block_on(move || fibra::fs::read(&path).unwrap()),
+            b"data"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        sched.stop();
+    })
+    .assert_ok("EMFILE through fibra::fs failed the child");
 }
 
 // =============================================================== net
@@ -1017,121 +1007,104 @@ fn stop_timeout_zero_with_a_spinning_fiber_and_parked_ones() {
 /// the scope waiting, so A is abandoned in turn and `data` stays.
 #[test]
 fn an_abandoned_scoped_fiber_keeps_its_scope_waiting() {
-    let (status, stderr) = run_child(CHILD_ENV, "child_abandoned_scoped_fiber");
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "{status:?}\n{stderr}"
-    );
-}
-
-#[test]
-#[ignore = "child of an_abandoned_scoped_fiber_keeps_its_scope_waiting"]
-fn child_abandoned_scoped_fiber() {
     use std::sync::atomic::AtomicU64;
-    if !is_child(CHILD_ENV, "child_abandoned_scoped_fiber") {
-        return;
-    }
-    static DROPPED: AtomicBool = AtomicBool::new(false);
-    static CLAIMED: AtomicBool = AtomicBool::new(false);
-    struct Canary(AtomicU64);
-    impl Drop for Canary {
-        fn drop(&mut self) {
-            DROPPED.store(true, Ordering::SeqCst);
+    crate::common::in_child(|| {
+        static DROPPED: AtomicBool = AtomicBool::new(false);
+        static CLAIMED: AtomicBool = AtomicBool::new(false);
+        struct Canary(AtomicU64);
+        impl Drop for Canary {
+            fn drop(&mut self) {
+                DROPPED.store(true, Ordering::SeqCst);
+            }
         }
-    }
-    let sched = started(2);
-    let (in_pool, in_pool_rx) = mpsc::channel::<()>();
-    let (release, release_rx) = mpsc::channel::<()>();
-    let (seen, seen_rx) = mpsc::channel::<(bool, u64)>();
-    let release_rx = Arc::new(Mutex::new(release_rx));
-    let a = sched
-        .submit(
-            move || {
-                let data = Canary(AtomicU64::new(7));
-                let r = &data;
-                fibra::scope(|s| {
-                    for _ in 0..8 {
-                        let (in_pool, release_rx, seen) =
-                            (in_pool.clone(), release_rx.clone(), seen.clone());
-                        s.spawn(move || {
-                            if fibra::current_worker() == Some(1)
-                                && !CLAIMED.swap(true, Ordering::SeqCst)
-                            {
-                                fibra::unblock(move || {
-                                    in_pool.send(()).unwrap();
-                                    let _ = release_rx.lock().unwrap().recv();
-                                    let dropped = DROPPED.load(Ordering::SeqCst);
-                                    seen.send((dropped, r.0.load(Ordering::SeqCst))).unwrap();
-                                });
-                            }
-                        });
-                    }
-                    // Holds worker 0, so that worker 1 takes some of the scoped fibers.
-                    block_thread(Duration::from_millis(300));
-                });
-            },
-            Some(0),
-        )
-        .unwrap();
-    in_pool_rx
-        .recv_timeout(BOUND)
-        .expect("a scoped fiber of worker 1 in unblock");
-    // Worker 0 late: its thread held past the deadline and the grace.
-    let hold = fibra::CANCEL_GRACE + Duration::from_millis(1500);
-    let (held, held_rx) = mpsc::channel();
-    sched
-        .submit(
-            move || {
-                held.send(()).unwrap();
-                block_thread(hold);
-            },
-            Some(0),
-        )
-        .unwrap();
-    held_rx.recv_timeout(BOUND).unwrap();
-    sched.stop_timeout(Duration::from_millis(50));
-    // Let worker 0 come back and do what it would with A.
-    thread::sleep(hold);
-    assert!(a.wait_timeout(BOUND), "A's handle reports its end");
-    release.send(()).unwrap();
-    let (dropped, value) = seen_rx.recv_timeout(BOUND).unwrap();
-    assert!(
-        !dropped && value == 7,
-        "the scope's caller dropped data that an abandoned scoped fiber still borrowed"
-    );
-    eprintln!("CHILD OK");
+        let sched = started(2);
+        let (in_pool, in_pool_rx) = mpsc::channel::<()>();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let (seen, seen_rx) = mpsc::channel::<(bool, u64)>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let a = sched
+            .submit(
+                move || {
+                    let data = Canary(AtomicU64::new(7));
+                    let r = &data;
+                    fibra::scope(|s| {
+                        for _ in 0..8 {
+                            let (in_pool, release_rx, seen) =
+                                (in_pool.clone(), release_rx.clone(), seen.clone());
+                            s.spawn(move || {
+                                if fibra::current_worker() == Some(1)
+                                    && !CLAIMED.swap(true, Ordering::SeqCst)
+                                {
+                                    fibra::unblock(move || {
+                                        in_pool.send(()).unwrap();
+                                        let _ = release_rx.lock().unwrap().recv();
+                                        let dropped = DROPPED.load(Ordering::SeqCst);
+                                        seen.send((dropped, r.0.load(Ordering::SeqCst))).unwrap();
+                                    });
+                                }
+                            });
+                        }
+                        // Holds worker 0, so that worker 1 takes some of the scoped fibers.
+                        block_thread(Duration::from_millis(300));
+                    });
+                },
+                Some(0),
+            )
+            .unwrap();
+        in_pool_rx
+            .recv_timeout(BOUND)
+            .expect("a scoped fiber of worker 1 in unblock");
+        // Worker 0 late: its thread held past the deadline and the grace.
+        let hold = fibra::CANCEL_GRACE + Duration::from_millis(1500);
+        let (held, held_rx) = mpsc::channel();
+        sched
+            .submit(
+                move || {
+                    held.send(()).unwrap();
+                    block_thread(hold);
+                },
+                Some(0),
+            )
+            .unwrap();
+        held_rx.recv_timeout(BOUND).unwrap();
+        sched.stop_timeout(Duration::from_millis(50));
+        // Let worker 0 come back and do what it would with A.
+        thread::sleep(hold);
+        assert!(a.wait_timeout(BOUND), "A's handle reports its end");
+        release.send(()).unwrap();
+        let (dropped, value) = seen_rx.recv_timeout(BOUND).unwrap();
+        assert!(
+            !dropped && value == 7,
+            "the scope's caller dropped data that an abandoned scoped fiber still borrowed"
+        );
+    })
+    .assert_ok("an abandoned scoped fiber let its scope end");
 }
 
 // =============================================================== aborts (child processes)
 
-/// A standalone fiber's overflow names the fiber.
-#[test]
-#[ignore = "child of standalone_fiber_overflow_names_the_fiber"]
-fn child_standalone_overflow() {
-    if !is_child(CHILD_ENV, "child_standalone_overflow") {
-        return;
-    }
-    #[allow(unconditional_recursion)]
-    fn recurse(d: u64) -> u64 {
-        let buf = [d as u8; 4096];
-        std::hint::black_box(&buf);
-        recurse(d + 1) + u64::from(std::hint::black_box(buf)[7])
-    }
-    let mut f = Fiber::with_options(
-        || {
-            recurse(0);
-        },
-        Some("lonely-7"),
-        64 * 1024,
-    )
-    .unwrap();
-    f.resume();
-    eprintln!("survived?");
-}
-
+/// A standalone fiber's overflow names the fiber (the child process is ended by it).
 #[test]
 fn standalone_fiber_overflow_names_the_fiber() {
-    let (status, stderr) = run_child(CHILD_ENV, "child_standalone_overflow");
+    let run = crate::common::in_child(|| {
+        #[allow(unconditional_recursion)]
+        fn recurse(d: u64) -> u64 {
+            let buf = [d as u8; 4096];
+            std::hint::black_box(&buf);
+            recurse(d + 1) + u64::from(std::hint::black_box(buf)[7])
+        }
+        let mut f = Fiber::with_options(
+            || {
+                recurse(0);
+            },
+            Some("lonely-7"),
+            64 * 1024,
+        )
+        .unwrap();
+        f.resume();
+        eprintln!("survived?");
+    });
+    let (status, stderr) = (run.exit_status(), &run.stderr);
     assert!(!status.success());
     assert!(
         stderr.contains("lonely-7") && stderr.contains("overflowed"),

@@ -1,8 +1,8 @@
-//! Adversarial regressions of calls made where they cannot do what they do elsewhere: a task
-//! joining itself, `stop_timeout` from inside the scheduler's own fiber, a zero sleep in a
-//! standalone fiber, the first socket wait of a process out of descriptors, a `use_caller`
-//! scheduler built inside a fiber. Each must end with a clear error or do its documented
-//! job — never wait for ever in silence.
+//! Calls made where they cannot do what they do elsewhere: a task joining itself,
+//! `stop_timeout` from inside the scheduler's own fiber, a zero sleep in a standalone fiber,
+//! the first socket wait of a process out of descriptors, a `use_caller` scheduler built
+//! inside a fiber. Each must end with a clear error or do its documented job — never wait
+//! for ever in silence.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -158,64 +158,49 @@ fn a_zero_sleep_in_a_standalone_fiber_does_not_suspend_it() {
     assert_eq!(f.resume(), fibra::FiberState::Done);
 }
 
-const CHILD_ENV: &str = "FIBRA_HARDENING_CALLS_CHILD";
-
-/// The child of `the_first_socket_wait_out_of_descriptors_is_an_error`: its own process,
-/// where no fibra socket has waited yet (the reactor does not exist) and the descriptor
-/// table is full.
-#[test]
-#[ignore = "helper of the_first_socket_wait_out_of_descriptors_is_an_error"]
-fn child_first_socket_wait_out_of_descriptors() {
-    use std::io::{Read, Write};
-    if !crate::common::is_child(CHILD_ENV, "child_first_socket_wait_out_of_descriptors") {
-        return;
-    }
-    let sched = started(1);
-    let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
-    let a = Arc::new(fibra::net::unix::UnixStream::from(a));
-    let filler = crate::common::fill_descriptor_table(0);
-    let a2 = a.clone();
-    let h = sched
-        .submit(
-            move || {
-                let mut buf = [0u8; 4];
-                (&*a2).read(&mut buf).map_err(|e| e.raw_os_error())
-            },
-            None,
-        )
-        .unwrap();
-    let first = h.join();
-    drop(filler);
-    // With descriptors free again, the next wait creates the reactor and works.
-    b.write_all(b"x").unwrap();
-    let second = sched
-        .submit(
-            move || {
-                let mut buf = [0u8; 4];
-                (&*a).read(&mut buf).map_err(|e| e.raw_os_error())
-            },
-            None,
-        )
-        .unwrap()
-        .join();
-    sched.stop();
-    match (first, second) {
-        (Ok(Err(Some(libc::EMFILE))), Ok(Ok(1))) => eprintln!("CHILD OK"),
-        other => eprintln!("unexpected: {other:?}"),
-    }
-}
-
 /// The first socket wait of a process whose descriptor table is full cannot create the
 /// reactor: it fails with EMFILE like any socket call (it used to panic), and the next wait,
-/// with descriptors free, works.
+/// with descriptors free, works. In a child process of its own, where no fibra socket has
+/// waited yet (the reactor does not exist) and the descriptor table is full.
 #[test]
 fn the_first_socket_wait_out_of_descriptors_is_an_error() {
-    let (status, stderr) =
-        crate::common::run_child(CHILD_ENV, "child_first_socket_wait_out_of_descriptors");
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "{status}\n{stderr}"
-    );
+    use std::io::{Read, Write};
+    crate::common::in_child(|| {
+        let sched = started(1);
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let a = Arc::new(fibra::net::unix::UnixStream::from(a));
+        let filler = crate::common::fill_descriptor_table(0);
+        let a2 = a.clone();
+        let h = sched
+            .submit(
+                move || {
+                    let mut buf = [0u8; 4];
+                    (&*a2).read(&mut buf).map_err(|e| e.raw_os_error())
+                },
+                None,
+            )
+            .unwrap();
+        let first = h.join();
+        drop(filler);
+        // With descriptors free again, the next wait creates the reactor and works.
+        b.write_all(b"x").unwrap();
+        let second = sched
+            .submit(
+                move || {
+                    let mut buf = [0u8; 4];
+                    (&*a).read(&mut buf).map_err(|e| e.raw_os_error())
+                },
+                None,
+            )
+            .unwrap()
+            .join();
+        sched.stop();
+        match (first, second) {
+            (Ok(Err(Some(libc::EMFILE))), Ok(Ok(1))) => {}
+            other => panic!("unexpected: {other:?}"),
+        }
+    })
+    .assert_ok("the first socket wait out of descriptors did not fail with EMFILE, then work");
 }
 
 /// A `use_caller` scheduler built inside a scheduler's fiber could never run worker 0 (its

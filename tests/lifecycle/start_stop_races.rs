@@ -1,9 +1,9 @@
-//! Adversarial checks: `use_caller` under a thread cap, concurrent `start`s, `JoinSet::cancel_all`
-//! racing finishing tasks, panic payloads (and results, closures) whose `Drop` panics, and the
-//! hooks under a seccomp filter that refuses `process_vm_readv`/`process_vm_writev`.
-//! Everything that changes a uid, a limit or a seccomp filter runs in a child process
-//! (`crate::common::run_child`). Run with `cargo test --test attack_lifecycle_races` and
-//! `cargo test --features hook --test attack_lifecycle_races`.
+//! Starting and stopping under pressure: `use_caller` under a thread cap, concurrent
+//! `start`s and a `start` racing `stop`, `JoinSet::cancel_all` racing finishing tasks, panic
+//! payloads (and results, closures) whose `Drop` panics, and the hooks under a seccomp filter
+//! that refuses `process_vm_readv`/`process_vm_writev` (with `--features hook`). Everything
+//! that changes a uid, a limit or a seccomp filter runs in a child process
+//! (`crate::common::in_child`).
 
 #![cfg_attr(not(feature = "hook"), allow(dead_code, unused_imports))]
 
@@ -13,10 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use crate::common::{cap_threads, is_child, uncap_threads, with_deadline, LIMIT};
+use crate::common::{cap_threads, uncap_threads, with_deadline, LIMIT};
 use fibra::{JoinSet, Scheduler};
-
-const CHILD: &str = "FIBRA_ATTACK_LIFECYCLE_RACES_CHILD";
 
 const UC_UID: libc::uid_t = 61_901;
 const UC_STOP_UID: libc::uid_t = 61_902;
@@ -26,11 +24,6 @@ const PARTIAL_UID: libc::uid_t = 61_905;
 const PARTIAL_UC_UID: libc::uid_t = 61_906;
 const CONC_UID: libc::uid_t = 61_907;
 const RACE_UID: libc::uid_t = 61_908;
-
-/// Runs `helper` in a child (see `crate::common::child_says_ok`).
-fn child_passes(helper: &str) {
-    crate::common::child_says_ok(CHILD, helper);
-}
 
 fn msg_of(r: std::thread::Result<impl Sized>) -> String {
     match r {
@@ -77,63 +70,68 @@ fn ends_within(limit: Duration, f: impl FnOnce() + Send + 'static) -> bool {
 
 // ================================================== 1. use_caller under a thread cap
 
+/// A `use_caller` scheduler of `threads` workers whose `start` panicked: the OS, capped for
+/// `uid` at the threads there are now, refused every worker thread.
+fn use_caller_with_other_workers_refused(threads: usize, uid: libc::uid_t) -> Scheduler {
+    let s = Scheduler::builder()
+        .threads(threads)
+        .use_caller(true)
+        .build()
+        .unwrap();
+    cap_threads(uid, 0);
+    assert!(catch_unwind(AssertUnwindSafe(|| s.start())).is_err());
+    s
+}
+
 /// A `use_caller` scheduler whose other workers the OS refuses: `start` and `block_on` panic
 /// saying which worker; the closure of the refused `block_on` never runs; once threads can be
 /// had again `block_on` works and the pinned work runs; `stop` on the building thread ends.
 #[test]
 fn use_caller_start_and_block_on_under_a_thread_cap_then_retried() {
-    child_passes("child_use_caller_capped");
-}
-
-#[test]
-#[ignore = "child of use_caller_start_and_block_on_under_a_thread_cap_then_retried"]
-fn child_use_caller_capped() {
-    if !is_child(CHILD, "child_use_caller_capped") {
-        return;
-    }
-    let s = Scheduler::builder()
-        .threads(3)
-        .name("ucc")
-        .use_caller(true)
-        .build()
-        .unwrap();
-    cap_threads(UC_UID, 0);
-    let m = msg_of(catch_unwind(AssertUnwindSafe(|| s.start())));
-    assert!(m.contains("cannot spawn worker thread 1"), "start: {m}");
-    let ran = Arc::new(AtomicBool::new(false));
-    let r = ran.clone();
-    let m = msg_of(catch_unwind(AssertUnwindSafe(|| {
-        s.block_on(move || {
-            r.store(true, Ordering::SeqCst);
-            7
-        })
-    })));
-    assert!(m.contains("cannot spawn worker thread 1"), "block_on: {m}");
-    let pinned: Vec<_> = (0..3)
-        .map(|w| s.submit(fibra::current_worker, Some(w)).unwrap())
-        .collect();
-    assert!(!pinned[1].wait_timeout(Duration::from_millis(50)));
-    uncap_threads();
-    assert_eq!(s.block_on(|| 7), 7);
-    for (w, h) in pinned.into_iter().enumerate() {
-        if w == 0 {
-            // Worker 0 runs only while the building thread drives it.
-            let h = Arc::new(h);
-            let h2 = h.clone();
-            s.block_on(move || assert!(h2.wait_timeout(LIMIT)));
-            let h = Arc::try_unwrap(h).unwrap();
-            assert_eq!(h.join().unwrap(), Some(0));
-        } else {
-            assert_eq!(crate::common::finish(h), Some(w));
+    crate::common::child_ok(|| {
+        let s = Scheduler::builder()
+            .threads(3)
+            .name("ucc")
+            .use_caller(true)
+            .build()
+            .unwrap();
+        cap_threads(UC_UID, 0);
+        let m = msg_of(catch_unwind(AssertUnwindSafe(|| s.start())));
+        assert!(m.contains("cannot spawn worker thread 1"), "start: {m}");
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let m = msg_of(catch_unwind(AssertUnwindSafe(|| {
+            s.block_on(move || {
+                r.store(true, Ordering::SeqCst);
+                7
+            })
+        })));
+        assert!(m.contains("cannot spawn worker thread 1"), "block_on: {m}");
+        let pinned: Vec<_> = (0..3)
+            .map(|w| s.submit(fibra::current_worker, Some(w)).unwrap())
+            .collect();
+        assert!(!pinned[1].wait_timeout(Duration::from_millis(50)));
+        uncap_threads();
+        assert_eq!(s.block_on(|| 7), 7);
+        for (w, h) in pinned.into_iter().enumerate() {
+            if w == 0 {
+                // Worker 0 runs only while the building thread drives it.
+                let h = Arc::new(h);
+                let h2 = h.clone();
+                s.block_on(move || assert!(h2.wait_timeout(LIMIT)));
+                let h = Arc::try_unwrap(h).unwrap();
+                assert_eq!(h.join().unwrap(), Some(0));
+            } else {
+                assert_eq!(crate::common::finish(h), Some(w));
+            }
         }
-    }
-    assert!(
-        !ran.load(Ordering::SeqCst),
-        "the refused block_on's closure ran"
-    );
-    s.stop();
-    assert_eq!(worker_threads("ucc", 3), [0, 0, 0]);
-    eprintln!("CHILD OK");
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "the refused block_on's closure ran"
+        );
+        s.stop();
+        assert_eq!(worker_threads("ucc", 3), [0, 0, 0]);
+    });
 }
 
 /// `use_caller`, every other worker refused and still refused at `stop`: the stop on the
@@ -141,91 +139,63 @@ fn child_use_caller_capped() {
 /// workers, and ends.
 #[test]
 fn use_caller_stop_while_the_other_workers_are_still_refused() {
-    child_passes("child_use_caller_stop_capped");
-}
-
-#[test]
-#[ignore = "child of use_caller_stop_while_the_other_workers_are_still_refused"]
-fn child_use_caller_stop_capped() {
-    if !is_child(CHILD, "child_use_caller_stop_capped") {
-        return;
-    }
-    let s = Scheduler::builder()
-        .threads(3)
-        .use_caller(true)
-        .build()
-        .unwrap();
-    cap_threads(UC_STOP_UID, 0);
-    assert!(catch_unwind(AssertUnwindSafe(|| s.start())).is_err());
-    let anywhere = s.submit(|| 1, None).unwrap();
-    let on0 = s.submit(fibra::current_worker, Some(0)).unwrap();
-    let on2 = s.submit(|| 2, Some(2)).unwrap();
-    let sleeper = s
-        .submit(
-            || {
-                fibra::sleep(Duration::from_millis(50));
-                3
-            },
-            None,
-        )
-        .unwrap();
-    let t = Instant::now();
-    s.stop();
-    assert!(t.elapsed() < LIMIT, "stop took {:?}", t.elapsed());
-    assert_eq!(anywhere.join().unwrap(), 1);
-    assert_eq!(on0.join().unwrap(), Some(0));
-    assert_eq!(sleeper.join().unwrap(), 3);
-    assert!(on2.join().unwrap_err().is_cancelled());
-    assert!(matches!(
-        s.submit(|| 4, None),
-        Err(fibra::SubmitError::Stopped(_))
-    ));
-    uncap_threads();
-    eprintln!("CHILD OK");
+    crate::common::child_ok(|| {
+        let s = use_caller_with_other_workers_refused(3, UC_STOP_UID);
+        let anywhere = s.submit(|| 1, None).unwrap();
+        let on0 = s.submit(fibra::current_worker, Some(0)).unwrap();
+        let on2 = s.submit(|| 2, Some(2)).unwrap();
+        let sleeper = s
+            .submit(
+                || {
+                    fibra::sleep(Duration::from_millis(50));
+                    3
+                },
+                None,
+            )
+            .unwrap();
+        let t = Instant::now();
+        s.stop();
+        assert!(t.elapsed() < LIMIT, "stop took {:?}", t.elapsed());
+        assert_eq!(anywhere.join().unwrap(), 1);
+        assert_eq!(on0.join().unwrap(), Some(0));
+        assert_eq!(sleeper.join().unwrap(), 3);
+        assert!(on2.join().unwrap_err().is_cancelled());
+        assert!(matches!(
+            s.submit(|| 4, None),
+            Err(fibra::SubmitError::Stopped(_))
+        ));
+        uncap_threads();
+    });
 }
 
 /// `use_caller` under the cap: `stop_timeout` on the building thread cancels a fiber that
 /// sleeps for ever on worker 0 and returns within its bound.
 #[test]
 fn use_caller_stop_timeout_under_a_thread_cap() {
-    child_passes("child_use_caller_stop_timeout_capped");
-}
-
-#[test]
-#[ignore = "child of use_caller_stop_timeout_under_a_thread_cap"]
-fn child_use_caller_stop_timeout_capped() {
-    if !is_child(CHILD, "child_use_caller_stop_timeout_capped") {
-        return;
-    }
-    let s = Scheduler::builder()
-        .threads(2)
-        .use_caller(true)
-        .build()
-        .unwrap();
-    cap_threads(UC_TIMEOUT_UID, 0);
-    assert!(catch_unwind(AssertUnwindSafe(|| s.start())).is_err());
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let d = dropped.clone();
-    let forever = s
-        .submit(
-            move || {
-                let _c = crate::common::Counted(d);
-                fibra::sleep(Duration::from_secs(3600));
-            },
-            Some(0),
-        )
-        .unwrap();
-    let pinned1 = s.submit(|| 1, Some(1)).unwrap();
-    let t = Instant::now();
-    let n = s.stop_timeout(Duration::from_millis(200));
-    let took = t.elapsed();
-    assert!(took < Duration::from_secs(15), "stop_timeout took {took:?}");
-    assert!(n >= 1, "cancelled {n}");
-    assert!(forever.join().unwrap_err().is_cancelled());
-    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the fiber unwound");
-    assert!(pinned1.join().unwrap_err().is_cancelled());
-    uncap_threads();
-    eprintln!("CHILD OK");
+    crate::common::child_ok(|| {
+        let s = use_caller_with_other_workers_refused(2, UC_TIMEOUT_UID);
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let d = dropped.clone();
+        let forever = s
+            .submit(
+                move || {
+                    let _c = crate::common::Counted(d);
+                    fibra::sleep(Duration::from_secs(3600));
+                },
+                Some(0),
+            )
+            .unwrap();
+        let pinned1 = s.submit(|| 1, Some(1)).unwrap();
+        let t = Instant::now();
+        let n = s.stop_timeout(Duration::from_millis(200));
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(15), "stop_timeout took {took:?}");
+        assert!(n >= 1, "cancelled {n}");
+        assert!(forever.join().unwrap_err().is_cancelled());
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the fiber unwound");
+        assert!(pinned1.join().unwrap_err().is_cancelled());
+        uncap_threads();
+    });
 }
 
 /// `use_caller` under the cap, dropped on the building thread without `stop` while a task
@@ -233,31 +203,17 @@ fn child_use_caller_stop_timeout_capped() {
 /// runs, the other fails).
 #[test]
 fn use_caller_drop_under_a_thread_cap() {
-    child_passes("child_use_caller_drop_capped");
-}
-
-#[test]
-#[ignore = "child of use_caller_drop_under_a_thread_cap"]
-fn child_use_caller_drop_capped() {
-    if !is_child(CHILD, "child_use_caller_drop_capped") {
-        return;
-    }
-    let s = Scheduler::builder()
-        .threads(2)
-        .use_caller(true)
-        .build()
-        .unwrap();
-    cap_threads(UC_DROP_UID, 0);
-    assert!(catch_unwind(AssertUnwindSafe(|| s.start())).is_err());
-    let on0 = s.submit(|| 5, Some(0)).unwrap();
-    let on1 = s.submit(|| 6, Some(1)).unwrap();
-    let t = Instant::now();
-    drop(s);
-    assert!(t.elapsed() < LIMIT, "drop took {:?}", t.elapsed());
-    assert_eq!(on0.join().unwrap(), 5);
-    assert!(on1.join().unwrap_err().is_cancelled());
-    uncap_threads();
-    eprintln!("CHILD OK");
+    crate::common::child_ok(|| {
+        let s = use_caller_with_other_workers_refused(2, UC_DROP_UID);
+        let on0 = s.submit(|| 5, Some(0)).unwrap();
+        let on1 = s.submit(|| 6, Some(1)).unwrap();
+        let t = Instant::now();
+        drop(s);
+        assert!(t.elapsed() < LIMIT, "drop took {:?}", t.elapsed());
+        assert_eq!(on0.join().unwrap(), 5);
+        assert!(on1.join().unwrap_err().is_cancelled());
+        uncap_threads();
+    });
 }
 
 /// `block_on` on a scheduler the OS let start only some of its workers: `block_on` panics
@@ -267,16 +223,20 @@ fn child_use_caller_drop_capped() {
 /// then unwinds it from its first wait: the closure ran half-way, unseen.
 #[test]
 fn refused_block_on_does_not_run_its_closure_on_the_workers_that_started() {
-    child_passes("child_block_on_partial");
+    crate::common::child_ok(|| refused_block_on_leaves_its_closure_unrun(false));
 }
 
+/// The same with `use_caller`: the building thread would drive worker 0, worker 1 starts
+/// and worker 2 is refused.
 #[test]
-#[ignore = "child of refused_block_on_does_not_run_its_closure_on_the_workers_that_started"]
-fn child_block_on_partial() {
-    if !is_child(CHILD, "child_block_on_partial") {
-        return;
-    }
-    let use_caller = std::env::var("LIFECYCLE_USE_CALLER").is_ok();
+fn refused_use_caller_block_on_does_not_run_its_closure_on_the_workers_that_started() {
+    crate::common::child_ok(|| refused_block_on_leaves_its_closure_unrun(true));
+}
+
+/// The body of the refused-`block_on` tests (in a child process: it caps the threads): one
+/// worker thread may start, the next is refused; `block_on` panics and its closure never
+/// starts.
+fn refused_block_on_leaves_its_closure_unrun(use_caller: bool) {
     let s = Scheduler::builder()
         .threads(if use_caller { 3 } else { 2 })
         .use_caller(use_caller)
@@ -316,20 +276,6 @@ fn child_block_on_partial() {
     );
     uncap_threads();
     s.stop();
-    eprintln!("CHILD OK");
-}
-
-#[test]
-fn refused_block_on_does_not_run_its_closure_use_caller() {
-    let (status, stderr) = crate::common::run_child_with(
-        CHILD,
-        "child_block_on_partial",
-        &[("LIFECYCLE_USE_CALLER", "1")],
-    );
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "{status:?}\n{stderr}"
-    );
 }
 
 // ================================================== 2. concurrent starts
@@ -373,46 +319,38 @@ fn concurrent_starts_spawn_each_worker_once() {
 /// spawns the rest, each exactly once, and `stop` ends.
 #[test]
 fn concurrent_starts_under_a_thread_cap() {
-    child_passes("child_concurrent_starts_capped");
-}
-
-#[test]
-#[ignore = "child of concurrent_starts_under_a_thread_cap"]
-fn child_concurrent_starts_capped() {
-    if !is_child(CHILD, "child_concurrent_starts_capped") {
-        return;
-    }
-    let s = Arc::new(Scheduler::builder().threads(8).name("cc").build().unwrap());
-    let go = Arc::new(Barrier::new(5));
-    let starters: Vec<_> = (0..4)
-        .map(|_| {
-            let (s, go) = (s.clone(), go.clone());
-            std::thread::spawn(move || {
-                go.wait();
-                catch_unwind(AssertUnwindSafe(|| s.start())).is_ok()
+    crate::common::child_ok(|| {
+        let s = Arc::new(Scheduler::builder().threads(8).name("cc").build().unwrap());
+        let go = Arc::new(Barrier::new(5));
+        let starters: Vec<_> = (0..4)
+            .map(|_| {
+                let (s, go) = (s.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    catch_unwind(AssertUnwindSafe(|| s.start())).is_ok()
+                })
             })
-        })
-        .collect();
-    // The starters exist, blocked on the barrier's last party: cap at 3 more threads.
-    cap_threads(CONC_UID, 3);
-    go.wait();
-    let ok: Vec<bool> = starters.into_iter().map(|t| t.join().unwrap()).collect();
-    assert!(
-        ok.iter().all(|ok| !ok),
-        "every start under the cap panics: {ok:?}"
-    );
-    let running = worker_threads("cc", 8);
-    assert!(running.iter().all(|&n| n <= 1), "{running:?}");
-    uncap_threads();
-    s.start();
-    assert_eq!(worker_threads("cc", 8), [1; 8]);
-    crate::common::every_worker_runs(&s);
-    assert!(ends_within(LIMIT, {
-        let s = s.clone();
-        move || s.stop()
-    }));
-    assert_eq!(worker_threads("cc", 8), [0; 8]);
-    eprintln!("CHILD OK");
+            .collect();
+        // The starters exist, blocked on the barrier's last party: cap at 3 more threads.
+        cap_threads(CONC_UID, 3);
+        go.wait();
+        let ok: Vec<bool> = starters.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(
+            ok.iter().all(|ok| !ok),
+            "every start under the cap panics: {ok:?}"
+        );
+        let running = worker_threads("cc", 8);
+        assert!(running.iter().all(|&n| n <= 1), "{running:?}");
+        uncap_threads();
+        s.start();
+        assert_eq!(worker_threads("cc", 8), [1; 8]);
+        crate::common::every_worker_runs(&s);
+        assert!(ends_within(LIMIT, {
+            let s = s.clone();
+            move || s.stop()
+        }));
+        assert_eq!(worker_threads("cc", 8), [0; 8]);
+    });
 }
 
 /// Thread creations counted while `COUNTING` is set: `pthread_create` is interposed here,
@@ -466,31 +404,27 @@ fn spin_until(flag: &AtomicBool) {
 /// stop takes the vector spawns every worker again, after the stop, and nobody joins them.
 #[test]
 fn start_retried_while_stop_runs_spawns_no_worker_twice() {
-    child_passes("child_start_retry_races_stop");
+    crate::common::child_ok(|| start_races_stop(false));
 }
 
 /// The same race on a scheduler never started: `start` and `stop` at once.
 #[test]
 fn start_racing_stop_on_a_new_scheduler_spawns_no_worker_twice() {
-    let (status, stderr) = crate::common::run_child_with(
-        CHILD,
-        "child_start_retry_races_stop",
-        &[("LIFECYCLE_RACE_FRESH", "1")],
-    );
-    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("rounds")).collect();
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "{status:?}\n{}",
-        lines.join("\n")
-    );
+    let run = crate::common::in_child(|| start_races_stop(true));
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("rounds"))
+        .collect();
+    assert!(run.passed(), "{:?}\n{}", run.status, lines.join("\n"));
 }
 
-#[test]
-#[ignore = "child of start_retried_while_stop_runs_spawns_no_worker_twice"]
-fn child_start_retry_races_stop() {
-    if !is_child(CHILD, "child_start_retry_races_stop") {
-        return;
-    }
+/// The body of the start/stop race tests (in a child process: it caps the threads and
+/// counts thread creations): `LIFECYCLE_RACE_ROUNDS` rounds (3000 by default) of a `start`
+/// and a `stop` let go at once, on a scheduler whose `start` the OS refused one worker
+/// (`fresh` false) or on one never started (`fresh` true); each round must create the
+/// missing workers once, and nothing else.
+fn start_races_stop(fresh: bool) {
     let t0 = Instant::now();
     let rounds: usize = std::env::var("LIFECYCLE_RACE_ROUNDS")
         .ok()
@@ -498,7 +432,6 @@ fn child_start_retry_races_stop() {
         .unwrap_or(3000);
     // Fresh: start and stop race on a scheduler never started (no cap); the workers are
     // spawned once (2) or not at all (the stop came first).
-    let fresh = std::env::var("LIFECYCLE_RACE_FRESH").is_ok();
     type Job = (Arc<Scheduler>, Arc<AtomicBool>, u32);
     let (work_tx, work_rx) = std::sync::mpsc::channel::<Job>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<String>();
@@ -595,7 +528,6 @@ fn child_start_retry_races_stop() {
         "worker threads spawned twice: {:?}",
         &bad[..bad.len().min(10)]
     );
-    eprintln!("CHILD OK");
 }
 
 // ================================================== 3. JoinSet::cancel_all racing finishes
@@ -1383,42 +1315,37 @@ mod seccomp_calls {
 #[cfg(feature = "hook")]
 #[test]
 fn hooks_under_a_seccomp_filter_refusing_process_vm_calls() {
-    child_passes("child_hooks_seccomp");
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of hooks_under_a_seccomp_filter_refusing_process_vm_calls"]
-fn child_hooks_seccomp() {
-    if !is_child(CHILD, "child_hooks_seccomp") {
-        return;
-    }
-    use seccomp_calls::*;
-    refuse_process_vm();
-    fn check<T: std::fmt::Debug + PartialEq + Send + 'static>(what: &str, f: fn() -> T, want: T) {
-        let (fib, plain) = crate::common::both(f);
-        eprintln!("{what}: fiber {fib:?}, thread {plain:?}");
-        assert_eq!(plain, want, "{what}: the plain thread");
-        assert_eq!(fib, want, "{what}: the fiber");
-    }
-    check("nanosleep", nanosleep_sleeps, (0, true));
-    check("clock_nanosleep", clock_nanosleep_sleeps, (0, true));
-    check("std sleep", std_sleep, true);
-    check("poll late data", poll_late_data, (1, libc::POLLIN, 0));
-    check("poll timeout", poll_times_out, (0, 0, true));
-    check(
-        "select late data",
-        select_late_data,
-        (1, true, false, true, false),
-    );
-    check("select timeout", select_times_out, (0, false, 0, 0));
-    check("writev", writev_all, (1_000_000, 1_000_000));
-    check(
-        "sendmsg/recvmsg",
-        sendmsg_recvmsg_waitall,
-        (8000, 1_000_000, true),
-    );
-    eprintln!("CHILD OK");
+    crate::common::child_ok(|| {
+        use seccomp_calls::*;
+        refuse_process_vm();
+        fn check<T: std::fmt::Debug + PartialEq + Send + 'static>(
+            what: &str,
+            f: fn() -> T,
+            want: T,
+        ) {
+            let (fib, plain) = crate::common::both(f);
+            eprintln!("{what}: fiber {fib:?}, thread {plain:?}");
+            assert_eq!(plain, want, "{what}: the plain thread");
+            assert_eq!(fib, want, "{what}: the fiber");
+        }
+        check("nanosleep", nanosleep_sleeps, (0, true));
+        check("clock_nanosleep", clock_nanosleep_sleeps, (0, true));
+        check("std sleep", std_sleep, true);
+        check("poll late data", poll_late_data, (1, libc::POLLIN, 0));
+        check("poll timeout", poll_times_out, (0, 0, true));
+        check(
+            "select late data",
+            select_late_data,
+            (1, true, false, true, false),
+        );
+        check("select timeout", select_times_out, (0, false, 0, 0));
+        check("writev", writev_all, (1_000_000, 1_000_000));
+        check(
+            "sendmsg/recvmsg",
+            sendmsg_recvmsg_waitall,
+            (8000, 1_000_000, true),
+        );
+    });
 }
 
 const NO_WORKER_UID: libc::uid_t = 61_910;
@@ -1428,54 +1355,46 @@ const NO_WORKER_UID: libc::uid_t = 61_910;
 /// continuations (with a payload that panics on drop too): `stop` still returns normally.
 #[test]
 fn stop_failing_queued_tasks_whose_drops_and_continuations_panic() {
-    child_passes("child_stop_fails_panicking_drops");
-}
-
-#[test]
-#[ignore = "child of stop_failing_queued_tasks_whose_drops_and_continuations_panic"]
-fn child_stop_fails_panicking_drops() {
-    if !is_child(CHILD, "child_stop_fails_panicking_drops") {
-        return;
-    }
-    let s = Scheduler::builder().threads(2).build().unwrap();
-    cap_threads(NO_WORKER_UID, 0);
-    assert!(catch_unwind(AssertUnwindSafe(|| s.start())).is_err());
-    let drops = Arc::new(AtomicUsize::new(0));
-    let caught = Arc::new(AtomicUsize::new(0));
-    let handles: Vec<_> = (0..6)
-        .map(|i| {
-            let p = PanicsOnDrop(drops.clone());
-            let h = s
-                .submit(
-                    move || {
-                        let _p = &p;
-                        1
-                    },
-                    if i % 2 == 0 { None } else { Some(1) },
-                )
-                .unwrap();
-            let (c, d) = (caught.clone(), drops.clone());
-            h.catching(move |e| {
-                assert!(e.is_cancelled());
-                c.fetch_add(1, Ordering::SeqCst);
-                std::panic::panic_any(PanicsOnDrop(d))
-            });
-            h
-        })
-        .collect();
-    let r = catch_unwind(AssertUnwindSafe(|| s.stop()));
-    assert!(r.is_ok(), "stop panicked: {}", msg_of(r));
-    for h in handles {
-        assert!(h.join().unwrap_err().is_cancelled());
-    }
-    assert_eq!(caught.load(Ordering::SeqCst), 6);
-    assert_eq!(
-        drops.load(Ordering::SeqCst),
-        12,
-        "6 closures and 6 payloads dropped"
-    );
-    uncap_threads();
-    eprintln!("CHILD OK");
+    crate::common::child_ok(|| {
+        let s = Scheduler::builder().threads(2).build().unwrap();
+        cap_threads(NO_WORKER_UID, 0);
+        assert!(catch_unwind(AssertUnwindSafe(|| s.start())).is_err());
+        let drops = Arc::new(AtomicUsize::new(0));
+        let caught = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..6)
+            .map(|i| {
+                let p = PanicsOnDrop(drops.clone());
+                let h = s
+                    .submit(
+                        move || {
+                            let _p = &p;
+                            1
+                        },
+                        if i % 2 == 0 { None } else { Some(1) },
+                    )
+                    .unwrap();
+                let (c, d) = (caught.clone(), drops.clone());
+                h.catching(move |e| {
+                    assert!(e.is_cancelled());
+                    c.fetch_add(1, Ordering::SeqCst);
+                    std::panic::panic_any(PanicsOnDrop(d))
+                });
+                h
+            })
+            .collect();
+        let r = catch_unwind(AssertUnwindSafe(|| s.stop()));
+        assert!(r.is_ok(), "stop panicked: {}", msg_of(r));
+        for h in handles {
+            assert!(h.join().unwrap_err().is_cancelled());
+        }
+        assert_eq!(caught.load(Ordering::SeqCst), 6);
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            12,
+            "6 closures and 6 payloads dropped"
+        );
+        uncap_threads();
+    });
 }
 
 /// `use_caller`'s `block_on` with a panic payload whose Drop panics, and a task on worker 0

@@ -10,13 +10,12 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{finish, started, wait_until, LIMIT};
+use crate::common::{child_ok, finish, started, wait_until, LIMIT};
 use fibra::dump::{Status, WaitOn};
 use fibra::exec::Executor;
 use fibra::net::unix::{UnixDatagram, UnixStream};
 use fibra::net::{TcpListener, TcpStream, UdpSocket};
 use fibra::{Scheduler, WhenReadableError};
-const CHILD: &str = "FIBRA_ATTACK_IO_EXEC_CHILD";
 
 /// Whether the fiber of `id` is parked on what `on` accepts, by this scheduler's dump (the
 /// reactor's and the pool's counters are the whole process's, which other tests share).
@@ -102,53 +101,45 @@ fn net_many_acceptors_share_one_listener_each_connection_once() {
 /// (cooperative budget), so the other fiber's timer fires and the loop then accepts.
 #[test]
 fn net_accept_retrying_emfile_at_once_still_progresses() {
-    let (status, err) = crate::common::run_child(CHILD, "child_accept_emfile_spin");
-    assert!(status.success(), "child failed: {status:?}\n{err}");
-}
-
-#[test]
-#[ignore = "child of net_accept_retrying_emfile_at_once_still_progresses"]
-fn child_accept_emfile_spin() {
-    if !crate::common::is_child(CHILD, "child_accept_emfile_spin") {
-        return;
-    }
-    let sched = started(1);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let _pending: Vec<_> = (0..3)
-        .map(|_| std::net::TcpStream::connect(addr).unwrap())
-        .collect();
-    // Register the listener's fd with the reactor while fds are available.
-    let filler = crate::common::fill_descriptor_table(0);
-    let freed = Arc::new(AtomicBool::new(false));
-    let f2 = freed.clone();
-    let freer = sched.spawn(move || {
-        fibra::sleep(Duration::from_millis(50));
-        drop(filler);
-        f2.store(true, Ordering::SeqCst);
-    });
-    let acceptor = sched.spawn(move || {
-        let start = Instant::now();
-        let mut emfiles = 0u64;
-        loop {
-            match listener.accept() {
-                Ok(_) => return (emfiles, start.elapsed()),
-                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
-                    emfiles += 1;
-                    assert!(
-                        start.elapsed() < Duration::from_secs(20),
-                        "EMFILE loop never let the freer run ({emfiles} tries)"
-                    );
+    child_ok(|| {
+        let sched = started(1);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _pending: Vec<_> = (0..3)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        // Register the listener's fd with the reactor while fds are available.
+        let filler = crate::common::fill_descriptor_table(0);
+        let freed = Arc::new(AtomicBool::new(false));
+        let f2 = freed.clone();
+        let freer = sched.spawn(move || {
+            fibra::sleep(Duration::from_millis(50));
+            drop(filler);
+            f2.store(true, Ordering::SeqCst);
+        });
+        let acceptor = sched.spawn(move || {
+            let start = Instant::now();
+            let mut emfiles = 0u64;
+            loop {
+                match listener.accept() {
+                    Ok(_) => return (emfiles, start.elapsed()),
+                    Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                        emfiles += 1;
+                        assert!(
+                            start.elapsed() < Duration::from_secs(20),
+                            "EMFILE loop never let the freer run ({emfiles} tries)"
+                        );
+                    }
+                    Err(e) => panic!("accept: {e}"),
                 }
-                Err(e) => panic!("accept: {e}"),
             }
-        }
+        });
+        let (emfiles, took) = finish(acceptor);
+        finish(freer);
+        assert!(freed.load(Ordering::SeqCst));
+        eprintln!("accepted after {emfiles} EMFILE retries, {took:?}");
+        sched.stop();
     });
-    let (emfiles, took) = finish(acceptor);
-    finish(freer);
-    assert!(freed.load(Ordering::SeqCst));
-    eprintln!("accepted after {emfiles} EMFILE retries, {took:?}");
-    sched.stop();
 }
 
 /// connect_timeout with zero (InvalidInput), Duration::MAX (connects) and a closed port
@@ -587,145 +578,127 @@ fn net_continuations_during_stop_with_resets() {
 fn net_stop_timeout_amid_continuation_chains_leaks_nothing() {
     // Descriptors and reactor records are the process's: counted in a process of its own,
     // where no other test opens any.
-    let (status, err) = crate::common::run_child(
-        CHILD,
-        "child_stop_timeout_amid_continuation_chains_leaks_nothing",
-    );
-    assert!(
-        status.success() && err.contains("CHILD OK"),
-        "{status}\n{err}"
-    );
-}
-
-#[test]
-#[ignore = "child of net_stop_timeout_amid_continuation_chains_leaks_nothing"]
-fn child_stop_timeout_amid_continuation_chains_leaks_nothing() {
-    if !crate::common::is_child(
-        CHILD,
-        "child_stop_timeout_amid_continuation_chains_leaks_nothing",
-    ) {
-        return;
-    }
-    crate::common::with_deadline(|| {
-        const N: usize = 100;
-        fn serve(s: TcpStream, served: Arc<AtomicUsize>) {
-            let mut buf = [0u8; 256];
-            loop {
-                match s.try_read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => {
-                        served.fetch_add(n, Ordering::Relaxed);
-                        if (&s).write_all(&buf[..n]).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        let sv = served.clone();
-                        if let Err(e) = s.spawn_when_readable(move |s| serve(s, sv)) {
-                            drop(e);
-                        }
-                        return;
-                    }
-                    Err(_) => return,
-                }
-            }
-        }
-        // The process-wide parts created at the first use (the reactor's epoll and eventfd,
-        // the pool) exist before the count.
-        let regs_before = {
-            let s = started(1);
-            finish(s.spawn(|| {
-                let (a, _b) = UnixStream::pair().unwrap();
-                a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-                let _ = (&a).read(&mut [0u8; 1]);
-                fibra::unblock(|| ());
-            }));
-            let r = s.metrics().io_registrations();
-            s.stop();
-            r
-        };
-        let fds_before = open_fds();
-        let sched = started(2);
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let served = Arc::new(AtomicUsize::new(0));
-        let sv = served.clone();
-        let acceptor = sched.spawn(move || {
-            for _ in 0..N {
-                let (s, _) = listener.accept().unwrap();
-                let sv = sv.clone();
-                fibra::spawn(move || serve(s, sv));
-            }
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let clients: Vec<_> = (0..4)
-            .map(|t| {
-                let stop = stop.clone();
-                thread::spawn(move || {
-                    let mut conns: Vec<std::net::TcpStream> = (0..N / 4)
-                        .map(|_| std::net::TcpStream::connect(addr).unwrap())
-                        .collect();
-                    for c in &conns {
-                        c.set_read_timeout(Some(LIMIT)).unwrap();
-                    }
-                    let mut i = 0usize;
-                    while !stop.load(Ordering::SeqCst) && i < 100_000 {
-                        let c = &mut conns[i % (N / 4)];
-                        if c.write_all(&[t as u8; 16]).is_err() {
-                            break;
-                        }
-                        let mut b = [0u8; 16];
-                        if c.read_exact(&mut b).is_err() {
-                            break;
-                        }
-                        i += 1;
-                    }
-                    // Every server side must now close: EOF or reset, never a timeout.
-                    let mut ends = 0;
-                    for c in &mut conns {
-                        let mut b = [0u8; 64];
-                        loop {
-                            match c.read(&mut b) {
-                                Ok(0) => break,
-                                Ok(_) => continue,
-                                Err(e) => {
-                                    assert_ne!(e.kind(), ErrorKind::WouldBlock, "never closed");
-                                    assert_ne!(e.kind(), ErrorKind::TimedOut, "never closed");
-                                    break;
-                                }
+    child_ok(|| {
+        crate::common::with_deadline(|| {
+            const N: usize = 100;
+            fn serve(s: TcpStream, served: Arc<AtomicUsize>) {
+                let mut buf = [0u8; 256];
+                loop {
+                    match s.try_read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            served.fetch_add(n, Ordering::Relaxed);
+                            if (&s).write_all(&buf[..n]).is_err() {
+                                return;
                             }
                         }
-                        ends += 1;
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            let sv = served.clone();
+                            if let Err(e) = s.spawn_when_readable(move |s| serve(s, sv)) {
+                                drop(e);
+                            }
+                            return;
+                        }
+                        Err(_) => return,
                     }
-                    ends
+                }
+            }
+            // The process-wide parts created at the first use (the reactor's epoll and eventfd,
+            // the pool) exist before the count.
+            let regs_before = {
+                let s = started(1);
+                finish(s.spawn(|| {
+                    let (a, _b) = UnixStream::pair().unwrap();
+                    a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                    let _ = (&a).read(&mut [0u8; 1]);
+                    fibra::unblock(|| ());
+                }));
+                let r = s.metrics().io_registrations();
+                s.stop();
+                r
+            };
+            let fds_before = open_fds();
+            let sched = started(2);
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let served = Arc::new(AtomicUsize::new(0));
+            let sv = served.clone();
+            let acceptor = sched.spawn(move || {
+                for _ in 0..N {
+                    let (s, _) = listener.accept().unwrap();
+                    let sv = sv.clone();
+                    fibra::spawn(move || serve(s, sv));
+                }
+            });
+            let stop = Arc::new(AtomicBool::new(false));
+            let clients: Vec<_> = (0..4)
+                .map(|t| {
+                    let stop = stop.clone();
+                    thread::spawn(move || {
+                        let mut conns: Vec<std::net::TcpStream> = (0..N / 4)
+                            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                            .collect();
+                        for c in &conns {
+                            c.set_read_timeout(Some(LIMIT)).unwrap();
+                        }
+                        let mut i = 0usize;
+                        while !stop.load(Ordering::SeqCst) && i < 100_000 {
+                            let c = &mut conns[i % (N / 4)];
+                            if c.write_all(&[t as u8; 16]).is_err() {
+                                break;
+                            }
+                            let mut b = [0u8; 16];
+                            if c.read_exact(&mut b).is_err() {
+                                break;
+                            }
+                            i += 1;
+                        }
+                        // Every server side must now close: EOF or reset, never a timeout.
+                        let mut ends = 0;
+                        for c in &mut conns {
+                            let mut b = [0u8; 64];
+                            loop {
+                                match c.read(&mut b) {
+                                    Ok(0) => break,
+                                    Ok(_) => continue,
+                                    Err(e) => {
+                                        assert_ne!(e.kind(), ErrorKind::WouldBlock, "never closed");
+                                        assert_ne!(e.kind(), ErrorKind::TimedOut, "never closed");
+                                        break;
+                                    }
+                                }
+                            }
+                            ends += 1;
+                        }
+                        ends
+                    })
                 })
-            })
-            .collect();
-        finish(acceptor);
-        wait_until("traffic", || served.load(Ordering::Relaxed) > 10_000);
-        let t = Instant::now();
-        let cancelled = sched.stop_timeout(Duration::from_millis(50));
-        let took = t.elapsed();
-        stop.store(true, Ordering::SeqCst);
-        eprintln!("stop_timeout cancelled {cancelled} in {took:?}");
-        assert!(took < Duration::from_secs(5), "{took:?}");
-        assert_eq!(sched.metrics().live_tasks(), 0);
-        assert_eq!(sched.metrics().continuations(), 0);
-        let ends: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
-        assert_eq!(ends, N);
-        assert!(
-            crate::common::eventually(Duration::from_secs(5), || open_fds() <= fds_before + 2),
-            "fds leaked: {} -> {}",
-            fds_before,
-            open_fds()
-        );
-        let regs_after = sched.metrics().io_registrations();
-        assert!(
-            regs_after <= regs_before + 1,
-            "{regs_before} -> {regs_after}"
-        );
+                .collect();
+            finish(acceptor);
+            wait_until("traffic", || served.load(Ordering::Relaxed) > 10_000);
+            let t = Instant::now();
+            let cancelled = sched.stop_timeout(Duration::from_millis(50));
+            let took = t.elapsed();
+            stop.store(true, Ordering::SeqCst);
+            eprintln!("stop_timeout cancelled {cancelled} in {took:?}");
+            assert!(took < Duration::from_secs(5), "{took:?}");
+            assert_eq!(sched.metrics().live_tasks(), 0);
+            assert_eq!(sched.metrics().continuations(), 0);
+            let ends: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+            assert_eq!(ends, N);
+            assert!(
+                crate::common::eventually(Duration::from_secs(5), || open_fds() <= fds_before + 2),
+                "fds leaked: {} -> {}",
+                fds_before,
+                open_fds()
+            );
+            let regs_after = sched.metrics().io_registrations();
+            assert!(
+                regs_after <= regs_before + 1,
+                "{regs_before} -> {regs_after}"
+            );
+        });
     });
-    eprintln!("CHILD OK");
 }
 
 /// A UDP datagram larger than the maximum is EMSGSIZE at once, not a wait; a send to port 0
@@ -755,46 +728,34 @@ fn net_udp_oversized_and_bad_destinations() {
 fn net_registrations_return_after_drop() {
     // Descriptors and reactor records are the process's: counted in a process of its own,
     // where no other test opens any.
-    let (status, err) = crate::common::run_child(CHILD, "child_registrations_return_after_drop");
-    assert!(
-        status.success() && err.contains("CHILD OK"),
-        "{status}\n{err}"
-    );
-}
-
-#[test]
-#[ignore = "child of net_registrations_return_after_drop"]
-fn child_registrations_return_after_drop() {
-    if !crate::common::is_child(CHILD, "child_registrations_return_after_drop") {
-        return;
-    }
-    crate::common::with_deadline(|| {
-        let sched = started(2);
-        let before = sched.metrics().io_registrations();
-        let hs: Vec<_> = (0..200)
-            .map(|_| {
-                sched.spawn(|| {
-                    let (a, b) = UnixStream::pair().unwrap();
-                    a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-                    let _ = (&a).read(&mut [0u8; 1]);
-                    let c = a.try_clone().unwrap();
-                    c.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-                    let _ = (&c).read(&mut [0u8; 1]);
-                    drop((a, b, c));
+    child_ok(|| {
+        crate::common::with_deadline(|| {
+            let sched = started(2);
+            let before = sched.metrics().io_registrations();
+            let hs: Vec<_> = (0..200)
+                .map(|_| {
+                    sched.spawn(|| {
+                        let (a, b) = UnixStream::pair().unwrap();
+                        a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                        let _ = (&a).read(&mut [0u8; 1]);
+                        let c = a.try_clone().unwrap();
+                        c.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                        let _ = (&c).read(&mut [0u8; 1]);
+                        drop((a, b, c));
+                    })
                 })
-            })
-            .collect();
-        for h in hs {
-            finish(h);
-        }
-        for _ in 0..50 {
-            let (a, _b) = UnixStream::pair().unwrap();
-            a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-            let _ = (&a).read(&mut [0u8; 1]);
-        }
-        let after = sched.metrics().io_registrations();
-        assert!(after <= before, "{before} -> {after}");
-        sched.stop();
+                .collect();
+            for h in hs {
+                finish(h);
+            }
+            for _ in 0..50 {
+                let (a, _b) = UnixStream::pair().unwrap();
+                a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                let _ = (&a).read(&mut [0u8; 1]);
+            }
+            let after = sched.metrics().io_registrations();
+            assert!(after <= before, "{before} -> {after}");
+            sched.stop();
+        });
     });
-    eprintln!("CHILD OK");
 }

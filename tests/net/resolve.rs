@@ -1,13 +1,11 @@
-//! Host names are resolved without blocking the worker (issue 11, item 14): in a fiber,
-//! `TcpStream::connect`, `TcpListener::bind` and `UdpSocket::bind/connect/send_to` look a
-//! name up on the blocking pool (`fibra::unblock`) and park only the calling fiber; literal
-//! addresses never touch the pool; on a plain thread a name is looked up on that thread; a
-//! name that cannot be resolved is an `io::Error` either way.
+//! Host names are resolved without blocking the worker: in a fiber, `TcpStream::connect`,
+//! `TcpListener::bind` and `UdpSocket::bind/connect/send_to` look a name up on the blocking
+//! pool (`fibra::unblock`) and park only the calling fiber; literal addresses never touch the
+//! pool; on a plain thread a name is looked up on that thread; a name that cannot be resolved
+//! is an `io::Error` either way.
 //!
-//! The checks that count the pool's threads or cap it run in child processes (this binary
-//! re-run with `FIBRA_RESOLVE_CHILD` set and a filter naming an ignored helper): the pool is
-//! process-wide, so each needs a process where nothing else has used it. Each helper ends by
-//! printing [`DONE`], so that the parent knows its body ran.
+//! The checks that count the pool's threads or cap it run in child processes (`in_child`):
+//! the pool is process-wide, so each needs a process where nothing else has used it.
 //!
 //! Only names the machine resolves without a network are used: `localhost` (from
 //! `/etc/hosts`, which every resolver configuration consults) and a 1100-character name,
@@ -17,31 +15,13 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{finish, is_child, run_child, wait_until, LIMIT};
+use crate::common::{child_ok, finish, wait_until, LIMIT};
 use fibra::net::{TcpListener, TcpStream, UdpSocket};
 use fibra::Scheduler;
-
-const CHILD_ENV: &str = "FIBRA_RESOLVE_CHILD";
-const DONE: &str = "resolve child: done";
-
-/// Runs `helper` in a child process and requires a clean exit after its whole body.
-fn check_child(helper: &str) {
-    let (status, stderr) = run_child(CHILD_ENV, helper);
-    assert!(
-        status.success(),
-        "the child {helper} failed ({status}, signal {:?}); its stderr:\n{stderr}",
-        status.signal()
-    );
-    assert!(
-        stderr.contains(DONE),
-        "the child {helper} did not run its body; its stderr:\n{stderr}"
-    );
-}
 
 /// A name no resolver can look up, refused before any query is sent (see the file's comment).
 fn unresolvable() -> String {
@@ -164,66 +144,39 @@ fn an_unresolvable_name_is_an_error_in_a_fiber() {
 
 #[test]
 fn literal_addresses_never_use_the_blocking_pool() {
-    check_child("child_literal_addresses_never_use_the_blocking_pool");
-}
-
-#[test]
-#[ignore = "child process of literal_addresses_never_use_the_blocking_pool"]
-fn child_literal_addresses_never_use_the_blocking_pool() {
-    if !is_child(
-        CHILD_ENV,
-        "child_literal_addresses_never_use_the_blocking_pool",
-    ) {
-        return;
-    }
-    assert_eq!(fibra::unblock::threads(), 0, "a fresh process has no pool");
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().unwrap();
-    let sched = Scheduler::builder().threads(1).build().expect("build");
-    sched.start();
-    finish(
-        sched
-            .submit(move || literal_calls(addr), None)
-            .expect("submit"),
-    );
-    literal_calls(addr);
-    assert_eq!(
-        fibra::unblock::threads(),
-        0,
-        "a literal address was resolved on the blocking pool"
-    );
-    sched.stop();
-    eprintln!("{DONE}");
+    child_ok(|| {
+        assert_eq!(fibra::unblock::threads(), 0, "a fresh process has no pool");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let sched = Scheduler::builder().threads(1).build().expect("build");
+        sched.start();
+        finish(
+            sched
+                .submit(move || literal_calls(addr), None)
+                .expect("submit"),
+        );
+        literal_calls(addr);
+        assert_eq!(
+            fibra::unblock::threads(),
+            0,
+            "a literal address was resolved on the blocking pool"
+        );
+        sched.stop();
+    });
 }
 
 #[test]
 fn names_on_a_plain_thread_are_resolved_on_that_thread() {
-    check_child("child_names_on_a_plain_thread_are_resolved_on_that_thread");
-}
-
-#[test]
-#[ignore = "child process of names_on_a_plain_thread_are_resolved_on_that_thread"]
-fn child_names_on_a_plain_thread_are_resolved_on_that_thread() {
-    if !is_child(
-        CHILD_ENV,
-        "child_names_on_a_plain_thread_are_resolved_on_that_thread",
-    ) {
-        return;
-    }
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    name_calls(listener.local_addr().unwrap().port());
-    unresolvable_calls();
-    assert_eq!(
-        fibra::unblock::threads(),
-        0,
-        "a name looked up outside a fiber went to the blocking pool"
-    );
-    eprintln!("{DONE}");
-}
-
-#[test]
-fn a_fiber_looking_up_a_name_waits_on_the_blocking_pool() {
-    check_child("child_a_fiber_looking_up_a_name_waits_on_the_blocking_pool");
+    child_ok(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        name_calls(listener.local_addr().unwrap().port());
+        unresolvable_calls();
+        assert_eq!(
+            fibra::unblock::threads(),
+            0,
+            "a name looked up outside a fiber went to the blocking pool"
+        );
+    });
 }
 
 /// The real `getaddrinfo` path, made slow deterministically: the pool is capped at one
@@ -235,99 +188,93 @@ fn a_fiber_looking_up_a_name_waits_on_the_blocking_pool() {
 /// `getaddrinfo` takes). The unit test `net::addr::tests::a_slow_lookup_parks_only_its_fiber`
 /// checks the same with a lookup that itself blocks.
 #[test]
-#[ignore = "child process of a_fiber_looking_up_a_name_waits_on_the_blocking_pool"]
-fn child_a_fiber_looking_up_a_name_waits_on_the_blocking_pool() {
-    if !is_child(
-        CHILD_ENV,
-        "child_a_fiber_looking_up_a_name_waits_on_the_blocking_pool",
-    ) {
-        return;
-    }
-    fibra::unblock::set_max_threads(1);
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().unwrap().port();
-    let sched = Scheduler::builder().threads(1).build().expect("build");
-    sched.start();
+fn a_fiber_looking_up_a_name_waits_on_the_blocking_pool() {
+    child_ok(|| {
+        fibra::unblock::set_max_threads(1);
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().unwrap().port();
+        let sched = Scheduler::builder().threads(1).build().expect("build");
+        sched.start();
 
-    let holding = Arc::new(AtomicBool::new(false));
-    let release = Arc::new(AtomicBool::new(false));
-    let (h, r) = (holding.clone(), release.clone());
-    let holder = sched
-        .submit(
-            move || {
-                fibra::unblock(|| {
-                    h.store(true, Ordering::SeqCst);
+        let holding = Arc::new(AtomicBool::new(false));
+        let release = Arc::new(AtomicBool::new(false));
+        let (h, r) = (holding.clone(), release.clone());
+        let holder = sched
+            .submit(
+                move || {
+                    fibra::unblock(|| {
+                        h.store(true, Ordering::SeqCst);
+                        let deadline = Instant::now() + LIMIT;
+                        while !r.load(Ordering::SeqCst) && Instant::now() < deadline {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    })
+                },
+                None,
+            )
+            .expect("submit the holder");
+        wait_until("the pool's only thread to be held", || {
+            holding.load(Ordering::SeqCst)
+        });
+
+        let ticks = Arc::new(AtomicUsize::new(0));
+        // The tick count when the client entered `connect`, plus one (0: not yet).
+        let entered_at = Arc::new(AtomicUsize::new(0));
+        let connected = Arc::new(AtomicBool::new(false));
+        let (e, c, t) = (entered_at.clone(), connected.clone(), ticks.clone());
+        let client = sched
+            .submit(
+                move || {
+                    e.store(t.load(Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    let s = TcpStream::connect(("localhost", port));
+                    c.store(true, Ordering::SeqCst);
+                    s.and_then(|s| s.peer_addr())
+                },
+                None,
+            )
+            .expect("submit the client");
+        let (c, t) = (connected.clone(), ticks.clone());
+        let ticker = sched
+            .submit(
+                move || {
                     let deadline = Instant::now() + LIMIT;
-                    while !r.load(Ordering::SeqCst) && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(1));
+                    while !c.load(Ordering::SeqCst) && Instant::now() < deadline {
+                        t.fetch_add(1, Ordering::SeqCst);
+                        fibra::sleep(Duration::from_millis(1));
                     }
-                })
+                },
+                None,
+            )
+            .expect("submit the ticker");
+
+        wait_until(
+            "the connect to end or the ticker to run 50 times while it waits",
+            || {
+                let at = entered_at.load(Ordering::SeqCst);
+                connected.load(Ordering::SeqCst)
+                    || (at > 0 && ticks.load(Ordering::SeqCst) >= at - 1 + 50)
             },
-            None,
-        )
-        .expect("submit the holder");
-    wait_until("the pool's only thread to be held", || {
-        holding.load(Ordering::SeqCst)
+        );
+        let finished_early = connected.load(Ordering::SeqCst);
+        release.store(true, Ordering::SeqCst); // first, so that a failure below does not wait
+        assert!(
+            !finished_early,
+            "connect(\"localhost\") finished while the blocking pool's only thread was busy: \
+             the name was not looked up on the pool"
+        );
+        finish(holder);
+        let peer = finish(client).expect("connect to localhost");
+        assert_eq!(peer, SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        finish(ticker);
+        assert_eq!(fibra::unblock::threads(), 1);
+
+        // The other calls and a failed lookup, through the pool as well.
+        finish(
+            sched
+                .submit(move || name_calls(port), None)
+                .expect("submit"),
+        );
+        finish(sched.submit(unresolvable_calls, None).expect("submit"));
+        sched.stop();
     });
-
-    let ticks = Arc::new(AtomicUsize::new(0));
-    // The tick count when the client entered `connect`, plus one (0: not yet).
-    let entered_at = Arc::new(AtomicUsize::new(0));
-    let connected = Arc::new(AtomicBool::new(false));
-    let (e, c, t) = (entered_at.clone(), connected.clone(), ticks.clone());
-    let client = sched
-        .submit(
-            move || {
-                e.store(t.load(Ordering::SeqCst) + 1, Ordering::SeqCst);
-                let s = TcpStream::connect(("localhost", port));
-                c.store(true, Ordering::SeqCst);
-                s.and_then(|s| s.peer_addr())
-            },
-            None,
-        )
-        .expect("submit the client");
-    let (c, t) = (connected.clone(), ticks.clone());
-    let ticker = sched
-        .submit(
-            move || {
-                let deadline = Instant::now() + LIMIT;
-                while !c.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    t.fetch_add(1, Ordering::SeqCst);
-                    fibra::sleep(Duration::from_millis(1));
-                }
-            },
-            None,
-        )
-        .expect("submit the ticker");
-
-    wait_until(
-        "the connect to end or the ticker to run 50 times while it waits",
-        || {
-            let at = entered_at.load(Ordering::SeqCst);
-            connected.load(Ordering::SeqCst)
-                || (at > 0 && ticks.load(Ordering::SeqCst) >= at - 1 + 50)
-        },
-    );
-    let finished_early = connected.load(Ordering::SeqCst);
-    release.store(true, Ordering::SeqCst); // first, so that a failure below does not wait
-    assert!(
-        !finished_early,
-        "connect(\"localhost\") finished while the blocking pool's only thread was busy: \
-         the name was not looked up on the pool"
-    );
-    finish(holder);
-    let peer = finish(client).expect("connect to localhost");
-    assert_eq!(peer, SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
-    finish(ticker);
-    assert_eq!(fibra::unblock::threads(), 1);
-
-    // The other calls and a failed lookup, through the pool as well.
-    finish(
-        sched
-            .submit(move || name_calls(port), None)
-            .expect("submit"),
-    );
-    finish(sched.submit(unresolvable_calls, None).expect("submit"));
-    sched.stop();
-    eprintln!("{DONE}");
 }

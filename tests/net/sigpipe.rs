@@ -1,46 +1,35 @@
-//! No fibra socket write raises `SIGPIPE` (issue 11, item 12): writing to a TCP or Unix stream
-//! whose peer is gone, or to a datagram socket shut down for writing, fails with an
-//! `io::Error` (`EPIPE`, or `ECONNRESET` first after a reset) through every write path —
-//! `write`, `write_vectored`, `send`, `send_to` — from a fiber and from a plain thread.
+//! No fibra socket write raises `SIGPIPE`: writing to a TCP or Unix stream whose peer is
+//! gone, or to a datagram socket shut down for writing, fails with an `io::Error` (`EPIPE`,
+//! or `ECONNRESET` first after a reset) through every write path — `write`,
+//! `write_vectored`, `send`, `send_to` — from a fiber and from a plain thread.
 //!
 //! The test harness (like every Rust program) ignores `SIGPIPE`, so the writes cannot be
-//! checked in this process: each check re-runs this test binary as a child with
-//! `FIBRA_SIGPIPE_CHILD` set and a filter naming one of the ignored helper tests below. The
-//! helper puts `SIGPIPE` back to its default action, as in a C program embedding fibra, where
-//! the signal kills the process; the parent then requires a clean exit, not death by signal 13,
-//! and the helper's closing line on stderr, which proves the body really ran.
+//! checked in this process: each check runs in a child process (`in_child`), which puts
+//! `SIGPIPE` back to its default action, as in a C program embedding fibra, where the signal
+//! kills the process; the parent then requires that the child's body returned and that it
+//! exited cleanly, not by signal 13.
 
 use std::env;
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
-use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
+use crate::common::{in_child, ChildRun};
 use fibra::net::unix::{UnixDatagram, UnixStream};
 use fibra::net::{TcpListener, TcpStream, UdpSocket};
 use fibra::Scheduler;
 
-const CHILD_ENV: &str = "FIBRA_SIGPIPE_CHILD";
-/// The helper's last line on stderr.
-const DONE: &str = "sigpipe child: every write failed with an error, no signal";
-
-/// Runs `helper` in a child and requires that it survived every write.
-fn check_child(helper: &str) {
-    let (status, stderr) = crate::common::run_child(CHILD_ENV, helper);
+/// Requires that the child survived every write.
+fn assert_no_sigpipe(run: ChildRun) {
     assert_ne!(
-        status.signal(),
+        run.signal(),
         Some(libc::SIGPIPE),
-        "a socket write raised SIGPIPE and killed the child {helper}; its stderr:\n{stderr}"
+        "a socket write raised SIGPIPE and killed the child of {}; its stderr:\n{}",
+        run.test,
+        run.stderr
     );
-    assert!(
-        status.success(),
-        "the child {helper} failed ({status}); its stderr:\n{stderr}"
-    );
-    assert!(
-        stderr.contains(DONE),
-        "the child {helper} did not run its body; its stderr:\n{stderr}"
-    );
+    run.assert_ok("a write to a vanished peer failed in the child");
 }
 
 /// Gives `SIGPIPE` its default action (terminate) in this process, as a C program has it.
@@ -147,18 +136,7 @@ fn all_writes() {
 
 #[test]
 fn writes_to_a_vanished_peer_raise_no_sigpipe_in_a_fiber() {
-    check_child("child_writes_to_a_vanished_peer_in_a_fiber");
-}
-
-#[test]
-fn writes_to_a_vanished_peer_raise_no_sigpipe_on_a_thread() {
-    check_child("child_writes_to_a_vanished_peer_on_a_thread");
-}
-
-#[test]
-#[ignore = "child process of writes_to_a_vanished_peer_raise_no_sigpipe_in_a_fiber"]
-fn child_writes_to_a_vanished_peer_in_a_fiber() {
-    if crate::common::is_child(CHILD_ENV, "child_writes_to_a_vanished_peer_in_a_fiber") {
+    assert_no_sigpipe(in_child(|| {
         default_sigpipe();
         let sched = Scheduler::builder().threads(1).build().expect("build");
         let in_fiber = sched.block_on(|| {
@@ -167,17 +145,14 @@ fn child_writes_to_a_vanished_peer_in_a_fiber() {
         });
         assert!(in_fiber, "the writes ran outside a fiber");
         sched.stop();
-        eprintln!("{DONE}");
-    }
+    }));
 }
 
 #[test]
-#[ignore = "child process of writes_to_a_vanished_peer_raise_no_sigpipe_on_a_thread"]
-fn child_writes_to_a_vanished_peer_on_a_thread() {
-    if crate::common::is_child(CHILD_ENV, "child_writes_to_a_vanished_peer_on_a_thread") {
+fn writes_to_a_vanished_peer_raise_no_sigpipe_on_a_thread() {
+    assert_no_sigpipe(in_child(|| {
         default_sigpipe();
         all_writes();
         assert!(fibra::current_worker().is_none());
-        eprintln!("{DONE}");
-    }
+    }));
 }

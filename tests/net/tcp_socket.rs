@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{finish, started, with_deadline, LIMIT};
+use crate::common::{child_ok, finish, started, with_deadline, LIMIT};
 use crate::util::{fibers_and_threads, Actors};
 use fibra::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -354,98 +354,82 @@ fn a_fiber_connecting_in_a_loop_to_a_closed_port_lets_others_run() {
 
 // --- Out of descriptors (a child process lowers its own limit) ------------------------------
 
-const CHILD_ENV: &str = "FIBRA_NET_SOCKET_CHILD";
-const DONE: &str = "net_socket child: done";
-
 #[test]
 fn out_of_descriptors_is_an_error_from_fibers_and_threads() {
-    let helper = "child_out_of_descriptors";
-    let (status, stderr) = crate::common::run_child(CHILD_ENV, helper);
-    assert!(
-        status.success() && stderr.contains(DONE),
-        "the child {helper} failed ({status}); its stderr:\n{stderr}"
-    );
+    child_ok(|| {
+        let sched = started(1);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Queued before the table fills: accept must fail on it, then succeed later.
+        let pending = TcpStream::connect(addr).unwrap();
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `limit` is a valid rlimit for the call to fill.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        let low = libc::rlimit {
+            rlim_cur: limit.rlim_cur.min(256),
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: lowers this process's soft limit; `low` is valid for the call.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+        let mut filler = Vec::new();
+        for _ in 0..low.rlim_cur {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => filler.push(f),
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e:?}");
+                    break;
+                }
+            }
+        }
+        assert!(is_emfile(TcpSocket::new_v4()));
+        assert!(TcpSocket::new_v6().is_err());
+        assert!(is_emfile(TcpListener::bind("127.0.0.1:0")));
+        assert!(is_emfile(TcpStream::connect(addr)));
+        assert!(is_emfile(listener.accept()));
+        let (ok, yielded) = sched.block_on(move || {
+            let ok = is_emfile(TcpSocket::new_v4())
+                && is_emfile(TcpListener::bind("127.0.0.1:0"))
+                && is_emfile(TcpStream::connect(addr))
+                && is_emfile(TcpStream::connect_timeout(&addr, Duration::MAX));
+            // A connect loop that fails at once still spends from the budget and yields.
+            let flag = Arc::new(AtomicBool::new(false));
+            let f = flag.clone();
+            let other = fibra::spawn(move || f.store(true, Ordering::SeqCst));
+            for _ in 0..10 * fibra::coop::BUDGET {
+                if flag.load(Ordering::SeqCst) {
+                    break;
+                }
+                assert!(is_emfile(TcpStream::connect(addr)));
+            }
+            let yielded = flag.load(Ordering::SeqCst);
+            // The table is full; `other` has run (or runs now) without needing a descriptor.
+            other.join().unwrap();
+            (ok, yielded)
+        });
+        assert!(ok, "a fiber did not get EMFILE");
+        assert!(yielded, "a connect loop failing with EMFILE never yielded");
+        drop(filler);
+        // Descriptors again: everything works, and the queued connection is still there.
+        let (conn, peer) = listener.accept().expect("accept after EMFILE");
+        assert_eq!(peer, pending.local_addr().unwrap());
+        drop(conn);
+        let s = TcpSocket::new_v4().unwrap();
+        s.bind(localhost()).unwrap();
+        let l = s.listen(8).unwrap();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        l.accept().unwrap();
+        // SAFETY: restores the limit read above; `limit` is valid for the call.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+        sched.stop();
+    });
 }
 
 fn is_emfile<T>(r: io::Result<T>) -> bool {
     matches!(r, Err(e) if e.raw_os_error() == Some(libc::EMFILE))
-}
-
-#[test]
-#[ignore = "child process of out_of_descriptors_is_an_error_from_fibers_and_threads"]
-fn child_out_of_descriptors() {
-    if !crate::common::is_child(CHILD_ENV, "child_out_of_descriptors") {
-        return;
-    }
-    let sched = started(1);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    // Queued before the table fills: accept must fail on it, then succeed later.
-    let pending = TcpStream::connect(addr).unwrap();
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid rlimit for the call to fill.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-        0
-    );
-    let low = libc::rlimit {
-        rlim_cur: limit.rlim_cur.min(256),
-        rlim_max: limit.rlim_max,
-    };
-    // SAFETY: lowers this process's soft limit; `low` is valid for the call.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
-    let mut filler = Vec::new();
-    for _ in 0..low.rlim_cur {
-        match std::fs::File::open("/dev/null") {
-            Ok(f) => filler.push(f),
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e:?}");
-                break;
-            }
-        }
-    }
-    assert!(is_emfile(TcpSocket::new_v4()));
-    assert!(TcpSocket::new_v6().is_err());
-    assert!(is_emfile(TcpListener::bind("127.0.0.1:0")));
-    assert!(is_emfile(TcpStream::connect(addr)));
-    assert!(is_emfile(listener.accept()));
-    let (ok, yielded) = sched.block_on(move || {
-        let ok = is_emfile(TcpSocket::new_v4())
-            && is_emfile(TcpListener::bind("127.0.0.1:0"))
-            && is_emfile(TcpStream::connect(addr))
-            && is_emfile(TcpStream::connect_timeout(&addr, Duration::MAX));
-        // A connect loop that fails at once still spends from the budget and yields.
-        let flag = Arc::new(AtomicBool::new(false));
-        let f = flag.clone();
-        let other = fibra::spawn(move || f.store(true, Ordering::SeqCst));
-        for _ in 0..10 * fibra::coop::BUDGET {
-            if flag.load(Ordering::SeqCst) {
-                break;
-            }
-            assert!(is_emfile(TcpStream::connect(addr)));
-        }
-        let yielded = flag.load(Ordering::SeqCst);
-        // The table is full; `other` has run (or runs now) without needing a descriptor.
-        other.join().unwrap();
-        (ok, yielded)
-    });
-    assert!(ok, "a fiber did not get EMFILE");
-    assert!(yielded, "a connect loop failing with EMFILE never yielded");
-    drop(filler);
-    // Descriptors again: everything works, and the queued connection is still there.
-    let (conn, peer) = listener.accept().expect("accept after EMFILE");
-    assert_eq!(peer, pending.local_addr().unwrap());
-    drop(conn);
-    let s = TcpSocket::new_v4().unwrap();
-    s.bind(localhost()).unwrap();
-    let l = s.listen(8).unwrap();
-    let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    l.accept().unwrap();
-    // SAFETY: restores the limit read above; `limit` is valid for the call.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
-    sched.stop();
-    eprintln!("{DONE}");
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::child_ok;
 use crate::util::{fibers_and_threads, Actors};
 use fibra::net::unix::{UnixDatagram, UnixListener, UnixStream};
 
@@ -218,41 +219,27 @@ fn unix_datagram_shut_down_receives_nothing_at_once() {
 /// the shutdown: the waiting thread's own `poll` must say it.
 #[test]
 fn unix_datagram_shut_down_by_a_raw_call_wakes_a_thread_with_no_scheduler_around() {
-    let (status, err) = crate::common::run_child(CHILD_ENV, "child_raw_shutdown_no_scheduler");
-    assert!(
-        status.success() && err.contains("CHILD OK"),
-        "{status:?}\n{err}"
-    );
-}
-
-const CHILD_ENV: &str = "FIBRA_NET_UNIX_CHILD";
-
-#[test]
-#[ignore = "child of unix_datagram_shut_down_by_a_raw_call_wakes_a_thread_with_no_scheduler_around"]
-fn child_raw_shutdown_no_scheduler() {
-    if !crate::common::is_child(CHILD_ENV, "child_raw_shutdown_no_scheduler") {
-        return;
-    }
-    let (c, _d) = UnixDatagram::pair().expect("pair");
-    let c = Arc::new(c);
-    let c2 = c.clone();
-    let reader = std::thread::spawn(move || c2.recv(&mut [0u8; 8]).map_err(|e| e.kind()));
-    std::thread::sleep(Duration::from_millis(100));
-    // SAFETY: shutting down a socket `c` keeps open.
-    assert_eq!(
-        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&*c), libc::SHUT_RD) },
-        0
-    );
-    let start = Instant::now();
-    while !reader.is_finished() && start.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(
-        reader.is_finished(),
-        "the reader still waits 20 s after the shutdown"
-    );
-    assert_eq!(reader.join().unwrap(), Ok(0));
-    eprintln!("CHILD OK");
+    child_ok(|| {
+        let (c, _d) = UnixDatagram::pair().expect("pair");
+        let c = Arc::new(c);
+        let c2 = c.clone();
+        let reader = std::thread::spawn(move || c2.recv(&mut [0u8; 8]).map_err(|e| e.kind()));
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: shutting down a socket `c` keeps open.
+        assert_eq!(
+            unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&*c), libc::SHUT_RD) },
+            0
+        );
+        let start = Instant::now();
+        while !reader.is_finished() && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            reader.is_finished(),
+            "the reader still waits 20 s after the shutdown"
+        );
+        assert_eq!(reader.join().unwrap(), Ok(0));
+    });
 }
 
 fn datagram_round_trip(actors: &Actors) {

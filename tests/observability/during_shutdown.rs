@@ -13,7 +13,6 @@ use fibra::dump::{Status, WaitOn};
 use fibra::exec::Executor;
 use fibra::net::unix::UnixStream;
 use fibra::{Scheduler, MIN_STACK_SIZE};
-const CHILD: &str = "FIBRA_ATTACK_IO_EXEC_CHILD";
 
 /// Whether the fiber of `id` is parked on what `on` accepts, by this scheduler's dump (the
 /// reactor's and the pool's counters are the whole process's, which other tests share).
@@ -83,7 +82,7 @@ fn observe_during_and_after_shutdown_from_fibers_and_threads() {
 #[test]
 fn observe_dump_of_many_parked_fibers_while_others_end() {
     crate::common::with_deadline(|| {
-        let n: usize = std::env::var("FIBRA_ATTACK_PARKED")
+        let n: usize = std::env::var("FIBRA_TEST_PARKED_FIBERS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(200_000);
@@ -142,55 +141,49 @@ fn observe_dump_of_many_parked_fibers_while_others_end() {
 /// id; a stopped scheduler's watchdog says nothing more.
 #[test]
 fn observe_watchdog_hog_on_use_caller_worker_and_after_stop() {
-    let (status, err) = crate::common::run_child(CHILD, "child_watchdog_variants");
-    assert!(status.success(), "child failed: {status:?}\n{err}");
+    let run = crate::common::in_child(|| {
+        let s = Scheduler::builder()
+            .threads(2)
+            .use_caller(true)
+            .watchdog(Duration::from_millis(40))
+            .build()
+            .unwrap();
+        // block_on's fiber can go anywhere: submit pinned to worker 0 and block_on a join.
+        let h = s
+            .task()
+            .name("caller-hog")
+            .submit(
+                || crate::common::block_thread(Duration::from_millis(400)),
+                Some(0),
+            )
+            .unwrap();
+        s.block_on(move || h.join().unwrap());
+        // An unnamed hog on worker 1.
+        let h = s
+            .submit(
+                || crate::common::block_thread(Duration::from_millis(400)),
+                Some(1),
+            )
+            .unwrap();
+        s.block_on(move || h.join().unwrap());
+        s.stop();
+        // After stop nothing runs; a submit is refused.
+        assert!(s
+            .task()
+            .name("after-stop")
+            .submit(
+                || crate::common::block_thread(Duration::from_millis(300)),
+                None
+            )
+            .is_err());
+        thread::sleep(Duration::from_millis(200));
+    });
+    run.assert_ok("the watchdog child failed");
+    let err = &run.stderr;
     let reports: Vec<&str> = err.lines().filter(|l| l.contains("watchdog")).collect();
     assert_eq!(reports.len(), 2, "{err}");
     assert!(reports[0].contains("'caller-hog'"), "{err}");
     assert!(!err.contains("after-stop"), "{err}");
-}
-
-#[test]
-#[ignore = "child of observe_watchdog_hog_on_use_caller_worker_and_after_stop"]
-fn child_watchdog_variants() {
-    if !crate::common::is_child(CHILD, "child_watchdog_variants") {
-        return;
-    }
-    let s = Scheduler::builder()
-        .threads(2)
-        .use_caller(true)
-        .watchdog(Duration::from_millis(40))
-        .build()
-        .unwrap();
-    // block_on's fiber can go anywhere: submit pinned to worker 0 and block_on a join.
-    let h = s
-        .task()
-        .name("caller-hog")
-        .submit(
-            || crate::common::block_thread(Duration::from_millis(400)),
-            Some(0),
-        )
-        .unwrap();
-    s.block_on(move || h.join().unwrap());
-    // An unnamed hog on worker 1.
-    let h = s
-        .submit(
-            || crate::common::block_thread(Duration::from_millis(400)),
-            Some(1),
-        )
-        .unwrap();
-    s.block_on(move || h.join().unwrap());
-    s.stop();
-    // After stop nothing runs; a submit is refused.
-    assert!(s
-        .task()
-        .name("after-stop")
-        .submit(
-            || crate::common::block_thread(Duration::from_millis(300)),
-            None
-        )
-        .is_err());
-    thread::sleep(Duration::from_millis(200));
 }
 
 /// A worker asleep in epoll (the poller: its only fiber waits on a socket, no timers) must

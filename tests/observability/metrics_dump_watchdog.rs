@@ -745,10 +745,79 @@ fn dump_of_many_fibers_lists_every_one() {
     });
 }
 
+/// A fiber that runs without suspending for longer than the watchdog's limit is reported
+/// once per episode, by name, with its worker and the number of tasks waiting behind it;
+/// a fiber that keeps yielding, and a scheduler with the watchdog off, are not reported.
+/// The child's stderr holds the reports.
 #[test]
 fn watchdog_reports_a_hog_once_by_name() {
-    let (status, err) = crate::common::run_child("OBSERVE_CHILD", "watchdog_child");
-    assert!(status.success(), "child failed: {status:?}\n{err}");
+    let run = crate::common::in_child(|| {
+        let spin = |d: Duration| {
+            let end = Instant::now() + d;
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+        };
+        let s = Scheduler::builder()
+            .threads(2)
+            .watchdog(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        s.start();
+        // Three tasks wait behind the hog on worker 1 (pinned there, so never stolen).
+        let (spinning_tx, spinning_rx) = mpsc::channel::<()>();
+        let hog = s
+            .task()
+            .name("busy-bee")
+            .submit(
+                move || {
+                    spinning_tx.send(()).unwrap();
+                    spin(Duration::from_millis(400));
+                    // A second episode after one suspension (the waiting tasks run in between).
+                    fibra::Fiber::yield_now();
+                    spin(Duration::from_millis(400));
+                },
+                Some(1),
+            )
+            .unwrap();
+        spinning_rx.recv().unwrap();
+        let waiting: Vec<_> = (0..3).map(|_| s.submit(|| (), Some(1)).unwrap()).collect();
+        let polite = s
+            .task()
+            .name("polite")
+            .submit(
+                move || {
+                    let end = Instant::now() + Duration::from_millis(300);
+                    while Instant::now() < end {
+                        spin(Duration::from_millis(5));
+                        fibra::Fiber::yield_now();
+                    }
+                },
+                Some(0),
+            )
+            .unwrap();
+        hog.join().unwrap();
+        polite.join().unwrap();
+        for h in waiting {
+            h.join().unwrap();
+        }
+        s.stop();
+        let off = Scheduler::builder()
+            .threads(1)
+            .watchdog(Duration::ZERO)
+            .build()
+            .unwrap();
+        off.start();
+        off.task()
+            .name("unwatched")
+            .submit(move || spin(Duration::from_millis(300)), None)
+            .unwrap()
+            .join()
+            .unwrap();
+        off.stop();
+    });
+    run.assert_ok("the watchdog child failed");
+    let err = &run.stderr;
     let reports: Vec<&str> = err.lines().filter(|l| l.contains("watchdog")).collect();
     assert_eq!(
         reports.len(),
@@ -771,77 +840,6 @@ fn watchdog_reports_a_hog_once_by_name() {
     // reported.
     assert!(!err.contains("polite"), "{err}");
     assert!(!err.contains("unwatched"), "{err}");
-}
-
-#[test]
-#[ignore = "helper of watchdog_reports_a_hog_once_by_name"]
-fn watchdog_child() {
-    if !crate::common::is_child("OBSERVE_CHILD", "watchdog_child") {
-        return;
-    }
-    let spin = |d: Duration| {
-        let end = Instant::now() + d;
-        while Instant::now() < end {
-            std::hint::spin_loop();
-        }
-    };
-    let s = Scheduler::builder()
-        .threads(2)
-        .watchdog(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    s.start();
-    // Three tasks wait behind the hog on worker 1 (pinned there, so never stolen).
-    let (spinning_tx, spinning_rx) = mpsc::channel::<()>();
-    let hog = s
-        .task()
-        .name("busy-bee")
-        .submit(
-            move || {
-                spinning_tx.send(()).unwrap();
-                spin(Duration::from_millis(400));
-                // A second episode after one suspension (the waiting tasks run in between).
-                fibra::Fiber::yield_now();
-                spin(Duration::from_millis(400));
-            },
-            Some(1),
-        )
-        .unwrap();
-    spinning_rx.recv().unwrap();
-    let waiting: Vec<_> = (0..3).map(|_| s.submit(|| (), Some(1)).unwrap()).collect();
-    let polite = s
-        .task()
-        .name("polite")
-        .submit(
-            move || {
-                let end = Instant::now() + Duration::from_millis(300);
-                while Instant::now() < end {
-                    spin(Duration::from_millis(5));
-                    fibra::Fiber::yield_now();
-                }
-            },
-            Some(0),
-        )
-        .unwrap();
-    hog.join().unwrap();
-    polite.join().unwrap();
-    for h in waiting {
-        h.join().unwrap();
-    }
-    s.stop();
-    let off = Scheduler::builder()
-        .threads(1)
-        .watchdog(Duration::ZERO)
-        .build()
-        .unwrap();
-    off.start();
-    off.task()
-        .name("unwatched")
-        .submit(move || spin(Duration::from_millis(300)), None)
-        .unwrap()
-        .join()
-        .unwrap();
-    off.stop();
 }
 
 #[test]

@@ -1,32 +1,15 @@
-//! Adversarial round on resource exhaustion: descriptors (EMFILE), threads (RLIMIT_NPROC
-//! for an unprivileged uid), address space (RLIMIT_AS), timers, and bad pointers given to
-//! the hooked C calls. Everything that changes a process-wide limit runs in a child process
-//! (`crate::common::run_child`). Run with
-//! `cargo test --test attack_exhaustion` and `cargo test --features hook --test attack_exhaustion`.
+//! Resource exhaustion: descriptors (EMFILE), threads (RLIMIT_NPROC for an unprivileged
+//! uid), address space (RLIMIT_AS), timers, and bad pointers given to the hooked C calls.
+//! Everything that changes a process-wide limit runs in a child process (`in_child`).
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{cap_threads, errno, is_child, run_child, uncap_threads, LIMIT};
+use crate::common::{cap_threads, child_ok, errno, in_child, uncap_threads, LIMIT};
 use fibra::Scheduler;
-
-const CHILD_ENV: &str = "FIBRA_ATTACK_EXHAUSTION_CHILD";
-
-/// Runs `helper` in a child and fails with its stderr unless it exited with 0 and said
-/// `CHILD OK`.
-fn child_passes(helper: &str) {
-    let (status, stderr) = run_child(CHILD_ENV, helper);
-    eprintln!("--- child {helper} ---\n{stderr}");
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "child {helper} ended with {status:?} (signal {:?})\n--- its stderr ---\n{stderr}",
-        status.signal()
-    );
-}
 
 fn set_nofile(n: u64) {
     let lim = libc::rlimit {
@@ -71,109 +54,101 @@ fn can_spawn_thread() -> bool {
 /// back everything works again.
 #[test]
 fn emfile_at_every_fd_path_is_an_error_and_recovers() {
-    child_passes("child_emfile_everywhere");
-}
-
-#[test]
-#[ignore = "child of emfile_at_every_fd_path_is_an_error_and_recovers"]
-fn child_emfile_everywhere() {
-    if !is_child(CHILD_ENV, "child_emfile_everywhere") {
-        return;
-    }
-    set_nofile(256);
-    // A listener made before the table fills, for connects.
-    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = std_listener.local_addr().unwrap();
-    let dir = std::env::temp_dir().join(format!("fibra-exh-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let held = crate::common::fill_descriptor_table(0);
-    eprintln!("holding {} fds", held.len());
-    // Build and start with no descriptor left (the first, then a second scheduler).
-    let s = Arc::new(Scheduler::builder().threads(2).build().expect("build"));
-    s.start();
-    let s2 = Scheduler::builder()
-        .threads(1)
-        .build()
-        .expect("second build");
-    s2.start();
-    assert_eq!(s2.block_on(|| 5), 5);
-    let d2 = dir.clone();
-    let report = s.block_on(move || {
-        let mut r = Vec::new();
-        let mut check = |what: &str, res: std::io::Result<()>| match &res {
-            Err(e) if is_emfile(e) => {}
-            other => r.push(format!("{what}: {other:?}")),
-        };
-        check(
-            "tcp bind",
-            fibra::net::TcpListener::bind("127.0.0.1:0").map(drop),
-        );
-        check(
-            "tcp connect",
-            fibra::net::TcpStream::connect(addr).map(drop),
-        );
-        check(
-            "udp bind",
-            fibra::net::UdpSocket::bind("127.0.0.1:0").map(drop),
-        );
-        check("unix pair", fibra::net::unix::UnixStream::pair().map(drop));
-        check(
-            "unix bind",
-            fibra::net::unix::UnixListener::bind(d2.join("l")).map(drop),
-        );
-        check(
-            "unix datagram",
-            fibra::net::unix::UnixDatagram::pair().map(drop),
-        );
-        check(
-            "fs open",
-            fibra::fs::File::open("/proc/self/status").map(drop),
-        );
-        check("fs read", fibra::fs::read("/proc/self/status").map(drop));
-        assert_eq!(fibra::unblock(|| 7), 7);
-        let sleepers: Vec<_> = (0..200)
-            .map(|i| fibra::spawn(move || fibra::sleep(Duration::from_millis(1 + i % 7))))
-            .collect();
-        for h in sleepers {
-            h.join().unwrap();
+    child_ok(|| {
+        set_nofile(256);
+        // A listener made before the table fills, for connects.
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let dir = std::env::temp_dir().join(format!("fibra-exh-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let held = crate::common::fill_descriptor_table(0);
+        eprintln!("holding {} fds", held.len());
+        // Build and start with no descriptor left (the first, then a second scheduler).
+        let s = Arc::new(Scheduler::builder().threads(2).build().expect("build"));
+        s.start();
+        let s2 = Scheduler::builder()
+            .threads(1)
+            .build()
+            .expect("second build");
+        s2.start();
+        assert_eq!(s2.block_on(|| 5), 5);
+        let d2 = dir.clone();
+        let report = s.block_on(move || {
+            let mut r = Vec::new();
+            let mut check = |what: &str, res: std::io::Result<()>| match &res {
+                Err(e) if is_emfile(e) => {}
+                other => r.push(format!("{what}: {other:?}")),
+            };
+            check(
+                "tcp bind",
+                fibra::net::TcpListener::bind("127.0.0.1:0").map(drop),
+            );
+            check(
+                "tcp connect",
+                fibra::net::TcpStream::connect(addr).map(drop),
+            );
+            check(
+                "udp bind",
+                fibra::net::UdpSocket::bind("127.0.0.1:0").map(drop),
+            );
+            check("unix pair", fibra::net::unix::UnixStream::pair().map(drop));
+            check(
+                "unix bind",
+                fibra::net::unix::UnixListener::bind(d2.join("l")).map(drop),
+            );
+            check(
+                "unix datagram",
+                fibra::net::unix::UnixDatagram::pair().map(drop),
+            );
+            check(
+                "fs open",
+                fibra::fs::File::open("/proc/self/status").map(drop),
+            );
+            check("fs read", fibra::fs::read("/proc/self/status").map(drop));
+            assert_eq!(fibra::unblock(|| 7), 7);
+            let sleepers: Vec<_> = (0..200)
+                .map(|i| fibra::spawn(move || fibra::sleep(Duration::from_millis(1 + i % 7))))
+                .collect();
+            for h in sleepers {
+                h.join().unwrap();
+            }
+            r
+        });
+        assert!(report.is_empty(), "not EMFILE: {report:#?}");
+        // One and two descriptors free: the first registration needs the reactor's two.
+        let mut held = held;
+        for free in 1..=3 {
+            drop(held.pop());
+            let got = s.block_on(move || {
+                let c = fibra::net::TcpStream::connect(addr);
+                let pair = fibra::net::unix::UnixStream::pair();
+                (
+                    c.map(drop).map_err(|e| e.to_string()),
+                    pair.map(drop).map_err(|e| e.to_string()),
+                )
+            });
+            eprintln!("{free} free: connect {:?}, pair {:?}", got.0, got.1);
         }
-        r
-    });
-    assert!(report.is_empty(), "not EMFILE: {report:#?}");
-    // One and two descriptors free: the first registration needs the reactor's two.
-    let mut held = held;
-    for free in 1..=3 {
-        drop(held.pop());
-        let got = s.block_on(move || {
-            let c = fibra::net::TcpStream::connect(addr);
-            let pair = fibra::net::unix::UnixStream::pair();
-            (
-                c.map(drop).map_err(|e| e.to_string()),
-                pair.map(drop).map_err(|e| e.to_string()),
-            )
+        drop(held);
+        // Everything works again, including waits on the reactor.
+        let ok = s.block_on(move || {
+            let l = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let a = l.local_addr().unwrap();
+            let c = fibra::spawn(move || {
+                let mut c = fibra::net::TcpStream::connect(a).unwrap();
+                c.write_all(b"hi").unwrap();
+            });
+            let (mut srv, _) = l.accept().unwrap();
+            let mut b = [0u8; 2];
+            srv.read_exact(&mut b).unwrap();
+            c.join().unwrap();
+            fibra::fs::read("/proc/self/status").unwrap();
+            &b == b"hi"
         });
-        eprintln!("{free} free: connect {:?}, pair {:?}", got.0, got.1);
-    }
-    drop(held);
-    // Everything works again, including waits on the reactor.
-    let ok = s.block_on(move || {
-        let l = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = l.local_addr().unwrap();
-        let c = fibra::spawn(move || {
-            let mut c = fibra::net::TcpStream::connect(a).unwrap();
-            c.write_all(b"hi").unwrap();
-        });
-        let (mut srv, _) = l.accept().unwrap();
-        let mut b = [0u8; 2];
-        srv.read_exact(&mut b).unwrap();
-        c.join().unwrap();
-        fibra::fs::read("/proc/self/status").unwrap();
-        &b == b"hi"
+        assert!(ok);
+        drop(std_listener);
+        let _ = std::fs::remove_dir_all(&dir);
     });
-    assert!(ok);
-    drop(std_listener);
-    let _ = std::fs::remove_dir_all(&dir);
-    eprintln!("CHILD OK");
 }
 
 /// A connection waits in the backlog while the table is full: `accept` fails with EMFILE
@@ -181,65 +156,57 @@ fn child_emfile_everywhere() {
 /// any new event (no lost wake-up).
 #[test]
 fn accept_after_emfile_takes_the_pending_connection() {
-    child_passes("child_accept_emfile");
-}
-
-#[test]
-#[ignore = "child of accept_after_emfile_takes_the_pending_connection"]
-fn child_accept_emfile() {
-    if !is_child(CHILD_ENV, "child_accept_emfile") {
-        return;
-    }
-    set_nofile(256);
-    let s = Arc::new(Scheduler::builder().threads(2).build().unwrap());
-    s.start();
-    let (tx, rx) = std::sync::mpsc::channel::<(Duration, Duration, String)>();
-    let (free_tx, free_rx) = std::sync::mpsc::channel::<()>();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    // Client socket made before the fill; it connects after.
-    // SAFETY: plain socket call.
-    let client = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
-    assert!(client >= 0);
-    let h = s.spawn(move || {
-        let l = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        addr_tx.send(l.local_addr().unwrap()).unwrap();
-        // Parked in accept while the table fills and the client connects.
-        let first = l.accept().map(drop);
-        let e = first.expect_err("accept with a full table");
-        assert!(is_emfile(&e), "{e:?}");
-        // A server's usual loop: back off and retry, for 300 ms.
-        let (t0, c0) = (Instant::now(), cpu_time());
-        let mut fails = 0;
-        while t0.elapsed() < Duration::from_millis(300) {
-            match l.accept() {
-                Err(e) if is_emfile(&e) => {
-                    fails += 1;
-                    fibra::sleep(Duration::from_millis(20));
+    child_ok(|| {
+        set_nofile(256);
+        let s = Arc::new(Scheduler::builder().threads(2).build().unwrap());
+        s.start();
+        let (tx, rx) = std::sync::mpsc::channel::<(Duration, Duration, String)>();
+        let (free_tx, free_rx) = std::sync::mpsc::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        // Client socket made before the fill; it connects after.
+        // SAFETY: plain socket call.
+        let client = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        assert!(client >= 0);
+        let h = s.spawn(move || {
+            let l = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            addr_tx.send(l.local_addr().unwrap()).unwrap();
+            // Parked in accept while the table fills and the client connects.
+            let first = l.accept().map(drop);
+            let e = first.expect_err("accept with a full table");
+            assert!(is_emfile(&e), "{e:?}");
+            // A server's usual loop: back off and retry, for 300 ms.
+            let (t0, c0) = (Instant::now(), cpu_time());
+            let mut fails = 0;
+            while t0.elapsed() < Duration::from_millis(300) {
+                match l.accept() {
+                    Err(e) if is_emfile(&e) => {
+                        fails += 1;
+                        fibra::sleep(Duration::from_millis(20));
+                    }
+                    other => panic!("accept under EMFILE: {other:?}"),
                 }
-                other => panic!("accept under EMFILE: {other:?}"),
             }
-        }
-        let cpu = cpu_time() - c0;
-        free_rx.recv().unwrap();
-        let t1 = Instant::now();
-        let got = l.accept().map(|(_, a)| a.to_string());
-        tx.send((cpu, t1.elapsed(), format!("{fails} fails; then {got:?}")))
-            .unwrap();
+            let cpu = cpu_time() - c0;
+            free_rx.recv().unwrap();
+            let t1 = Instant::now();
+            let got = l.accept().map(|(_, a)| a.to_string());
+            tx.send((cpu, t1.elapsed(), format!("{fails} fails; then {got:?}")))
+                .unwrap();
+        });
+        let addr = addr_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let held = crate::common::fill_descriptor_table(0);
+        let r = crate::common::raw_connect(client, addr);
+        assert_eq!(r, 0, "client connect: {}", std::io::Error::last_os_error());
+        std::thread::sleep(Duration::from_millis(400));
+        drop(held);
+        free_tx.send(()).unwrap();
+        let (cpu, waited, what) = rx.recv_timeout(LIMIT).expect("the accept loop never ended");
+        eprintln!("cpu {cpu:?} in 300 ms of EMFILE; accept after freeing took {waited:?}: {what}");
+        assert!(what.contains("Ok("), "{what}");
+        assert!(cpu < Duration::from_millis(150), "spun: {cpu:?}");
+        h.join().unwrap();
     });
-    let addr = addr_rx.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    let held = crate::common::fill_descriptor_table(0);
-    let r = crate::common::raw_connect(client, addr);
-    assert_eq!(r, 0, "client connect: {}", std::io::Error::last_os_error());
-    std::thread::sleep(Duration::from_millis(400));
-    drop(held);
-    free_tx.send(()).unwrap();
-    let (cpu, waited, what) = rx.recv_timeout(LIMIT).expect("the accept loop never ended");
-    eprintln!("cpu {cpu:?} in 300 ms of EMFILE; accept after freeing took {waited:?}: {what}");
-    assert!(what.contains("Ok("), "{what}");
-    assert!(cpu < Duration::from_millis(150), "spun: {cpu:?}");
-    h.join().unwrap();
-    eprintln!("CHILD OK");
 }
 
 // ============================================================ 3. threads
@@ -255,61 +222,53 @@ fn child_accept_emfile() {
 /// threads still refused, `stop` ends and fails the missing worker's queued task.
 #[test]
 fn a_start_the_os_refuses_threads_can_be_retried_and_stopped() {
-    child_passes("child_start_nproc");
-}
+    child_ok(|| {
+        let s = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
+        let s2 = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
+        cap_threads(START_UID, 2);
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.start()));
+        let msg = crate::common::panic_message(&*refused.expect_err("start under the cap panics"));
+        assert!(
+            msg.as_deref()
+                .unwrap_or("")
+                .contains("cannot spawn worker thread 2"),
+            "{msg:?}"
+        );
+        let pinned = s.submit(|| 3, Some(3)).expect("submit before the retry");
+        assert!(!pinned.wait_timeout(Duration::from_millis(100)));
+        uncap_threads();
+        s.start();
+        assert_eq!(crate::common::finish(pinned), 3);
+        let stopped = stop_in_background(&s);
+        assert!(stopped.returned_within(LIMIT), "stop returned");
 
-#[test]
-#[ignore = "child of a_start_the_os_refuses_threads_can_be_retried_and_stopped"]
-fn child_start_nproc() {
-    if !is_child(CHILD_ENV, "child_start_nproc") {
-        return;
-    }
-    let s = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
-    let s2 = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
-    cap_threads(START_UID, 2);
-    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.start()));
-    let msg = crate::common::panic_message(&*refused.expect_err("start under the cap panics"));
-    assert!(
-        msg.as_deref()
-            .unwrap_or("")
-            .contains("cannot spawn worker thread 2"),
-        "{msg:?}"
-    );
-    let pinned = s.submit(|| 3, Some(3)).expect("submit before the retry");
-    assert!(!pinned.wait_timeout(Duration::from_millis(100)));
-    uncap_threads();
-    s.start();
-    assert_eq!(crate::common::finish(pinned), 3);
-    let stopped = stop_in_background(&s);
-    assert!(stopped.returned_within(LIMIT), "stop returned");
-
-    // Refused again, and still refused when it stops (the stopping thread is made first).
-    let (go, stop_now) = std::sync::mpsc::channel::<()>();
-    let stopped = {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let s2 = s2.clone();
-        std::thread::spawn(move || {
-            stop_now.recv().unwrap();
-            s2.stop();
-            let _ = tx.send(());
-        });
-        rx
-    };
-    cap_threads(START_UID, 2);
-    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s2.start()));
-    assert!(refused.is_err());
-    let pinned = s2.submit(|| 3, Some(3)).expect("submit");
-    let anywhere = s2.spawn(|| 4);
-    assert_eq!(
-        crate::common::finish(anywhere),
-        4,
-        "the workers that started run"
-    );
-    go.send(()).unwrap();
-    assert!(stopped.recv_timeout(LIMIT).is_ok(), "stop returned");
-    assert!(pinned.join().unwrap_err().is_cancelled());
-    uncap_threads();
-    eprintln!("CHILD OK");
+        // Refused again, and still refused when it stops (the stopping thread is made first).
+        let (go, stop_now) = std::sync::mpsc::channel::<()>();
+        let stopped = {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let s2 = s2.clone();
+            std::thread::spawn(move || {
+                stop_now.recv().unwrap();
+                s2.stop();
+                let _ = tx.send(());
+            });
+            rx
+        };
+        cap_threads(START_UID, 2);
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s2.start()));
+        assert!(refused.is_err());
+        let pinned = s2.submit(|| 3, Some(3)).expect("submit");
+        let anywhere = s2.spawn(|| 4);
+        assert_eq!(
+            crate::common::finish(anywhere),
+            4,
+            "the workers that started run"
+        );
+        go.send(()).unwrap();
+        assert!(stopped.recv_timeout(LIMIT).is_ok(), "stop returned");
+        assert!(pinned.join().unwrap_err().is_cancelled());
+        uncap_threads();
+    });
 }
 
 /// A fiber still finishing during `stop` submits a task pinned to a worker whose thread the
@@ -317,63 +276,55 @@ fn child_start_nproc() {
 /// the submit is refused, or its task fails as cancelled, and `stop` returns.
 #[test]
 fn pinned_submit_to_a_missing_worker_during_stop_does_not_hang_stop() {
-    child_passes("child_pinned_submit_during_stop");
-}
-
-#[test]
-#[ignore = "child of pinned_submit_to_a_missing_worker_during_stop_does_not_hang_stop"]
-fn child_pinned_submit_during_stop() {
-    if !is_child(CHILD_ENV, "child_pinned_submit_during_stop") {
-        return;
-    }
-    let s = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
-    // The stopping thread is made before the cap.
-    let (go_stop, stop_now) = std::sync::mpsc::channel::<()>();
-    let (stopped_tx, stopped) = std::sync::mpsc::channel::<()>();
-    {
-        let s = s.clone();
-        std::thread::spawn(move || {
-            stop_now.recv().unwrap();
-            s.stop();
-            let _ = stopped_tx.send(());
-        });
-    }
-    cap_threads(STOP_UID, 2);
-    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.start()));
-    assert!(refused.is_err(), "start under the cap panics");
-    let (tx, rx) = fibra::sync::oneshot::channel::<()>();
-    let (htx, hrx) = std::sync::mpsc::channel();
-    let s2 = s.clone();
-    let finisher = s.spawn(move || {
-        let _ = rx.recv();
-        // Stopping now: a fiber of the scheduler may still submit.
-        let r = s2.submit(|| 5, Some(3));
-        let _ = htx.send(r.map_err(|e| format!("{e:?}")));
-    });
-    crate::common::wait_until("the finisher parks", || {
-        s.metrics().workers().iter().map(|w| w.parks()).sum::<u64>() > 0
-    });
-    go_stop.send(()).unwrap();
-    // Wait until stop refuses outside work.
-    crate::common::wait_until("stop began", || s.submit(|| 0, None).is_err());
-    tx.send(()).unwrap();
-    match hrx.recv_timeout(LIMIT).expect("the finisher submitted") {
-        Ok(pinned) => {
-            eprintln!("the pinned submit during stop was admitted");
-            assert!(
-                pinned.wait_timeout(Duration::from_secs(15)),
-                "the task pinned to the missing worker never ended"
-            );
-            assert!(pinned.join().unwrap_err().is_cancelled());
+    child_ok(|| {
+        let s = Arc::new(Scheduler::builder().threads(4).build().expect("build"));
+        // The stopping thread is made before the cap.
+        let (go_stop, stop_now) = std::sync::mpsc::channel::<()>();
+        let (stopped_tx, stopped) = std::sync::mpsc::channel::<()>();
+        {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                stop_now.recv().unwrap();
+                s.stop();
+                let _ = stopped_tx.send(());
+            });
         }
-        Err(e) => eprintln!("refused: {e}"),
-    }
-    assert!(finisher.wait_timeout(LIMIT));
-    assert!(
-        stopped.recv_timeout(Duration::from_secs(15)).is_ok(),
-        "stop did not return"
-    );
-    eprintln!("CHILD OK");
+        cap_threads(STOP_UID, 2);
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.start()));
+        assert!(refused.is_err(), "start under the cap panics");
+        let (tx, rx) = fibra::sync::oneshot::channel::<()>();
+        let (htx, hrx) = std::sync::mpsc::channel();
+        let s2 = s.clone();
+        let finisher = s.spawn(move || {
+            let _ = rx.recv();
+            // Stopping now: a fiber of the scheduler may still submit.
+            let r = s2.submit(|| 5, Some(3));
+            let _ = htx.send(r.map_err(|e| format!("{e:?}")));
+        });
+        crate::common::wait_until("the finisher parks", || {
+            s.metrics().workers().iter().map(|w| w.parks()).sum::<u64>() > 0
+        });
+        go_stop.send(()).unwrap();
+        // Wait until stop refuses outside work.
+        crate::common::wait_until("stop began", || s.submit(|| 0, None).is_err());
+        tx.send(()).unwrap();
+        match hrx.recv_timeout(LIMIT).expect("the finisher submitted") {
+            Ok(pinned) => {
+                eprintln!("the pinned submit during stop was admitted");
+                assert!(
+                    pinned.wait_timeout(Duration::from_secs(15)),
+                    "the task pinned to the missing worker never ended"
+                );
+                assert!(pinned.join().unwrap_err().is_cancelled());
+            }
+            Err(e) => eprintln!("refused: {e}"),
+        }
+        assert!(finisher.wait_timeout(LIMIT));
+        assert!(
+            stopped.recv_timeout(Duration::from_secs(15)).is_ok(),
+            "stop did not return"
+        );
+    });
 }
 
 /// Calls `s.stop()` on a thread of its own.
@@ -406,41 +357,15 @@ impl Stopping {
 }
 
 /// The blocking pool cannot grow (RLIMIT_NPROC): many concurrent `unblock` calls still
-/// complete, queued behind the threads it has, or run inline when it has none.
-#[test]
-fn unblock_completes_when_the_pool_cannot_grow() {
-    child_passes("child_unblock_nproc");
-}
-
-#[test]
-fn unblock_completes_when_the_pool_has_no_thread_and_cannot_start_one() {
-    let (status, stderr) = crate::common::run_child_with(
-        CHILD_ENV,
-        "child_unblock_nproc",
-        &[("FIBRA_EXH_EMPTY_POOL", "1")],
-    );
-    eprintln!("{stderr}");
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "{status:?}\n{stderr}"
-    );
-}
-
-#[test]
-#[ignore = "child of unblock_completes_when_the_pool_cannot_grow and of unblock_completes_when_the_pool_has_no_thread_and_cannot_start_one"]
-fn child_unblock_nproc() {
-    if !is_child(CHILD_ENV, "child_unblock_nproc") {
-        return;
-    }
+/// complete, queued behind the threads it has, or run inline when it has none (`empty`).
+fn unblock_under_a_thread_cap(empty: bool) {
     let s = Arc::new(Scheduler::builder().threads(2).build().expect("build"));
     s.start();
-    // One pool thread exists before the cap (none with FIBRA_EXH_EMPTY_POOL: the calls
-    // then run inline).
-    let empty = std::env::var("FIBRA_EXH_EMPTY_POOL").is_ok();
+    // One pool thread exists before the cap (none if `empty`: the calls then run inline).
     if !empty {
         assert_eq!(s.block_on(|| fibra::unblock(|| 1)), 1);
     }
-    // The two parents run at once: a uid each.
+    // The two tests run at once: a uid each.
     cap_threads(if empty { EMPTY_POOL_UID } else { POOL_UID }, 0);
     assert!(!can_spawn_thread(), "the cap does not hold");
     let done = Arc::new(AtomicUsize::new(0));
@@ -462,7 +387,20 @@ fn child_unblock_nproc() {
         assert_eq!(h.join().unwrap(), i);
     }
     eprintln!("metrics: {} pool threads", s.metrics().blocking_threads());
-    eprintln!("CHILD OK");
+}
+
+/// [`unblock_under_a_thread_cap`] with one pool thread made before the cap.
+#[test]
+fn unblock_completes_when_the_pool_cannot_grow() {
+    child_ok(|| unblock_under_a_thread_cap(false));
+}
+
+/// [`unblock_under_a_thread_cap`] with no pool thread: the calls run inline.
+#[test]
+fn unblock_completes_when_the_pool_has_no_thread_and_cannot_start_one() {
+    let run = in_child(|| unblock_under_a_thread_cap(true));
+    eprintln!("{}", run.stderr);
+    run.assert_ok("unblock under a thread cap, with no pool thread");
 }
 
 // ============================================================ 4. timers
@@ -516,26 +454,9 @@ fn many_pending_timers_cancelled_come_back() {
 
 // ====================================================== 5a. hooked calls, bad pointers
 
-/// One bad-pointer call in a child: the child prints `CHILD OK` if the call returned
-/// `-1`/`expected` instead of crashing.
-fn bad_pointer_case(case: &str) {
-    let (status, stderr) =
-        crate::common::run_child_with(CHILD_ENV, "child_bad_pointer", &[("FIBRA_EXH_CASE", case)]);
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "case {case}: child ended with {status:?} (signal {:?}); the C library returns an error \
-         here\n--- its stderr ---\n{stderr}",
-        status.signal()
-    );
-}
-
-#[test]
-#[ignore = "child of the bad_pointer_* and bad_count_* tests"]
-fn child_bad_pointer() {
-    if !is_child(CHILD_ENV, "child_bad_pointer") {
-        return;
-    }
-    let case = std::env::var("FIBRA_EXH_CASE").unwrap();
+/// One bad-pointer call, in a fiber or on a plain thread (`case` ends in `_thread`): the
+/// call returns `-1` and `EFAULT`, `EINVAL` or `EMSGSIZE` instead of crashing.
+fn bad_pointer_call(case: &str) {
     let s = Arc::new(Scheduler::builder().threads(1).build().unwrap());
     s.start();
     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -653,7 +574,7 @@ fn child_bad_pointer() {
         (r, errno())
     };
     let on_thread = case.ends_with("_thread");
-    let c = case.clone();
+    let c = case.to_string();
     let (r, e) = if on_thread {
         run(&c)
     } else {
@@ -666,7 +587,13 @@ fn child_bad_pointer() {
         "{case}: errno {e}"
     );
     drop((a, b));
-    eprintln!("CHILD OK");
+}
+
+/// [`bad_pointer_call`] in a child process, which must end well.
+fn bad_pointer_case(case: &str) {
+    in_child(|| bad_pointer_call(case)).assert_ok(&format!(
+        "case {case}: the child failed; the C library returns an error here"
+    ));
 }
 
 // Not listed: a bad `ppoll` timeout or `select` timeout pointer. glibc's own wrappers read
@@ -718,93 +645,85 @@ fn free_fds() -> usize {
 /// successful result is dropped; the reactor's own two count once, at its creation).
 #[test]
 fn no_descriptor_leaks_on_emfile_paths() {
-    child_passes("child_emfile_leaks");
-}
-
-#[test]
-#[ignore = "child of no_descriptor_leaks_on_emfile_paths"]
-fn child_emfile_leaks() {
-    if !is_child(CHILD_ENV, "child_emfile_leaks") {
-        return;
-    }
-    set_nofile(256);
-    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = std_listener.local_addr().unwrap();
-    let dir = std::env::temp_dir().join(format!("fibra-exh-leak-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let s = Arc::new(Scheduler::builder().threads(1).build().expect("build"));
-    s.start();
-    let leaks = s.block_on(move || {
-        type Op = Box<dyn Fn(usize) -> std::io::Result<()>>;
-        let d = dir.clone();
-        let ops: Vec<(&str, Op)> = vec![
-            (
-                "tcp bind",
-                Box::new(|_| fibra::net::TcpListener::bind("127.0.0.1:0").map(drop)),
-            ),
-            (
-                "tcp connect",
-                Box::new(move |_| fibra::net::TcpStream::connect(addr).map(drop)),
-            ),
-            (
-                "udp bind",
-                Box::new(|_| fibra::net::UdpSocket::bind("127.0.0.1:0").map(drop)),
-            ),
-            (
-                "unix pair",
-                Box::new(|_| fibra::net::unix::UnixStream::pair().map(drop)),
-            ),
-            (
-                "unix bind",
-                Box::new(move |i| {
-                    fibra::net::unix::UnixListener::bind(d.join(format!("l{i}"))).map(drop)
-                }),
-            ),
-            (
-                "unix datagram pair",
-                Box::new(|_| fibra::net::unix::UnixDatagram::pair().map(drop)),
-            ),
-            (
-                "fs open",
-                Box::new(|_| fibra::fs::File::open("/proc/self/status").map(drop)),
-            ),
-            (
-                "fs read",
-                Box::new(|_| fibra::fs::read("/proc/self/status").map(drop)),
-            ),
-        ];
-        let mut leaks = Vec::new();
-        let mut i = 0;
-        for (name, op) in &ops {
-            for free in 0..=3usize {
-                let mut held = crate::common::fill_descriptor_table(0);
-                for _ in 0..free {
-                    held.pop();
-                }
-                let mut results = Vec::new();
-                for _ in 0..4 {
-                    i += 1;
-                    results.push(op(i).map_err(|e| e.raw_os_error()));
-                }
-                let left = free_fds();
-                drop(held);
-                // The reactor's two descriptors may appear at its first registration.
-                if left + 2 < free || (left < free && !results.iter().all(|r| r.is_ok())) {
-                    leaks.push(format!(
-                        "{name}: {free} free before, {left} after: {results:?}"
-                    ));
+    child_ok(|| {
+        set_nofile(256);
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let dir = std::env::temp_dir().join(format!("fibra-exh-leak-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let s = Arc::new(Scheduler::builder().threads(1).build().expect("build"));
+        s.start();
+        let leaks = s.block_on(move || {
+            type Op = Box<dyn Fn(usize) -> std::io::Result<()>>;
+            let d = dir.clone();
+            let ops: Vec<(&str, Op)> = vec![
+                (
+                    "tcp bind",
+                    Box::new(|_| fibra::net::TcpListener::bind("127.0.0.1:0").map(drop)),
+                ),
+                (
+                    "tcp connect",
+                    Box::new(move |_| fibra::net::TcpStream::connect(addr).map(drop)),
+                ),
+                (
+                    "udp bind",
+                    Box::new(|_| fibra::net::UdpSocket::bind("127.0.0.1:0").map(drop)),
+                ),
+                (
+                    "unix pair",
+                    Box::new(|_| fibra::net::unix::UnixStream::pair().map(drop)),
+                ),
+                (
+                    "unix bind",
+                    Box::new(move |i| {
+                        fibra::net::unix::UnixListener::bind(d.join(format!("l{i}"))).map(drop)
+                    }),
+                ),
+                (
+                    "unix datagram pair",
+                    Box::new(|_| fibra::net::unix::UnixDatagram::pair().map(drop)),
+                ),
+                (
+                    "fs open",
+                    Box::new(|_| fibra::fs::File::open("/proc/self/status").map(drop)),
+                ),
+                (
+                    "fs read",
+                    Box::new(|_| fibra::fs::read("/proc/self/status").map(drop)),
+                ),
+            ];
+            let mut leaks = Vec::new();
+            let mut i = 0;
+            for (name, op) in &ops {
+                for free in 0..=3usize {
+                    let mut held = crate::common::fill_descriptor_table(0);
+                    for _ in 0..free {
+                        held.pop();
+                    }
+                    let mut results = Vec::new();
+                    for _ in 0..4 {
+                        i += 1;
+                        results.push(op(i).map_err(|e| e.raw_os_error()));
+                    }
+                    let left = free_fds();
+                    drop(held);
+                    // The reactor's two descriptors may appear at its first registration.
+                    if left + 2 < free || (left < free && !results.iter().all(|r| r.is_ok())) {
+                        leaks.push(format!(
+                            "{name}: {free} free before, {left} after: {results:?}"
+                        ));
+                    }
                 }
             }
-        }
-        leaks
+            leaks
+        });
+        eprintln!("{leaks:#?}");
+        assert!(
+            leaks.is_empty(),
+            "descriptors kept by failed calls: {leaks:#?}"
+        );
+        drop(std_listener);
     });
-    eprintln!("{leaks:#?}");
-    assert!(
-        leaks.is_empty(),
-        "descriptors kept by failed calls: {leaks:#?}"
-    );
-    drop(std_listener);
-    eprintln!("CHILD OK");
 }
 
 /// The hooked `poll` in a fiber, when the reactor cannot take the fd (here: no descriptor
@@ -816,52 +735,43 @@ fn child_emfile_leaks() {
 #[cfg(feature = "hook")]
 #[test]
 fn hooked_poll_wakes_when_the_reactor_cannot_take_the_fd() {
-    child_passes("child_poll_unregistered");
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of hooked_poll_wakes_when_the_reactor_cannot_take_the_fd"]
-fn child_poll_unregistered() {
-    if !is_child(CHILD_ENV, "child_poll_unregistered") {
-        return;
-    }
-    set_nofile(256);
-    let s = Arc::new(Scheduler::builder().threads(1).build().unwrap());
-    s.start();
-    let (r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
-    let rfd = r.as_raw_fd();
-    let held = crate::common::fill_descriptor_table(0);
-    eprintln!(
-        "holding {} fds; the reactor has not been created",
-        held.len()
-    );
-    let h = s.spawn(move || {
-        let t0 = Instant::now();
-        let mut p = libc::pollfd {
-            fd: rfd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd. A 10 s timeout, so a lost wake-up ends the test.
-        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
-        (n, p.revents, t0.elapsed())
+    child_ok(|| {
+        set_nofile(256);
+        let s = Arc::new(Scheduler::builder().threads(1).build().unwrap());
+        s.start();
+        let (r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
+        let rfd = r.as_raw_fd();
+        let held = crate::common::fill_descriptor_table(0);
+        eprintln!(
+            "holding {} fds; the reactor has not been created",
+            held.len()
+        );
+        let h = s.spawn(move || {
+            let t0 = Instant::now();
+            let mut p = libc::pollfd {
+                fd: rfd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd. A 10 s timeout, so a lost wake-up ends the test.
+            let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+            (n, p.revents, t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        w.write_all(b"x").unwrap();
+        assert!(h.wait_timeout(LIMIT));
+        let (n, revents, took) = h.join().unwrap();
+        eprintln!(
+            "poll returned {n} (revents {revents:#x}) after {took:?}; data was written at 200 ms"
+        );
+        drop(held);
+        assert_eq!(n, 1, "poll missed the data");
+        assert!(
+            took < Duration::from_secs(5),
+            "poll woke only at its timeout: {took:?}"
+        );
+        drop(r);
     });
-    std::thread::sleep(Duration::from_millis(200));
-    w.write_all(b"x").unwrap();
-    assert!(h.wait_timeout(LIMIT));
-    let (n, revents, took) = h.join().unwrap();
-    eprintln!(
-        "poll returned {n} (revents {revents:#x}) after {took:?}; data was written at 200 ms"
-    );
-    drop(held);
-    assert_eq!(n, 1, "poll missed the data");
-    assert!(
-        took < Duration::from_secs(5),
-        "poll woke only at its timeout: {took:?}"
-    );
-    drop(r);
-    eprintln!("CHILD OK");
 }
 
 // ============================================================ 2. stacks
@@ -871,84 +781,76 @@ fn child_poll_unregistered() {
 /// once the parked fibers end and their stacks come back, spawning works again.
 #[test]
 fn stacks_run_out_then_come_back() {
-    child_passes("child_stacks_run_out");
-}
-
-#[test]
-#[ignore = "child of stacks_run_out_then_come_back"]
-fn child_stacks_run_out() {
-    if !is_child(CHILD_ENV, "child_stacks_run_out") {
-        return;
-    }
-    let s = Arc::new(
-        Scheduler::builder()
-            .threads(2)
-            .stack_size(8 << 20)
-            .stack_cache(0)
-            .build()
-            .unwrap(),
-    );
-    s.start();
-    assert_eq!(s.block_on(|| 1), 1);
-    let used = std::fs::read_to_string("/proc/self/statm")
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 4096;
-    let lim = libc::rlimit {
-        rlim_cur: used + (512 << 20),
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: a valid rlimit.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
-    let (release_tx, release_rx) = fibra::sync::mpsc::channel::<()>();
-    let release_rx = Arc::new(release_rx);
-    let mut parked = Vec::new();
-    let mut no_stack = 0;
-    for i in 0..400 {
-        let rx = release_rx.clone();
-        let h = s.spawn(move || {
-            let _ = rx.recv();
-            i
-        });
-        // Let it start (or fail) before the next.
-        if h.wait_timeout(Duration::from_millis(20)) {
-            match h.join() {
-                Err(e) if e.is_no_stack() => {
-                    no_stack += 1;
-                    if no_stack >= 5 {
-                        break;
+    child_ok(|| {
+        let s = Arc::new(
+            Scheduler::builder()
+                .threads(2)
+                .stack_size(8 << 20)
+                .stack_cache(0)
+                .build()
+                .unwrap(),
+        );
+        s.start();
+        assert_eq!(s.block_on(|| 1), 1);
+        let used = std::fs::read_to_string("/proc/self/statm")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 4096;
+        let lim = libc::rlimit {
+            rlim_cur: used + (512 << 20),
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: a valid rlimit.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+        let (release_tx, release_rx) = fibra::sync::mpsc::channel::<()>();
+        let release_rx = Arc::new(release_rx);
+        let mut parked = Vec::new();
+        let mut no_stack = 0;
+        for i in 0..400 {
+            let rx = release_rx.clone();
+            let h = s.spawn(move || {
+                let _ = rx.recv();
+                i
+            });
+            // Let it start (or fail) before the next.
+            if h.wait_timeout(Duration::from_millis(20)) {
+                match h.join() {
+                    Err(e) if e.is_no_stack() => {
+                        no_stack += 1;
+                        if no_stack >= 5 {
+                            break;
+                        }
                     }
+                    other => panic!("task {i}: {other:?}"),
                 }
-                other => panic!("task {i}: {other:?}"),
+            } else {
+                parked.push(h);
             }
-        } else {
-            parked.push(h);
         }
-    }
-    eprintln!(
-        "{} fibers parked, {no_stack} refused with no stack",
-        parked.len()
-    );
-    assert!(no_stack >= 5, "the cap was never reached");
-    for _ in 0..parked.len() {
-        release_tx.send(()).unwrap();
-    }
-    for h in parked {
-        assert!(h.wait_timeout(LIMIT));
-        h.join().unwrap();
-    }
-    // Stacks came back: new fibers start.
-    let again: Vec<_> = (0..20).map(|i| s.spawn(move || i)).collect();
-    for (i, h) in again.into_iter().enumerate() {
-        assert!(h.wait_timeout(LIMIT));
-        assert_eq!(h.join().expect("a stack after the others ended"), i);
-    }
-    s.stop();
-    eprintln!("CHILD OK");
+        eprintln!(
+            "{} fibers parked, {no_stack} refused with no stack",
+            parked.len()
+        );
+        assert!(no_stack >= 5, "the cap was never reached");
+        for _ in 0..parked.len() {
+            release_tx.send(()).unwrap();
+        }
+        for h in parked {
+            assert!(h.wait_timeout(LIMIT));
+            h.join().unwrap();
+        }
+        // Stacks came back: new fibers start.
+        let again: Vec<_> = (0..20).map(|i| s.spawn(move || i)).collect();
+        for (i, h) in again.into_iter().enumerate() {
+            assert!(h.wait_timeout(LIMIT));
+            assert_eq!(h.join().expect("a stack after the others ended"), i);
+        }
+        s.stop();
+    });
 }
 
 /// Stack sizes that make no sense are refused with the closure handed back, at the builder
@@ -983,78 +885,69 @@ fn stack_size_extremes_are_refused() {
 /// -1/EMFILE, and a later accept takes the connection pending meanwhile.
 #[cfg(feature = "hook")]
 #[test]
-fn hooked_creators_under_emfile() {
-    child_passes("child_hooked_emfile");
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of hooked_creators_under_emfile"]
-fn child_hooked_emfile() {
-    if !is_child(CHILD_ENV, "child_hooked_emfile") {
-        return;
-    }
-    set_nofile(256);
-    let s = Arc::new(Scheduler::builder().threads(1).build().unwrap());
-    s.start();
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let l = Arc::new(l);
-    // A first accept waits, so the listener is registered while descriptors are there.
-    let l2 = l.clone();
-    let warm = s.spawn(move || l2.accept().map(drop));
-    std::net::TcpStream::connect(addr).unwrap();
-    crate::common::finish(warm).unwrap();
-    let client = std::net::TcpStream::connect(addr).unwrap();
-    let held = crate::common::fill_descriptor_table(0);
-    let l3 = l.clone();
-    let errs = s.block_on(move || {
-        let mut fds = [0; 2];
-        // SAFETY: plain calls with valid arguments.
-        unsafe {
-            vec![
-                (
-                    "socket",
-                    libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0),
-                    errno(),
-                ),
-                ("pipe", libc::pipe(fds.as_mut_ptr()), errno()),
-                (
-                    "pipe2",
-                    libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC),
-                    errno(),
-                ),
-                ("eventfd", libc::eventfd(0, 0), errno()),
-                ("epoll_create1", libc::epoll_create1(0), errno()),
-                (
-                    "socketpair",
-                    libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()),
-                    errno(),
-                ),
-                (
-                    "accept (pending connection)",
-                    l3.accept().map(|_| 0).unwrap_or(-1),
-                    std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-                ),
-            ]
-        }
+fn hooked_creators_under_emfile_fail_and_a_later_accept_recovers() {
+    child_ok(|| {
+        set_nofile(256);
+        let s = Arc::new(Scheduler::builder().threads(1).build().unwrap());
+        s.start();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let l = Arc::new(l);
+        // A first accept waits, so the listener is registered while descriptors are there.
+        let l2 = l.clone();
+        let warm = s.spawn(move || l2.accept().map(drop));
+        std::net::TcpStream::connect(addr).unwrap();
+        crate::common::finish(warm).unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        let held = crate::common::fill_descriptor_table(0);
+        let l3 = l.clone();
+        let errs = s.block_on(move || {
+            let mut fds = [0; 2];
+            // SAFETY: plain calls with valid arguments.
+            unsafe {
+                vec![
+                    (
+                        "socket",
+                        libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0),
+                        errno(),
+                    ),
+                    ("pipe", libc::pipe(fds.as_mut_ptr()), errno()),
+                    (
+                        "pipe2",
+                        libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC),
+                        errno(),
+                    ),
+                    ("eventfd", libc::eventfd(0, 0), errno()),
+                    ("epoll_create1", libc::epoll_create1(0), errno()),
+                    (
+                        "socketpair",
+                        libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()),
+                        errno(),
+                    ),
+                    (
+                        "accept (pending connection)",
+                        l3.accept().map(|_| 0).unwrap_or(-1),
+                        std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+                    ),
+                ]
+            }
+        });
+        let bad: Vec<_> = errs
+            .iter()
+            .filter(|(_, r, e)| !(*r == -1 && *e == libc::EMFILE))
+            .collect();
+        eprintln!("{errs:?}");
+        drop(held);
+        let l4 = l.clone();
+        let got = s.spawn(move || l4.accept().map(|(_, a)| a));
+        assert!(
+            got.wait_timeout(LIMIT),
+            "the pending connection was never accepted"
+        );
+        let got = got.join().unwrap();
+        eprintln!("after freeing: {got:?}");
+        assert!(got.is_ok());
+        assert!(bad.is_empty(), "{bad:?}");
+        drop(client);
     });
-    let bad: Vec<_> = errs
-        .iter()
-        .filter(|(_, r, e)| !(*r == -1 && *e == libc::EMFILE))
-        .collect();
-    eprintln!("{errs:?}");
-    drop(held);
-    let l4 = l.clone();
-    let got = s.spawn(move || l4.accept().map(|(_, a)| a));
-    assert!(
-        got.wait_timeout(LIMIT),
-        "the pending connection was never accepted"
-    );
-    let got = got.join().unwrap();
-    eprintln!("after freeing: {got:?}");
-    assert!(got.is_ok());
-    assert!(bad.is_empty(), "{bad:?}");
-    drop(client);
-    eprintln!("CHILD OK");
 }

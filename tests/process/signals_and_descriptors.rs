@@ -1,10 +1,8 @@
-//! Adversarial round: signal storms aimed at fibra's own threads (workers and the blocking
-//! pool, found by name) while fibers and plain threads wait in fibra's own API; descriptor
-//! exhaustion with the limit raised again afterwards; fds closed, shut down and duplicated
-//! over while fibers wait on them. Everything that changes process-wide state (signal
-//! dispositions, RLIMIT_NOFILE, fds closed behind fibra's back) runs in a child process
-//! (`crate::common::run_child`). Run with `cargo test --test attack_signals_fds` and
-//! `cargo test --features hook --test attack_signals_fds`.
+//! Signal storms aimed at fibra's own threads (workers and the blocking pool, found by
+//! name) while fibers and plain threads wait in fibra's own API; descriptor exhaustion with
+//! the limit raised again afterwards; fds closed, shut down and duplicated over while
+//! fibers wait on them. Everything that changes process-wide state (signal dispositions,
+//! RLIMIT_NOFILE, fds closed behind fibra's back) runs in a child process (`in_child`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::Shutdown;
@@ -13,15 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{is_child, LIMIT};
+use crate::common::{child_ok, LIMIT};
 use fibra::Scheduler;
-
-const CHILD: &str = "FIBRA_ATTACK_SIGFD_CHILD";
-
-/// Runs `helper` in a child (see `crate::common::child_says_ok`).
-fn child_passes(helper: &str) {
-    crate::common::child_says_ok(CHILD, helper);
-}
 
 // ================================================================ 1. signals
 
@@ -485,7 +476,6 @@ fn signal_storm(restart: bool) {
     assert!(handled > 1000, "only {handled} signals handled");
     s.stop();
     disarm.store(true, Ordering::SeqCst);
-    eprintln!("CHILD OK");
 }
 
 /// SIGUSR1/SIGALRM without SA_RESTART aimed at every worker, pool thread and waiting plain
@@ -495,28 +485,13 @@ fn signal_storm(restart: bool) {
 /// no dead worker; `stop` in the storm ends.
 #[test]
 fn signal_storm_on_fibra_threads_without_restart() {
-    child_passes("child_storm_plain");
+    child_ok(|| signal_storm(false));
 }
 
+/// The same storm with SA_RESTART.
 #[test]
 fn signal_storm_on_fibra_threads_with_restart() {
-    child_passes("child_storm_restart");
-}
-
-#[test]
-#[ignore = "child of signal_storm_on_fibra_threads_without_restart"]
-fn child_storm_plain() {
-    if is_child(CHILD, "child_storm_plain") {
-        signal_storm(false);
-    }
-}
-
-#[test]
-#[ignore = "child of signal_storm_on_fibra_threads_with_restart"]
-fn child_storm_restart() {
-    if is_child(CHILD, "child_storm_restart") {
-        signal_storm(true);
-    }
+    child_ok(|| signal_storm(true));
 }
 
 // ================================================================ 2. descriptors
@@ -556,166 +531,158 @@ fn is_emfile(e: &std::io::Error) -> bool {
 /// closure back.
 #[test]
 fn emfile_by_a_lowered_limit_then_raised_again() {
-    child_passes("child_emfile_raise");
-}
-
-#[test]
-#[ignore = "child of emfile_by_a_lowered_limit_then_raised_again"]
-fn child_emfile_raise() {
-    if !is_child(CHILD, "child_emfile_raise") {
-        return;
-    }
-    let disarm =
-        crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (emfile raise)");
-    set_nofile_cur(1024);
-    let s = Arc::new(Scheduler::builder().threads(2).build().unwrap());
-    s.start();
-    // A std listener made now (no reactor yet), handed to fibra inside the fiber.
-    let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = std_l.local_addr().unwrap();
-    // SAFETY: plain socket call; connected after the limit is lowered.
-    let client = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
-    assert!(client >= 0);
-    let (lowered_tx, lowered_rx) = std::sync::mpsc::channel::<()>();
-    let (raised_tx, raised_rx) = std::sync::mpsc::channel::<()>();
-    let raised_flag = Arc::new(AtomicBool::new(false));
-    let rf = raised_flag.clone();
-    let acceptor = s
-        .submit(
-            move || -> Result<String, String> {
-                lowered_rx.recv().unwrap();
-                let l = fibra::net::TcpListener::from(std_l);
-                // Each call: EMFILE (the accepted socket, or the reactor, cannot be made).
-                let mut fails = 0usize;
-                let t0 = Instant::now();
-                while !rf.load(Ordering::SeqCst) {
-                    match l.accept() {
-                        Err(e) if is_emfile(&e) => {
-                            fails += 1;
-                            fibra::sleep(Duration::from_millis(10));
+    child_ok(|| {
+        let disarm =
+            crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (emfile raise)");
+        set_nofile_cur(1024);
+        let s = Arc::new(Scheduler::builder().threads(2).build().unwrap());
+        s.start();
+        // A std listener made now (no reactor yet), handed to fibra inside the fiber.
+        let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_l.local_addr().unwrap();
+        // SAFETY: plain socket call; connected after the limit is lowered.
+        let client = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        assert!(client >= 0);
+        let (lowered_tx, lowered_rx) = std::sync::mpsc::channel::<()>();
+        let (raised_tx, raised_rx) = std::sync::mpsc::channel::<()>();
+        let raised_flag = Arc::new(AtomicBool::new(false));
+        let rf = raised_flag.clone();
+        let acceptor = s
+            .submit(
+                move || -> Result<String, String> {
+                    lowered_rx.recv().unwrap();
+                    let l = fibra::net::TcpListener::from(std_l);
+                    // Each call: EMFILE (the accepted socket, or the reactor, cannot be made).
+                    let mut fails = 0usize;
+                    let t0 = Instant::now();
+                    while !rf.load(Ordering::SeqCst) {
+                        match l.accept() {
+                            Err(e) if is_emfile(&e) => {
+                                fails += 1;
+                                fibra::sleep(Duration::from_millis(10));
+                            }
+                            Ok(_) if rf.load(Ordering::SeqCst) => break,
+                            other => return Err(format!("accept under EMFILE: {other:?}")),
                         }
-                        Ok(_) if rf.load(Ordering::SeqCst) => break,
-                        other => return Err(format!("accept under EMFILE: {other:?}")),
+                        if t0.elapsed() > LIMIT {
+                            return Err("never raised".into());
+                        }
                     }
-                    if t0.elapsed() > LIMIT {
-                        return Err("never raised".into());
-                    }
-                }
-                // Raised: the pending connection is taken, with no new event.
-                let t1 = Instant::now();
-                let (mut c, _) = l
-                    .accept()
-                    .map_err(|e| format!("accept after raise: {e:?}"))?;
-                let took = t1.elapsed();
-                let mut b = [0u8; 2];
-                c.read_exact(&mut b).map_err(|e| format!("read: {e:?}"))?;
-                Ok(format!(
-                    "{fails} EMFILE; accepted after raise in {took:?}: {b:?}"
-                ))
-            },
-            None,
-        )
-        .unwrap();
-    // Lower the limit to what is open now: the next fd is refused.
-    let n = max_fd() as u64 + 1;
-    set_nofile_cur(n);
-    // Holes below the highest fd are filled too.
-    let mut holes = Vec::new();
-    while let Ok(f) = std::fs::File::open("/dev/null") {
-        holes.push(f);
-    }
-    let first = std::fs::File::open("/dev/null");
-    assert!(first.as_ref().is_err_and(is_emfile), "not full: {first:?}");
-    lowered_tx.send(()).unwrap();
-    // The client connects now (no new fd: the socket exists); it waits in the backlog.
-    let r = crate::common::raw_connect(client, addr);
-    assert_eq!(r, 0, "client connect: {}", std::io::Error::last_os_error());
-    // SAFETY: two bytes from a static buffer.
-    assert_eq!(unsafe { libc::write(client, b"ok".as_ptr().cast(), 2) }, 2);
-    // Meanwhile every fd path of fibra says EMFILE, on the first registration too.
-    let report = s.block_on(move || {
-        let mut r = Vec::new();
-        let mut check = |what: &str, res: std::io::Result<()>| match &res {
-            Err(e) if is_emfile(e) => {}
-            other => r.push(format!("{what}: {other:?}")),
-        };
-        check("connect", fibra::net::TcpStream::connect(addr).map(drop));
-        check("udp", fibra::net::UdpSocket::bind("127.0.0.1:0").map(drop));
-        check("unix pair", fibra::net::unix::UnixStream::pair().map(drop));
-        check(
-            "fs open",
-            fibra::fs::File::open("/proc/self/status").map(drop),
-        );
-        if fibra::unblock(|| 5) != 5 {
-            r.push("unblock".into());
+                    // Raised: the pending connection is taken, with no new event.
+                    let t1 = Instant::now();
+                    let (mut c, _) = l
+                        .accept()
+                        .map_err(|e| format!("accept after raise: {e:?}"))?;
+                    let took = t1.elapsed();
+                    let mut b = [0u8; 2];
+                    c.read_exact(&mut b).map_err(|e| format!("read: {e:?}"))?;
+                    Ok(format!(
+                        "{fails} EMFILE; accepted after raise in {took:?}: {b:?}"
+                    ))
+                },
+                None,
+            )
+            .unwrap();
+        // Lower the limit to what is open now: the next fd is refused.
+        let n = max_fd() as u64 + 1;
+        set_nofile_cur(n);
+        // Holes below the highest fd are filled too.
+        let mut holes = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            holes.push(f);
         }
-        let sleepers: Vec<_> = (0..50)
-            .map(|i| fibra::spawn(move || fibra::sleep(Duration::from_millis(1 + i % 5))))
-            .collect();
-        for h in sleepers {
-            h.join().unwrap();
-        }
-        r
-    });
-    assert!(report.is_empty(), "not EMFILE: {report:?}");
-    std::thread::sleep(Duration::from_millis(200));
-    // Raise it again, freeing nothing: fds above the old limit are handed out.
-    set_nofile_cur(4096);
-    raised_flag.store(true, Ordering::SeqCst);
-    drop(raised_tx);
-    drop(raised_rx);
-    assert!(acceptor.wait_timeout(LIMIT), "the acceptor never ended");
-    let got = acceptor.join().unwrap();
-    eprintln!("{got:?}");
-    let got = got.unwrap();
-    assert!(got.contains("[111, 107]"), "{got}");
-    // Everything works, with fds numbered past the old limit.
-    let mut hold = Vec::new();
-    for _ in 0..300 {
-        hold.push(std::fs::File::open("/dev/null").unwrap());
-    }
-    let ok = s.block_on(move || {
-        let l = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(
-            l.as_raw_fd() as u64 > n,
-            "fd {} not above {n}",
-            l.as_raw_fd()
-        );
-        let a = l.local_addr().unwrap();
-        let c = fibra::spawn(move || {
-            let mut c = fibra::net::TcpStream::connect(a).unwrap();
-            c.write_all(b"hi").unwrap();
-            let u = fibra::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            u.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-            u.recv_from(&mut [0u8; 4]).is_err()
+        let first = std::fs::File::open("/dev/null");
+        assert!(first.as_ref().is_err_and(is_emfile), "not full: {first:?}");
+        lowered_tx.send(()).unwrap();
+        // The client connects now (no new fd: the socket exists); it waits in the backlog.
+        let r = crate::common::raw_connect(client, addr);
+        assert_eq!(r, 0, "client connect: {}", std::io::Error::last_os_error());
+        // SAFETY: two bytes from a static buffer.
+        assert_eq!(unsafe { libc::write(client, b"ok".as_ptr().cast(), 2) }, 2);
+        // Meanwhile every fd path of fibra says EMFILE, on the first registration too.
+        let report = s.block_on(move || {
+            let mut r = Vec::new();
+            let mut check = |what: &str, res: std::io::Result<()>| match &res {
+                Err(e) if is_emfile(e) => {}
+                other => r.push(format!("{what}: {other:?}")),
+            };
+            check("connect", fibra::net::TcpStream::connect(addr).map(drop));
+            check("udp", fibra::net::UdpSocket::bind("127.0.0.1:0").map(drop));
+            check("unix pair", fibra::net::unix::UnixStream::pair().map(drop));
+            check(
+                "fs open",
+                fibra::fs::File::open("/proc/self/status").map(drop),
+            );
+            if fibra::unblock(|| 5) != 5 {
+                r.push("unblock".into());
+            }
+            let sleepers: Vec<_> = (0..50)
+                .map(|i| fibra::spawn(move || fibra::sleep(Duration::from_millis(1 + i % 5))))
+                .collect();
+            for h in sleepers {
+                h.join().unwrap();
+            }
+            r
         });
-        let (mut srv, _) = l.accept().unwrap();
-        let mut b = [0u8; 2];
-        srv.read_exact(&mut b).unwrap();
-        let (mut p, mut q) = fibra::net::unix::UnixStream::pair().unwrap();
-        p.write_all(b"u").unwrap();
-        let mut one = [0u8; 1];
-        q.read_exact(&mut one).unwrap();
-        fibra::fs::read("/proc/self/status").unwrap();
-        c.join().unwrap() && &b == b"hi" && one == *b"u"
+        assert!(report.is_empty(), "not EMFILE: {report:?}");
+        std::thread::sleep(Duration::from_millis(200));
+        // Raise it again, freeing nothing: fds above the old limit are handed out.
+        set_nofile_cur(4096);
+        raised_flag.store(true, Ordering::SeqCst);
+        drop(raised_tx);
+        drop(raised_rx);
+        assert!(acceptor.wait_timeout(LIMIT), "the acceptor never ended");
+        let got = acceptor.join().unwrap();
+        eprintln!("{got:?}");
+        let got = got.unwrap();
+        assert!(got.contains("[111, 107]"), "{got}");
+        // Everything works, with fds numbered past the old limit.
+        let mut hold = Vec::new();
+        for _ in 0..300 {
+            hold.push(std::fs::File::open("/dev/null").unwrap());
+        }
+        let ok = s.block_on(move || {
+            let l = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            assert!(
+                l.as_raw_fd() as u64 > n,
+                "fd {} not above {n}",
+                l.as_raw_fd()
+            );
+            let a = l.local_addr().unwrap();
+            let c = fibra::spawn(move || {
+                let mut c = fibra::net::TcpStream::connect(a).unwrap();
+                c.write_all(b"hi").unwrap();
+                let u = fibra::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                u.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                u.recv_from(&mut [0u8; 4]).is_err()
+            });
+            let (mut srv, _) = l.accept().unwrap();
+            let mut b = [0u8; 2];
+            srv.read_exact(&mut b).unwrap();
+            let (mut p, mut q) = fibra::net::unix::UnixStream::pair().unwrap();
+            p.write_all(b"u").unwrap();
+            let mut one = [0u8; 1];
+            q.read_exact(&mut one).unwrap();
+            fibra::fs::read("/proc/self/status").unwrap();
+            c.join().unwrap() && &b == b"hi" && one == *b"u"
+        });
+        assert!(ok);
+        drop(hold);
+        drop(holes);
+        let s2 = Scheduler::builder().threads(1).build().unwrap();
+        s2.start();
+        assert_eq!(s2.block_on(|| 9), 9);
+        s2.stop();
+        // A refused closure comes back.
+        let back = match s2.submit(|| 41, None) {
+            Err(e) => e.into_inner(),
+            Ok(_) => panic!("submit after stop accepted"),
+        };
+        assert_eq!(back(), 41);
+        crate::common::every_worker_runs(&s);
+        s.stop();
+        disarm.store(true, Ordering::SeqCst);
     });
-    assert!(ok);
-    drop(hold);
-    drop(holes);
-    let s2 = Scheduler::builder().threads(1).build().unwrap();
-    s2.start();
-    assert_eq!(s2.block_on(|| 9), 9);
-    s2.stop();
-    // A refused closure comes back.
-    let back = match s2.submit(|| 41, None) {
-        Err(e) => e.into_inner(),
-        Ok(_) => panic!("submit after stop accepted"),
-    };
-    assert_eq!(back(), 41);
-    crate::common::every_worker_runs(&s);
-    s.stop();
-    disarm.store(true, Ordering::SeqCst);
-    eprintln!("CHILD OK");
 }
 
 /// An accept loop with *no* back-off on a one-worker scheduler under EMFILE: the worker's
@@ -723,79 +690,73 @@ fn child_emfile_raise() {
 /// run, and the loop then accepts; for a Unix listener too.
 #[test]
 fn unix_accept_loop_without_backoff_under_emfile_does_not_livelock() {
-    child_passes("child_unix_accept_emfile");
-}
-
-#[test]
-#[ignore = "child of unix_accept_loop_without_backoff_under_emfile_does_not_livelock"]
-fn child_unix_accept_emfile() {
-    if !is_child(CHILD, "child_unix_accept_emfile") {
-        return;
-    }
-    let disarm =
-        crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (unix accept emfile)");
-    let s = Scheduler::builder().threads(1).build().unwrap();
-    s.start();
-    let dir = std::env::temp_dir().join(format!("fibra-sigfd-u-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let path = dir.join("sock");
-    let l = fibra::net::unix::UnixListener::bind(&path).unwrap();
-    // A connection made now, waiting in the backlog.
-    let _c = std::os::unix::net::UnixStream::connect(&path).unwrap();
-    // Make sure the reactor exists (a registration), then fill the table.
-    let warm = s.block_on(|| {
-        let (a, _b) = fibra::net::unix::UnixStream::pair().unwrap();
-        a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-        (&a).read(&mut [0u8; 1]).is_err()
+    child_ok(|| {
+        let disarm = crate::common::child_watchdog(
+            Duration::from_secs(50),
+            "CHILD HUNG (unix accept emfile)",
+        );
+        let s = Scheduler::builder().threads(1).build().unwrap();
+        s.start();
+        let dir = std::env::temp_dir().join(format!("fibra-sigfd-u-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("sock");
+        let l = fibra::net::unix::UnixListener::bind(&path).unwrap();
+        // A connection made now, waiting in the backlog.
+        let _c = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        // Make sure the reactor exists (a registration), then fill the table.
+        let warm = s.block_on(|| {
+            let (a, _b) = fibra::net::unix::UnixStream::pair().unwrap();
+            a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            (&a).read(&mut [0u8; 1]).is_err()
+        });
+        assert!(warm);
+        let filler = Arc::new(std::sync::Mutex::new(crate::common::fill_descriptor_table(
+            0,
+        )));
+        let f2 = filler.clone();
+        let freer = s
+            .submit(
+                move || {
+                    fibra::sleep(Duration::from_millis(300));
+                    f2.lock().unwrap().clear();
+                },
+                None,
+            )
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ticks, ticker) = crate::common::ticker(&s, stop.clone(), Duration::from_millis(5));
+        let acc = s
+            .submit(
+                move || {
+                    let t0 = Instant::now();
+                    let mut fails = 0u64;
+                    loop {
+                        match l.accept() {
+                            Ok(_) => return Ok(fails),
+                            Err(e) if is_emfile(&e) => fails += 1,
+                            Err(e) => return Err(format!("{e:?}")),
+                        }
+                        if t0.elapsed() > LIMIT {
+                            return Err(format!("still EMFILE after {fails} tries"));
+                        }
+                    }
+                },
+                None,
+            )
+            .unwrap();
+        assert!(acc.wait_timeout(LIMIT), "accept loop never ended");
+        let r = acc.join().unwrap();
+        stop.store(true, Ordering::SeqCst);
+        assert!(freer.wait_timeout(LIMIT));
+        ticker.join().unwrap();
+        eprintln!("{r:?}, {} ticks", ticks.load(Ordering::SeqCst));
+        assert!(r.is_ok(), "{r:?}");
+        assert!(ticks.load(Ordering::SeqCst) >= 5, "the ticker starved");
+        drop(filler);
+        s.stop();
+        let _ = std::fs::remove_dir_all(&dir);
+        disarm.store(true, Ordering::SeqCst);
     });
-    assert!(warm);
-    let filler = Arc::new(std::sync::Mutex::new(crate::common::fill_descriptor_table(
-        0,
-    )));
-    let f2 = filler.clone();
-    let freer = s
-        .submit(
-            move || {
-                fibra::sleep(Duration::from_millis(300));
-                f2.lock().unwrap().clear();
-            },
-            None,
-        )
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ticks, ticker) = crate::common::ticker(&s, stop.clone(), Duration::from_millis(5));
-    let acc = s
-        .submit(
-            move || {
-                let t0 = Instant::now();
-                let mut fails = 0u64;
-                loop {
-                    match l.accept() {
-                        Ok(_) => return Ok(fails),
-                        Err(e) if is_emfile(&e) => fails += 1,
-                        Err(e) => return Err(format!("{e:?}")),
-                    }
-                    if t0.elapsed() > LIMIT {
-                        return Err(format!("still EMFILE after {fails} tries"));
-                    }
-                }
-            },
-            None,
-        )
-        .unwrap();
-    assert!(acc.wait_timeout(LIMIT), "accept loop never ended");
-    let r = acc.join().unwrap();
-    stop.store(true, Ordering::SeqCst);
-    assert!(freer.wait_timeout(LIMIT));
-    ticker.join().unwrap();
-    eprintln!("{r:?}, {} ticks", ticks.load(Ordering::SeqCst));
-    assert!(r.is_ok(), "{r:?}");
-    assert!(ticks.load(Ordering::SeqCst) >= 5, "the ticker starved");
-    drop(filler);
-    s.stop();
-    let _ = std::fs::remove_dir_all(&dir);
-    disarm.store(true, Ordering::SeqCst);
-    eprintln!("CHILD OK");
 }
 
 // ================================================================ 3. closed and reused fds
@@ -1061,62 +1022,62 @@ fn deregister_close_and_reuse_race_with_waiters() {
 #[cfg(feature = "hook")]
 #[test]
 fn hooked_close_of_a_fibra_socket_wakes_its_reader() {
-    child_passes("child_hooked_close_fibra_socket");
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of hooked_close_of_a_fibra_socket_wakes_its_reader"]
-fn child_hooked_close_fibra_socket() {
-    if !is_child(CHILD, "child_hooked_close_fibra_socket") {
-        return;
-    }
-    let disarm =
-        crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (hooked close)");
-    let s = crate::common::started(2);
-    let (a, b) = s.block_on(tcp_pair);
-    let a = Arc::new(a);
-    let fd = a.as_raw_fd();
-    // Bounded: the failure is a timeout, not a hang.
-    // (FIBRA_SIGFD_UNBOUNDED set: no timeout, to look at the hang with gdb.)
-    if std::env::var_os("FIBRA_SIGFD_UNBOUNDED").is_none() {
-        a.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
-    }
-    let a2 = a.clone();
-    let rd = s
-        .submit(
-            move || {
-                let t0 = Instant::now();
-                let r = (&*a2)
-                    .read(&mut [0u8; 4])
-                    .map_err(|e| (e.kind(), e.raw_os_error()));
-                (r, t0.elapsed())
-            },
-            None,
-        )
-        .unwrap();
-    // Time for the reader to park in its read.
-    std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: closing behind the stream's back, as the hook documents for waiters.
-    assert_eq!(unsafe { libc::close(fd) }, 0);
-    assert!(rd.wait_timeout(LIMIT), "reader hung");
-    let (r, took) = rd.join().unwrap();
-    eprintln!("reader after close: {r:?} after {took:?}");
-    assert_eq!(
-        r.map_err(|e| e.1),
-        Err(Some(libc::EBADF)),
-        "the hook promises EBADF"
-    );
-    std::mem::forget(a);
-    drop(b);
+    let run = crate::common::in_child(|| {
+        let disarm =
+            crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (hooked close)");
+        let s = crate::common::started(2);
+        let (a, b) = s.block_on(tcp_pair);
+        let a = Arc::new(a);
+        let fd = a.as_raw_fd();
+        // Bounded: the failure is a timeout, not a hang.
+        // (FIBRA_SIGFD_UNBOUNDED set: no timeout, to look at the hang with gdb.)
+        if std::env::var_os("FIBRA_SIGFD_UNBOUNDED").is_none() {
+            a.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+        }
+        let a2 = a.clone();
+        let rd = s
+            .submit(
+                move || {
+                    let t0 = Instant::now();
+                    let r = (&*a2)
+                        .read(&mut [0u8; 4])
+                        .map_err(|e| (e.kind(), e.raw_os_error()));
+                    (r, t0.elapsed())
+                },
+                None,
+            )
+            .unwrap();
+        // Time for the reader to park in its read.
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: closing behind the stream's back, as the hook documents for waiters.
+        assert_eq!(unsafe { libc::close(fd) }, 0);
+        assert!(rd.wait_timeout(LIMIT), "reader hung");
+        let (r, took) = rd.join().unwrap();
+        eprintln!("reader after close: {r:?} after {took:?}");
+        assert_eq!(
+            r.map_err(|e| e.1),
+            Err(Some(libc::EBADF)),
+            "the hook promises EBADF"
+        );
+        std::mem::forget(a);
+        drop(b);
+        assert!(
+            took < Duration::from_secs(5),
+            "the reader was not woken by close: {r:?} after {took:?}"
+        );
+        disarm.store(true, Ordering::SeqCst);
+        eprintln!("CHILD OK");
+        // SAFETY: leave at once (the leaked stream's fd is gone).
+        unsafe { libc::_exit(0) };
+    });
+    // The body leaves with `_exit` before `in_child` can mark its end: its own line does.
     assert!(
-        took < Duration::from_secs(5),
-        "the reader was not woken by close: {r:?} after {took:?}"
+        run.code() == Some(0) && run.stderr.contains("CHILD OK"),
+        "the child ended with {:?} (signal {:?}) before the end of its body\n--- its stderr ---\n{}",
+        run.status,
+        run.signal(),
+        run.stderr
     );
-    disarm.store(true, Ordering::SeqCst);
-    eprintln!("CHILD OK");
-    // SAFETY: leave at once (the leaked stream's fd is gone).
-    unsafe { libc::_exit(0) };
 }
 
 /// With the hook: a fiber reads a hooked std TcpStream; a plain thread `dup2`s another
@@ -1125,70 +1086,77 @@ fn child_hooked_close_fibra_socket() {
 #[cfg(feature = "hook")]
 #[test]
 fn dup2_over_a_read_fd_never_reads_the_other_socket() {
-    child_passes("child_dup2_wrong_socket");
+    child_ok(|| {
+        let disarm = crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (dup2)");
+        let s = crate::common::started(2);
+        let mut wrong = 0;
+        for round in 0..100 {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let a = l.local_addr().unwrap();
+            let mine_peer = std::net::TcpStream::connect(a).unwrap();
+            let (mine, _) = l.accept().unwrap();
+            let mut other_peer = std::net::TcpStream::connect(a).unwrap();
+            let (other, _) = l.accept().unwrap();
+            other_peer.write_all(b"WRONG").unwrap();
+            let mine = Arc::new(mine);
+            let rd = dup2_under_a_parked_reader(&s, &mine, &other);
+            if !rd.wait_timeout(Duration::from_secs(10)) {
+                eprintln!("round {round}: reader hung after dup2");
+                wrong += 1;
+                // Wake it for good: the peer of the socket now at fd sends.
+                drop(other_peer);
+                let _ = rd.wait_timeout(LIMIT);
+                break;
+            }
+            let r = rd.join().unwrap();
+            if r.as_deref() == Ok(b"WRONG".as_slice()) {
+                eprintln!("round {round}: read the other socket's bytes");
+                wrong += 1;
+            }
+            drop(mine_peer);
+            drop(other_peer);
+            drop(other);
+            // `mine` owns fd (now the duplicate): dropping it closes that.
+            drop(mine);
+        }
+        assert_eq!(wrong, 0, "{wrong} rounds went wrong");
+        drop(s);
+        disarm.store(true, Ordering::SeqCst);
+    });
 }
 
+/// A fiber of `s` reads (up to 8 bytes) from `stream`; once it is parked in that read,
+/// `other`'s descriptor is `dup2`ed over the stream's. Returns the reader: the bytes it read,
+/// or its `errno`. Only a reader parked in its read is the question: one that had not yet
+/// called `read` at the `dup2` rightly reads the socket the fd names by then.
 #[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of dup2_over_a_read_fd_never_reads_the_other_socket"]
-fn child_dup2_wrong_socket() {
-    if !is_child(CHILD, "child_dup2_wrong_socket") {
-        return;
-    }
-    let disarm = crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (dup2)");
-    let s = crate::common::started(2);
-    let mut wrong = 0;
-    for round in 0..100 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = l.local_addr().unwrap();
-        let mine_peer = std::net::TcpStream::connect(a).unwrap();
-        let (mine, _) = l.accept().unwrap();
-        let mut other_peer = std::net::TcpStream::connect(a).unwrap();
-        let (other, _) = l.accept().unwrap();
-        other_peer.write_all(b"WRONG").unwrap();
-        let fd = mine.as_raw_fd();
-        let mine = Arc::new(mine);
-        let m2 = mine.clone();
-        let rd = s
-            .submit(
-                move || {
-                    let mut b = [0u8; 8];
-                    (&*m2)
-                        .read(&mut b)
-                        .map(|n| b[..n].to_vec())
-                        .map_err(|e| e.raw_os_error())
-                },
-                None,
-            )
-            .unwrap();
-        // Only a reader parked in its read is the question: one that had not yet called
-        // `read` at the `dup2` rightly reads the socket the fd names by then.
-        wait_parked_on_io(&s, rd.id());
-        // SAFETY: replacing our own fd with a duplicate of our own socket.
-        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), fd) }, fd);
-        if !rd.wait_timeout(Duration::from_secs(10)) {
-            eprintln!("round {round}: reader hung after dup2");
-            wrong += 1;
-            // Wake it for good: the peer of the socket now at fd sends.
-            drop(other_peer);
-            let _ = rd.wait_timeout(LIMIT);
-            break;
-        }
-        let r = rd.join().unwrap();
-        if r.as_deref() == Ok(b"WRONG".as_slice()) {
-            eprintln!("round {round}: read the other socket's bytes");
-            wrong += 1;
-        }
-        drop(mine_peer);
-        drop(other_peer);
-        drop(other);
-        // `mine` owns fd (now the duplicate): dropping it closes that.
-        drop(mine);
-    }
-    assert_eq!(wrong, 0, "{wrong} rounds went wrong");
-    drop(s);
-    disarm.store(true, Ordering::SeqCst);
-    eprintln!("CHILD OK");
+fn dup2_under_a_parked_reader<T>(
+    s: &Scheduler,
+    stream: &Arc<T>,
+    other: &std::net::TcpStream,
+) -> fibra::JoinHandle<Result<Vec<u8>, Option<i32>>>
+where
+    T: AsRawFd + Send + Sync + 'static,
+    for<'a> &'a T: Read,
+{
+    let fd = stream.as_raw_fd();
+    let m2 = stream.clone();
+    let rd = s
+        .submit(
+            move || {
+                let mut b = [0u8; 8];
+                (&*m2)
+                    .read(&mut b)
+                    .map(|n| b[..n].to_vec())
+                    .map_err(|e| e.raw_os_error())
+            },
+            None,
+        )
+        .unwrap();
+    wait_parked_on_io(s, rd.id());
+    // SAFETY: replacing our own fd with a duplicate of our own socket.
+    assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), fd) }, fd);
+    rd
 }
 
 /// Waits (bounded) until the fiber `id` of `s` is parked waiting for I/O.
@@ -1217,57 +1185,34 @@ fn wait_parked_on_io(s: &fibra::Scheduler, id: fibra::FiberId) {
 #[cfg(feature = "hook")]
 #[test]
 fn dup2_over_a_fibra_socket_fails_its_reader_with_ebadf() {
-    child_passes("child_dup2_fibra_socket");
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of dup2_over_a_fibra_socket_fails_its_reader_with_ebadf"]
-fn child_dup2_fibra_socket() {
-    if !is_child(CHILD, "child_dup2_fibra_socket") {
-        return;
-    }
-    let disarm =
-        crate::common::child_watchdog(Duration::from_secs(50), "CHILD HUNG (dup2 fibra socket)");
-    let s = crate::common::started(2);
-    for _ in 0..50 {
-        let (mine, _mine_peer) = s.block_on(tcp_pair);
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut other_peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (other, _) = l.accept().unwrap();
-        other_peer.write_all(b"WRONG").unwrap();
-        let fd = mine.as_raw_fd();
-        let mine = Arc::new(mine);
-        let m2 = mine.clone();
-        let rd = s
-            .submit(
-                move || {
-                    let mut b = [0u8; 8];
-                    (&*m2)
-                        .read(&mut b)
-                        .map(|n| b[..n].to_vec())
-                        .map_err(|e| e.raw_os_error())
-                },
-                None,
-            )
-            .unwrap();
-        wait_parked_on_io(&s, rd.id());
-        // SAFETY: replacing our own fd with a duplicate of our own socket.
-        assert_eq!(unsafe { libc::dup2(other.as_raw_fd(), fd) }, fd);
-        assert!(rd.wait_timeout(LIMIT), "the reader hung after dup2");
-        assert_eq!(rd.join().unwrap(), Err(Some(libc::EBADF)));
-        let again = (&*mine).read(&mut [0u8; 8]).map_err(|e| e.raw_os_error());
-        assert_eq!(
-            again,
-            Err(Some(libc::EBADF)),
-            "a later read reached the other socket"
+    child_ok(|| {
+        let disarm = crate::common::child_watchdog(
+            Duration::from_secs(50),
+            "CHILD HUNG (dup2 fibra socket)",
         );
-        drop(other_peer);
-        drop(other);
-        // `mine` owns fd (now the duplicate): dropping it closes that.
-        drop(mine);
-    }
-    drop(s);
-    disarm.store(true, Ordering::SeqCst);
-    eprintln!("CHILD OK");
+        let s = crate::common::started(2);
+        for _ in 0..50 {
+            let (mine, _mine_peer) = s.block_on(tcp_pair);
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut other_peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (other, _) = l.accept().unwrap();
+            other_peer.write_all(b"WRONG").unwrap();
+            let mine = Arc::new(mine);
+            let rd = dup2_under_a_parked_reader(&s, &mine, &other);
+            assert!(rd.wait_timeout(LIMIT), "the reader hung after dup2");
+            assert_eq!(rd.join().unwrap(), Err(Some(libc::EBADF)));
+            let again = (&*mine).read(&mut [0u8; 8]).map_err(|e| e.raw_os_error());
+            assert_eq!(
+                again,
+                Err(Some(libc::EBADF)),
+                "a later read reached the other socket"
+            );
+            drop(other_peer);
+            drop(other);
+            // `mine` owns fd (now the duplicate): dropping it closes that.
+            drop(mine);
+        }
+        drop(s);
+        disarm.store(true, Ordering::SeqCst);
+    });
 }

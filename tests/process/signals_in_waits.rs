@@ -3,35 +3,31 @@
 //! switched its socket); hooked waits on fds the reactor cannot take; a `start()` the OS
 //! refused every thread; `JoinSet` drained across a cancelled drainer and from a plain
 //! thread; hooked scatter/gather calls with a partly bad iovec array. Everything that
-//! changes a signal disposition, a uid or a limit runs in a child process
-//! (`crate::common::run_child`). Run with `cargo test --test attack_signals` and
-//! `cargo test --features hook --test attack_signals`.
+//! changes a signal disposition, a uid or a limit runs in a child process (`in_child`).
 
 #![cfg_attr(not(feature = "hook"), allow(dead_code, unused_imports))]
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{cap_threads, errno, is_child, run_child, uncap_threads, LIMIT};
+use crate::common::{cap_threads, child_ok, errno, in_child, uncap_threads, ChildRun, LIMIT};
 
-const CHILD: &str = "FIBRA_ATTACK_SIGNALS_CHILD";
-
-/// Runs `helper` in a child and fails with its stderr unless it exited with 0 and said
-/// `CHILD OK`.
-fn child_passes(helper: &str) {
-    let (status, stderr) = run_child(CHILD, helper);
-    let tail: String = {
-        let lines: Vec<&str> = stderr.lines().filter(|l| *l != "sig").collect();
-        lines[lines.len().saturating_sub(60)..].join("\n")
-    };
-    assert!(
-        status.success() && stderr.contains("CHILD OK"),
-        "child {helper} ended with {status:?} (signal {:?})\n--- its stderr ---\n{tail}",
-        status.signal()
+/// Fails unless the child's body returned and it exited with 0, with the end of its stderr
+/// less the lines the signal handler ([`on_signal`]) writes.
+fn assert_passed(run: ChildRun) {
+    if run.passed() {
+        return;
+    }
+    let lines: Vec<&str> = run.stderr.lines().filter(|l| *l != "sig").collect();
+    let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+    panic!(
+        "the child of {} ended with {:?} (signal {:?})\n--- its stderr ---\n{tail}",
+        run.test,
+        run.status,
+        run.signal()
     );
 }
 
@@ -309,31 +305,14 @@ fn fiber_wait(kind: usize) -> Result<(), String> {
 #[cfg(feature = "hook")]
 #[test]
 fn signals_rain_while_everything_waits_without_restart() {
-    child_passes("child_signals_rain_plain");
+    assert_passed(in_child(|| signals_rain(false)));
 }
 
+/// The same rain with `SA_RESTART`.
 #[cfg(feature = "hook")]
 #[test]
 fn signals_rain_while_everything_waits_with_restart() {
-    child_passes("child_signals_rain_restart");
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of signals_rain_while_everything_waits_without_restart"]
-fn child_signals_rain_plain() {
-    if is_child(CHILD, "child_signals_rain_plain") {
-        signals_rain(false);
-    }
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of signals_rain_while_everything_waits_with_restart"]
-fn child_signals_rain_restart() {
-    if is_child(CHILD, "child_signals_rain_restart") {
-        signals_rain(true);
-    }
+    assert_passed(in_child(|| signals_rain(true)));
 }
 
 #[cfg(feature = "hook")]
@@ -444,7 +423,6 @@ fn signals_rain(restart: bool) {
     assert!(sent > 100, "only {sent} signal rounds");
     crate::common::every_worker_runs(&s);
     s.stop();
-    eprintln!("CHILD OK");
 }
 
 /// A listener whose accept queue is full (backlog 0, one connection queued), so that a new
@@ -541,53 +519,44 @@ fn restarted_connect(switch: impl FnOnce(i32)) -> (i32, i32) {
 #[cfg(feature = "hook")]
 #[test]
 fn a_restarted_connect_on_a_plain_thread_after_a_fiber_switched_the_socket() {
-    child_passes("child_restarted_connect");
-}
-
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of a_restarted_connect_on_a_plain_thread_after_a_fiber_switched_the_socket"]
-fn child_restarted_connect() {
-    if !is_child(CHILD, "child_restarted_connect") {
-        return;
-    }
-    crate::common::install_signal(libc::SIGUSR1, true, on_signal);
-    let s = crate::common::shared_started(1);
-    let libc_ref = restarted_connect(|_| {});
-    let hooked = restarted_connect(|fd| {
-        // A fiber reads the connecting socket (waiting 50 ms at most): its first hooked
-        // call switches the open file to O_NONBLOCK.
-        let h = s
-            .submit(
-                move || {
-                    crate::common::set_socket_timeout(
-                        fd,
-                        libc::SO_RCVTIMEO,
-                        Duration::from_millis(50),
-                    );
-                    let mut one = [0u8; 1];
-                    // SAFETY: a live buffer.
-                    let r = unsafe { libc::read(fd, one.as_mut_ptr().cast(), 1) };
-                    (r, errno())
-                },
-                None,
-            )
-            .unwrap();
-        eprintln!("the fiber's read: {:?}", crate::common::finish(h));
-    });
-    eprintln!("libc: {libc_ref:?}; after the switch: {hooked:?}");
-    assert_eq!(
-        libc_ref,
-        (0, libc_ref.1),
-        "libc's blocking connect waits and succeeds"
-    );
-    assert_eq!(
-        hooked.0, 0,
-        "the restarted blocking connect failed with errno {} (libc: waits, returns 0)",
-        hooked.1
-    );
-    s.stop();
-    eprintln!("CHILD OK");
+    assert_passed(in_child(|| {
+        crate::common::install_signal(libc::SIGUSR1, true, on_signal);
+        let s = crate::common::shared_started(1);
+        let libc_ref = restarted_connect(|_| {});
+        let hooked = restarted_connect(|fd| {
+            // A fiber reads the connecting socket (waiting 50 ms at most): its first hooked
+            // call switches the open file to O_NONBLOCK.
+            let h = s
+                .submit(
+                    move || {
+                        crate::common::set_socket_timeout(
+                            fd,
+                            libc::SO_RCVTIMEO,
+                            Duration::from_millis(50),
+                        );
+                        let mut one = [0u8; 1];
+                        // SAFETY: a live buffer.
+                        let r = unsafe { libc::read(fd, one.as_mut_ptr().cast(), 1) };
+                        (r, errno())
+                    },
+                    None,
+                )
+                .unwrap();
+            eprintln!("the fiber's read: {:?}", crate::common::finish(h));
+        });
+        eprintln!("libc: {libc_ref:?}; after the switch: {hooked:?}");
+        assert_eq!(
+            libc_ref,
+            (0, libc_ref.1),
+            "libc's blocking connect waits and succeeds"
+        );
+        assert_eq!(
+            hooked.0, 0,
+            "the restarted blocking connect failed with errno {} (libc: waits, returns 0)",
+            hooked.1
+        );
+        s.stop();
+    }));
 }
 
 // ==================================================== 2. fds the reactor cannot take
@@ -642,90 +611,81 @@ fn wait_untimed(how: Untimed, fd: i32) -> (isize, i32) {
 /// never blocked). libc: each returns 1 when the data comes.
 #[cfg(feature = "hook")]
 #[test]
-fn untimed_waits_on_fds_the_reactor_cannot_take() {
-    child_passes("child_untimed_unregistered");
-}
+fn untimed_waits_on_fds_the_reactor_cannot_take_return_when_data_comes() {
+    child_ok(|| {
+        use std::os::unix::net::UnixStream;
+        let s = Arc::new(fibra::Scheduler::builder().threads(1).build().unwrap());
+        s.start();
+        let pairs: Vec<(UnixStream, UnixStream)> =
+            (0..5).map(|_| UnixStream::pair().unwrap()).collect();
+        let held = crate::common::fill_descriptor_table(0);
+        eprintln!(
+            "holding {} fds; the reactor has not been created",
+            held.len()
+        );
+        let mut bad = Vec::new();
 
-#[cfg(feature = "hook")]
-#[test]
-#[ignore = "child of untimed_waits_on_fds_the_reactor_cannot_take"]
-fn child_untimed_unregistered() {
-    use std::os::unix::net::UnixStream;
-    if !is_child(CHILD, "child_untimed_unregistered") {
-        return;
-    }
-    let s = Arc::new(fibra::Scheduler::builder().threads(1).build().unwrap());
-    s.start();
-    let pairs: Vec<(UnixStream, UnixStream)> =
-        (0..5).map(|_| UnixStream::pair().unwrap()).collect();
-    let held = crate::common::fill_descriptor_table(0);
-    eprintln!(
-        "holding {} fds; the reactor has not been created",
-        held.len()
-    );
-    let mut bad = Vec::new();
-
-    // CPU over a 2 s wait, nothing else running.
-    let (r0, w0) = &pairs[0];
-    let fd = r0.as_raw_fd();
-    let cpu0 = cpu_time();
-    let h = s.spawn(move || {
-        let t0 = Instant::now();
-        (wait_untimed(Untimed::Poll, fd), t0.elapsed())
-    });
-    crate::common::block_thread(Duration::from_secs(2));
-    let cpu = cpu_time() - cpu0;
-    (&*w0).write_all(b"x").unwrap();
-    assert!(h.wait_timeout(LIMIT), "poll(-1) never returned");
-    let (r, took) = h.join().unwrap();
-    eprintln!("poll(-1) over 2 s: {r:?} after {took:?}, {cpu:?} of CPU");
-    if r.0 != 1 || cpu > Duration::from_millis(300) {
-        bad.push(format!("poll(-1) over 2 s: {r:?}, CPU {cpu:?}"));
-    }
-
-    for (i, how) in [
-        Untimed::Poll,
-        Untimed::Select,
-        Untimed::Ppoll,
-        Untimed::Read,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let (r, w) = &pairs[i + 1];
-        let fd = r.as_raw_fd();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ticks, ticker) = crate::common::ticker(&s, stop.clone(), Duration::from_millis(5));
-        crate::common::wait_until("the ticker to start", || ticks.load(Ordering::Relaxed) > 0);
+        // CPU over a 2 s wait, nothing else running.
+        let (r0, w0) = &pairs[0];
+        let fd = r0.as_raw_fd();
+        let cpu0 = cpu_time();
         let h = s.spawn(move || {
             let t0 = Instant::now();
-            (wait_untimed(how, fd), t0.elapsed())
+            (wait_untimed(Untimed::Poll, fd), t0.elapsed())
         });
-        crate::common::block_thread(Duration::from_millis(50));
-        let before = ticks.load(Ordering::Relaxed);
-        crate::common::block_thread(Duration::from_millis(300));
-        let during = ticks.load(Ordering::Relaxed) - before;
-        (&*w).write_all(b"x").unwrap();
-        let returned = h.wait_timeout(Duration::from_secs(10));
-        stop.store(true, Ordering::Relaxed);
-        let out = if returned {
-            format!("{:?}", h.join().unwrap())
-        } else {
-            "never returned".into()
-        };
-        eprintln!("{how:?}: {out}; the ticker ticked {during} times in 300 ms of the wait");
-        if !returned || during < 5 {
-            bad.push(format!(
-                "{how:?}: {out}; the ticker on the same worker ticked {during} times in 300 ms \
-                 (every 5 ms expected): the wait blocked the worker thread"
-            ));
+        crate::common::block_thread(Duration::from_secs(2));
+        let cpu = cpu_time() - cpu0;
+        (&*w0).write_all(b"x").unwrap();
+        assert!(h.wait_timeout(LIMIT), "poll(-1) never returned");
+        let (r, took) = h.join().unwrap();
+        eprintln!("poll(-1) over 2 s: {r:?} after {took:?}, {cpu:?} of CPU");
+        if r.0 != 1 || cpu > Duration::from_millis(300) {
+            bad.push(format!("poll(-1) over 2 s: {r:?}, CPU {cpu:?}"));
         }
-        assert!(ticker.wait_timeout(LIMIT), "the ticker ended");
-    }
-    drop(held);
-    assert!(bad.is_empty(), "ERRORS: {}", bad.join(" || "));
-    s.stop();
-    eprintln!("CHILD OK");
+
+        for (i, how) in [
+            Untimed::Poll,
+            Untimed::Select,
+            Untimed::Ppoll,
+            Untimed::Read,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (r, w) = &pairs[i + 1];
+            let fd = r.as_raw_fd();
+            let stop = Arc::new(AtomicBool::new(false));
+            let (ticks, ticker) = crate::common::ticker(&s, stop.clone(), Duration::from_millis(5));
+            crate::common::wait_until("the ticker to start", || ticks.load(Ordering::Relaxed) > 0);
+            let h = s.spawn(move || {
+                let t0 = Instant::now();
+                (wait_untimed(how, fd), t0.elapsed())
+            });
+            crate::common::block_thread(Duration::from_millis(50));
+            let before = ticks.load(Ordering::Relaxed);
+            crate::common::block_thread(Duration::from_millis(300));
+            let during = ticks.load(Ordering::Relaxed) - before;
+            (&*w).write_all(b"x").unwrap();
+            let returned = h.wait_timeout(Duration::from_secs(10));
+            stop.store(true, Ordering::Relaxed);
+            let out = if returned {
+                format!("{:?}", h.join().unwrap())
+            } else {
+                "never returned".into()
+            };
+            eprintln!("{how:?}: {out}; the ticker ticked {during} times in 300 ms of the wait");
+            if !returned || during < 5 {
+                bad.push(format!(
+                    "{how:?}: {out}; the ticker on the same worker ticked {during} times in 300 ms \
+                     (every 5 ms expected): the wait blocked the worker thread"
+                ));
+            }
+            assert!(ticker.wait_timeout(LIMIT), "the ticker ended");
+        }
+        drop(held);
+        assert!(bad.is_empty(), "ERRORS: {}", bad.join(" || "));
+        s.stop();
+    });
 }
 
 // ============================================ 3. start() after the OS refused threads
@@ -781,50 +741,25 @@ fn refused_start_then(ending: Ending, uid: libc::uid_t) {
          never completes: its joiner hangs"
     );
     assert!(h.join().unwrap_err().is_cancelled());
-    eprintln!("CHILD OK");
 }
 
 /// `stop()` of a scheduler whose `start` got no worker thread, with a task queued.
 #[test]
 fn stop_after_a_start_that_got_no_thread_ends() {
-    child_passes("child_no_thread_stop");
-}
-
-#[test]
-#[ignore = "child of stop_after_a_start_that_got_no_thread_ends"]
-fn child_no_thread_stop() {
-    if is_child(CHILD, "child_no_thread_stop") {
-        refused_start_then(Ending::Stop, 61_801);
-    }
+    child_ok(|| refused_start_then(Ending::Stop, 61_801));
 }
 
 /// `stop_timeout(0)` of a scheduler whose `start` got no worker thread, with a task queued.
 #[test]
 fn stop_timeout_after_a_start_that_got_no_thread_settles_the_task() {
-    child_passes("child_no_thread_stop_timeout");
-}
-
-#[test]
-#[ignore = "child of stop_timeout_after_a_start_that_got_no_thread_settles_the_task"]
-fn child_no_thread_stop_timeout() {
-    if is_child(CHILD, "child_no_thread_stop_timeout") {
-        refused_start_then(Ending::StopTimeout0, 61_802);
-    }
+    child_ok(|| refused_start_then(Ending::StopTimeout0, 61_802));
 }
 
 /// Dropping (without `stop`) a scheduler whose `start` got no worker thread, with a task
 /// queued.
 #[test]
 fn drop_after_a_start_that_got_no_thread_settles_the_task() {
-    child_passes("child_no_thread_drop");
-}
-
-#[test]
-#[ignore = "child of drop_after_a_start_that_got_no_thread_settles_the_task"]
-fn child_no_thread_drop() {
-    if is_child(CHILD, "child_no_thread_drop") {
-        refused_start_then(Ending::Drop, 61_803);
-    }
+    child_ok(|| refused_start_then(Ending::Drop, 61_803));
 }
 
 /// `block_on` as the first call, under the cap: its `start` is refused and the panic
@@ -833,50 +768,42 @@ fn child_no_thread_drop() {
 /// closure is either run for the caller (its value returned) or not run at all.
 #[test]
 fn block_on_whose_start_is_refused_does_not_run_its_closure_later() {
-    child_passes("child_block_on_refused");
-}
-
-#[test]
-#[ignore = "child of block_on_whose_start_is_refused_does_not_run_its_closure_later"]
-fn child_block_on_refused() {
-    if !is_child(CHILD, "child_block_on_refused") {
-        return;
-    }
-    let s = fibra::Scheduler::builder().threads(2).build().unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    cap_threads(61_804, 0);
-    let r = runs.clone();
-    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        s.block_on(move || {
+    child_ok(|| {
+        let s = fibra::Scheduler::builder().threads(2).build().unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        cap_threads(61_804, 0);
+        let r = runs.clone();
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            s.block_on(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                "first"
+            })
+        }));
+        eprintln!(
+            "block_on under the cap: {:?}",
+            first
+                .as_ref()
+                .map_err(|p| crate::common::panic_message(&**p))
+        );
+        uncap_threads();
+        // The caller saw a panic and does the work again, once.
+        let r = runs.clone();
+        let again = s.block_on(move || {
             r.fetch_add(1, Ordering::SeqCst);
-            "first"
-        })
-    }));
-    eprintln!(
-        "block_on under the cap: {:?}",
-        first
-            .as_ref()
-            .map_err(|p| crate::common::panic_message(&**p))
-    );
-    uncap_threads();
-    // The caller saw a panic and does the work again, once.
-    let r = runs.clone();
-    let again = s.block_on(move || {
-        r.fetch_add(1, Ordering::SeqCst);
-        "again"
+            "again"
+        });
+        s.stop();
+        let n = runs.load(Ordering::SeqCst);
+        eprintln!("retried block_on: {again:?}; the closures ran {n} times in all");
+        match first {
+            Ok(v) => assert_eq!((v, n), ("first", 2)),
+            Err(_) => assert_eq!(
+                n, 1,
+                "block_on panicked (its start was refused), yet its closure ran later, detached: \
+                 the work was done twice"
+            ),
+        }
     });
-    s.stop();
-    let n = runs.load(Ordering::SeqCst);
-    eprintln!("retried block_on: {again:?}; the closures ran {n} times in all");
-    match first {
-        Ok(v) => assert_eq!((v, n), ("first", 2)),
-        Err(_) => assert_eq!(
-            n, 1,
-            "block_on panicked (its start was refused), yet its closure ran later, detached: \
-             the work was done twice"
-        ),
-    }
-    eprintln!("CHILD OK");
 }
 
 // ============================================= 5. a partly bad iovec array

@@ -748,7 +748,11 @@ fn stop_leaves_no_thread_of_the_scheduler_behind() {
             s.start();
             crate::common::finish(s.spawn(|| ()));
             s.stop();
-            assert_eq!(threads(), before, "threads left after stop in round {round}");
+            assert_eq!(
+                threads(),
+                before,
+                "threads left after stop in round {round}"
+            );
         }
     });
 }

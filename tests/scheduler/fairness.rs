@@ -5,7 +5,6 @@
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -1009,109 +1008,46 @@ fn pipeline(consumers: usize) -> (HashSet<usize>, [usize; 2]) {
     (first, on)
 }
 
-const EMFILE_CHILD: &str = "FIBRA_FAIRNESS_EMFILE";
-/// Connections the EMFILE test makes; the server may hold only a few at once.
+/// Connections the EMFILE tests make; the server may hold only a few at once.
 const CONNECTIONS: usize = 30;
 
 /// Case 4: an accept loop under descriptor exhaustion, on one worker, serves every
-/// connection once descriptors free up — both the loop that retries at once (kept alive
-/// by the budget) and the one that backs off (the pattern `TcpListener::accept` shows).
+/// connection once descriptors free up; this loop retries at once (kept alive by the
+/// budget).
 #[test]
-fn accept_loop_under_emfile_serves_every_connection() {
+fn an_accept_loop_retrying_at_once_under_emfile_serves_every_connection() {
     let _serial = serial();
-    for mode in ["retry", "backoff"] {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "emfile_server_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(EMFILE_CHILD, mode)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the server child");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut stderr = child.stderr.take().unwrap();
-        let err_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        });
-        let mut port = None;
-        let mut line = String::new();
-        while out.read_line(&mut line).unwrap_or(0) > 0 {
-            // The test harness may have written "test … ... " on the same line.
-            if let Some((_, p)) = line.trim().rsplit_once("port ") {
-                port = Some(p.parse::<u16>().unwrap());
-                break;
-            }
-            line.clear();
-        }
-        let Some(port) = port else {
-            let _ = child.kill();
-            panic!(
-                "{mode}: the child printed no port; stderr:\n{}",
-                err_reader.join().unwrap()
-            );
-        };
-        let clients: Vec<_> = (0..CONNECTIONS)
-            .map(|i| {
-                std::thread::spawn(move || -> Result<(), String> {
-                    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
-                        .map_err(|e| format!("connect: {e}"))?;
-                    s.set_read_timeout(Some(LIMIT)).unwrap();
-                    writeln!(s, "hello {i}").map_err(|e| format!("write: {e}"))?;
-                    let mut reply = String::new();
-                    s.read_to_string(&mut reply)
-                        .map_err(|e| format!("read: {e}"))?;
-                    if reply == format!("served {i}\n") {
-                        Ok(())
-                    } else {
-                        Err(format!("reply {reply:?}"))
-                    }
-                })
-            })
-            .collect();
-        let failures: Vec<String> = clients
-            .into_iter()
-            .filter_map(|c| c.join().unwrap().err())
-            .collect();
-        let deadline = Instant::now() + 2 * LIMIT;
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                break child.wait().unwrap();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let stderr = err_reader.join().unwrap();
-        assert!(
-            failures.is_empty() && status.success(),
-            "{mode}: {} of {CONNECTIONS} clients failed ({failures:?}); child {status}; stderr:\n{stderr}",
-            failures.len()
-        );
-        assert!(
-            stderr.contains("Too many open files"),
-            "{mode}: the server never ran out of descriptors, so the test tested nothing:\n{stderr}"
-        );
-    }
+    let run = crate::common::in_child(|| serve_under_emfile("retry"));
+    check_emfile_run("retry", &run);
 }
 
-/// The server of the EMFILE test, in a child process: one worker, `RLIMIT_NOFILE` just above
-/// the descriptors open once the listener and the reactor exist, so at most a few connections
-/// fit at a time.
+/// Case 4: an accept loop under descriptor exhaustion, on one worker, serves every
+/// connection once descriptors free up; this loop backs off (the pattern
+/// `TcpListener::accept` shows).
 #[test]
-#[ignore = "run by accept_loop_under_emfile_serves_every_connection in a child process"]
-fn emfile_server_child() {
-    let Ok(mode) = std::env::var(EMFILE_CHILD) else {
-        return;
-    };
+fn an_accept_loop_backing_off_under_emfile_serves_every_connection() {
+    let _serial = serial();
+    let run = crate::common::in_child(|| serve_under_emfile("backoff"));
+    check_emfile_run("backoff", &run);
+}
+
+/// The child of an EMFILE test passed, and its server did run out of descriptors.
+fn check_emfile_run(mode: &str, run: &crate::common::ChildRun) {
+    run.assert_ok(&format!(
+        "{mode}: the server did not serve all {CONNECTIONS} clients"
+    ));
+    assert!(
+        run.stderr.contains("Too many open files"),
+        "{mode}: the server never ran out of descriptors, so the test tested nothing:\n{}",
+        run.stderr
+    );
+}
+
+/// The server of an EMFILE test, run in a child process: one worker, `RLIMIT_NOFILE` just
+/// above the descriptors open once the listener, the reactor and the clients' connections
+/// exist, so at most a few connections fit at a time. The clients connect before the limit
+/// (their connections wait in the listener's backlog) and each expects its own reply.
+fn serve_under_emfile(mode: &'static str) {
     // Whatever happens, the child ends.
     std::thread::spawn(|| {
         std::thread::sleep(LIMIT);
@@ -1121,6 +1057,9 @@ fn emfile_server_child() {
     let sched = started(1);
     let listener = fibra::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    let connections: Vec<_> = (0..CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
     // Bring up the reactor (its epoll and eventfd descriptors) before the limit.
     let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
     let a = fibra::net::unix::UnixStream::from(a);
@@ -1145,8 +1084,24 @@ fn emfile_server_child() {
     lim.rlim_cur = limit as libc::rlim_t;
     // SAFETY: setrlimit with a valid pointer to a live struct.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
-    println!("port {port}");
-    std::io::stdout().flush().unwrap();
+    let clients: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            std::thread::spawn(move || -> Result<(), String> {
+                s.set_read_timeout(Some(LIMIT)).unwrap();
+                writeln!(s, "hello {i}").map_err(|e| format!("write: {e}"))?;
+                let mut reply = String::new();
+                s.read_to_string(&mut reply)
+                    .map_err(|e| format!("read: {e}"))?;
+                if reply == format!("served {i}\n") {
+                    Ok(())
+                } else {
+                    Err(format!("reply {reply:?}"))
+                }
+            })
+        })
+        .collect();
     let backoff = mode == "backoff";
     let served = sched.block_on(move || {
         let served = Arc::new(AtomicUsize::new(0));
@@ -1192,6 +1147,15 @@ fn emfile_server_child() {
         served.load(Ordering::SeqCst)
     });
     assert_eq!(served, CONNECTIONS);
+    let failures: Vec<String> = clients
+        .into_iter()
+        .filter_map(|c| c.join().unwrap().err())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{mode}: {} of {CONNECTIONS} clients failed ({failures:?})",
+        failures.len()
+    );
     sched.stop();
 }
 

@@ -8,8 +8,6 @@ mod common;
 mod basics;
 mod fairness;
 mod idle_cpu;
-mod idle_cpu_with_sleepers;
-mod idle_watch_cpu;
 mod park;
 mod task_memory;
 mod task_options;

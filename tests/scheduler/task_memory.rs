@@ -1,5 +1,5 @@
 //! Task memory: every task's cell (header, closure, result) comes from per-thread block
-//! caches that freeing threads refill through a global depot. These tests attack the places
+//! caches that freeing threads refill through a global depot. These tests pin the places
 //! where that could go wrong: values dropped exactly once whichever thread drops the last
 //! reference, threads exiting with cached blocks, a handle dropped by a thread-local
 //! destructor after the caches are gone, odd sizes and alignments, and destructors that panic.

@@ -3,9 +3,6 @@
 
 use std::time::Duration;
 
-/// Names the helper a child process is asked to run.
-const CHILD_ENV: &str = "FIBRA_TASK_OPTIONS_CHILD";
-
 fn scheduler() -> fibra::Scheduler {
     let s = fibra::Scheduler::builder().threads(2).build().unwrap();
     s.start();
@@ -76,51 +73,42 @@ fn an_out_of_range_stack_size_is_refused_with_the_closure_and_the_scheduler_goes
 /// continuations still run, and the scheduler goes on.
 #[test]
 fn no_stack_is_an_error_on_the_handle_and_the_scheduler_goes_on() {
-    let (status, stderr) = crate::common::run_child(CHILD_ENV, "child_no_stack");
-    assert!(status.success(), "child failed: {status:?}\n{stderr}");
-    assert!(stderr.contains("CHILD OK"), "{stderr}");
-}
-
-#[test]
-#[ignore = "child process of no_stack_is_an_error_on_the_handle_and_the_scheduler_goes_on"]
-fn child_no_stack() {
-    if !crate::common::is_child(CHILD_ENV, "child_no_stack") {
-        return;
-    }
-    let s = scheduler();
-    // Warm up: the default stacks this test needs are carved before the cap.
-    let warm: Vec<_> = (0..4).map(|_| s.spawn(|| 1)).collect();
-    for h in warm {
-        h.join().unwrap();
-    }
-    // Room for 256 MiB more address space: enough for default stacks, not for a 1 GiB one.
-    let cap = 256 << 20;
-    let used = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|m| m.split_whitespace().next()?.parse::<usize>().ok())
-        .expect("statm")
-        * 4096;
-    let limit = libc::rlimit {
-        rlim_cur: (used + cap) as libc::rlim_t,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit with a valid pointer to a live struct.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = s
-        .task()
-        .stack_size(1 << 30)
-        .submit(|| 1, None)
-        .expect("a valid size is accepted");
-    h.catching(move |e| tx.send(e.is_no_stack()).unwrap());
-    assert!(h.wait_timeout(Duration::from_secs(30)));
-    let err = h.join().unwrap_err();
-    assert!(err.is_no_stack(), "{err:?}");
-    assert!(!err.is_panic() && !err.is_cancelled());
-    assert!(err.to_string().contains("no fiber stack"), "{err}");
-    assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(true));
-    let ok = s.submit(|| 2, None).unwrap();
-    assert!(ok.wait_timeout(Duration::from_secs(30)));
-    assert_eq!(ok.join().unwrap(), 2);
-    eprintln!("CHILD OK");
+    crate::common::in_child(|| {
+        let s = scheduler();
+        // Warm up: the default stacks this test needs are carved before the cap.
+        let warm: Vec<_> = (0..4).map(|_| s.spawn(|| 1)).collect();
+        for h in warm {
+            h.join().unwrap();
+        }
+        // Room for 256 MiB more address space: enough for default stacks, not for a 1 GiB one.
+        let cap = 256 << 20;
+        let used = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|m| m.split_whitespace().next()?.parse::<usize>().ok())
+            .expect("statm")
+            * 4096;
+        let limit = libc::rlimit {
+            rlim_cur: (used + cap) as libc::rlim_t,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setrlimit with a valid pointer to a live struct.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = s
+            .task()
+            .stack_size(1 << 30)
+            .submit(|| 1, None)
+            .expect("a valid size is accepted");
+        h.catching(move |e| tx.send(e.is_no_stack()).unwrap());
+        assert!(h.wait_timeout(Duration::from_secs(30)));
+        let err = h.join().unwrap_err();
+        assert!(err.is_no_stack(), "{err:?}");
+        assert!(!err.is_panic() && !err.is_cancelled());
+        assert!(err.to_string().contains("no fiber stack"), "{err}");
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(true));
+        let ok = s.submit(|| 2, None).unwrap();
+        assert!(ok.wait_timeout(Duration::from_secs(30)));
+        assert_eq!(ok.join().unwrap(), 2);
+    })
+    .assert_ok("a task without a stack failed the child process");
 }

@@ -1,4 +1,4 @@
-//! Adversarial checks of the toolkit and `fibra::sync` beyond the per-primitive tests:
+//! The toolkit and `fibra::sync` misused, beyond the per-primitive tests:
 //! panicking continuations, continuations on stopped executors, `JoinSet` from a plain
 //! thread, a scope in a cancelled fiber, `OnceLock`, `Condvar`, `Barrier` and `Semaphore`
 //! at their edges, broadcast receivers dropped mid-stream, token trees, a tokio runtime shut

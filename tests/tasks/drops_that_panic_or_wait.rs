@@ -1,6 +1,8 @@
-//! Adversarial checks: values whose `Drop` panics or blocks (parks the fiber: sleeps, locks a fibra
-//! mutex, sends on a full channel) flowing through fibra's toolkit — task results, closures,
-//! payloads, channel messages, scoped results — and dropped by fibra for the user.
+//! Values whose `Drop` panics or blocks (parks the fiber: sleeps, locks a fibra mutex, sends
+//! on a full channel) flowing through fibra's toolkit — task results, closures, payloads,
+//! channel messages, scoped results — and dropped by fibra for the user: such a destructor
+//! runs in a fiber (it may lock, spawn, wait), its panic is not lost, and neither is a
+//! cancellation that lands in it or beside it.
 //!
 //! Every wait is bounded; a case that would leave a worker stuck leaks its scheduler rather
 //! than hang the test binary.
@@ -320,7 +322,7 @@ fn a_cancellation_inside_a_results_destructor_is_not_swallowed() {
     });
 }
 
-// ================================================================ controls that pass
+// ================================================================ messages whose Drop panics
 
 /// Panics when dropped, unless the thread already unwinds (a second panic would abort).
 struct Bomb(u32, Arc<AtomicUsize>);
@@ -345,11 +347,11 @@ type SendBomb = Box<dyn Fn(Bomb) -> Result<(), Bomb> + Send + Sync>;
 /// Drops a channel's receiver.
 type DropReceiver = Box<dyn FnOnce() + Send>;
 
-/// Passes: a bounded channel's receiver dropped in a fiber with a bomb buffered and two
+/// A bounded channel's receiver dropped in a fiber with a bomb buffered and two
 /// senders blocked: the drop panics, both senders get their messages back, the channel's
 /// state stays consistent.
 #[test]
-fn control_receiver_dropped_with_a_bomb_and_blocked_senders() {
+fn a_receiver_dropped_with_a_panicking_message_gives_blocked_senders_theirs_back() {
     with_deadline(|| {
         let sched = started(2);
         let drops = Arc::new(AtomicUsize::new(0));
@@ -396,11 +398,11 @@ fn control_receiver_dropped_with_a_bomb_and_blocked_senders() {
     });
 }
 
-/// Passes: a broadcast send that overwrites a message whose destructor panics: the panic
+/// A broadcast send that overwrites a message whose destructor panics: the panic
 /// reaches the sender after the new message is in; receivers see the lag and every later
 /// message.
 #[test]
-fn control_broadcast_overwriting_a_bomb() {
+fn a_broadcast_send_overwriting_a_panicking_message_panics_after_the_new_one_is_in() {
     with_deadline(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let (tx, mut rx) = fibra::sync::broadcast::channel::<Option<Bomb>>(1);

@@ -1,4 +1,4 @@
-//! Executors (seeds 000 and 003): where jobs run, where spawned fibers live, and the
+//! Executors: where jobs run, where spawned fibers live, and the
 //! continuations of their handles.
 
 use crate::common::{finish, with_deadline, LIMIT};
@@ -13,10 +13,10 @@ fn here() -> ThreadId {
     thread::current().id()
 }
 
-/// Seed 003's demo: a task on a Looper sleeps, awaits task2 on a ThreadPool and task3 on a
+/// A task on a Looper sleeps, awaits task2 on a ThreadPool and task3 on a
 /// NewThread, and returns 1 + 2 + 3; every step of it runs on the looper thread.
 #[test]
-fn seed_003_demo_every_continuation_on_the_looper() {
+fn a_looper_task_awaiting_pool_and_new_thread_tasks_runs_every_step_on_the_looper() {
     with_deadline(|| {
         let looper = Looper::new();
         let pool = Arc::new(ThreadPool::new(2));

@@ -1,4 +1,4 @@
-//! Adversarial checks of per-fiber unwinding, detached results and shutdown waits: fibers
+//! Per-fiber unwinding, detached results and shutdown waits: fibers
 //! beside another fiber's suspended unwind, handles dropped while their tasks finish, a
 //! scheduler stopped from another's fiber. Each test is bounded.
 //!

@@ -1,34 +1,35 @@
-//! Adversarial regression tests for issue 11 (defects 5, 7, 8, 9, 10 and 15; defect 3 is in
-//! `hardening_caller.rs`, alone in its process), plus probes of the other threads fibra owns.
+//! Waiters and destructors at the edges of a task's life. Every waiter of one `JoinHandle`
+//! (threads, fibers, continuations) wakes when the task finishes, and timed-out waits neither
+//! break the others nor stay registered. A value whose `Drop` panics (a detached result, a
+//! panic payload, a discarded closure or job, an unreceived `unblock` result) kills no worker,
+//! looper, pool or timer thread and aborts nothing. `catching` and `finally` continuations of
+//! a failed task may submit and join, or `block_on`. `stop_timeout` and a scheduler's `Drop`
+//! stay bounded with fibers that never suspend, swallow their cancellation or can never be
+//! woken, and name on stderr the fibers they give up on. Cancelled fibers may wait in their
+//! destructors.
 //!
-//! Every test is bounded: a regression fails with a message naming the defect instead of
-//! hanging the run. Where the broken behaviour is an abort, a dying worker thread or a hang
-//! that would leave a scheduler stuck, the body runs in a child process, as in
-//! `overflow.rs`: the parent re-runs this test binary with `FIBRA_HARDENING_CHILD` set and a
-//! filter naming an ignored `child_*` test, kills it if it outlives `CHILD_LIMIT`, and checks
-//! its exit status and stderr. A child reports a failed check on stderr and exits at once
-//! (`child_fail`), so that no destructor of a broken scheduler can hang its exit.
+//! Every test is bounded: a broken behaviour fails with a message saying what broke instead
+//! of hanging the run. Where it is an abort, a dying worker thread or a hang that would leave
+//! a scheduler stuck, the body runs in a child process (`crate::common::in_child`) and the
+//! parent checks how it ended and what it wrote on stderr. A child reports a failed check on
+//! stderr and exits at once (`child_fail`), so that no destructor of a broken scheduler can
+//! hang its exit.
 
 use std::env;
 use std::fmt::Display;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::mem::ManuallyDrop;
-use std::os::unix::process::ExitStatusExt;
 use std::panic;
-use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::common::{block_thread, eventually, finish, with_deadline, Counted};
+use crate::common::{block_thread, eventually, finish, in_child, with_deadline, Counted};
 use fibra::exec::{Executor, Looper, ThreadPool};
 use fibra::{park, JoinHandle, Scheduler, Unparker};
 
-const CHILD_ENV: &str = "FIBRA_HARDENING_CHILD";
-/// How long a parent lets a child run before killing it as hung.
-const CHILD_LIMIT: Duration = Duration::from_secs(60);
 /// The bound on one operation that correct code finishes in well under 2 s.
 const BOUND: Duration = Duration::from_secs(20);
 /// How long `stop_timeout(100 ms)` may take ("within about d plus one unwinding").
@@ -38,7 +39,6 @@ const WAKE_BOUND: Duration = Duration::from_secs(10);
 /// The timeout waiters pass to `wait_timeout`: far beyond `WAKE_BOUND`, so that a waiter
 /// that is only released by its own timeout is caught.
 const WAITER_PATIENCE: Duration = Duration::from_secs(120);
-const SIGABRT: i32 = 6;
 
 // ------------------------------------------------------------------ shared helpers
 
@@ -94,76 +94,69 @@ fn gated_task(sched: &Scheduler) -> (JoinHandle<u32>, Unparker) {
     (handle, gate)
 }
 
-// ------------------------------------------------------------------ child processes
-
-/// True when this process is the child asked to run `helper`.
-fn is_child(helper: &str) -> bool {
-    env::var(CHILD_ENV).is_ok_and(|m| m == helper)
+/// Says on `ready` that it started, waits on `handle` (for up to `WAITER_PATIENCE`), lets go
+/// of the handle and sends `report(finished)` on `done`.
+fn wait_and_report<M>(
+    handle: Arc<JoinHandle<u32>>,
+    ready: mpsc::Sender<()>,
+    done: mpsc::Sender<M>,
+    report: impl FnOnce(bool) -> M,
+) {
+    let _ = ready.send(());
+    let finished = handle.wait_timeout(WAITER_PATIENCE);
+    drop(handle);
+    let _ = done.send(report(finished));
 }
 
-/// How a child process ended: `None` if it was killed for outliving `CHILD_LIMIT`.
-struct ChildRun {
-    helper: &'static str,
-    status: Option<ExitStatus>,
-    stderr: String,
+/// A plain thread that waits on `handle` ([`wait_and_report`]).
+fn thread_waiter<M: Send + 'static>(
+    handle: &Arc<JoinHandle<u32>>,
+    ready: mpsc::Sender<()>,
+    done: mpsc::Sender<M>,
+    report: impl FnOnce(bool) -> M + Send + 'static,
+) {
+    let handle = Arc::clone(handle);
+    thread::spawn(move || wait_and_report(handle, ready, done, report));
 }
 
-fn run_child(helper: &'static str) -> ChildRun {
-    let mut child = Command::new(env::current_exe().expect("current test binary"))
-        .args([helper, "--ignored", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, helper)
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the child test process");
-    let mut stderr = child.stderr.take().expect("piped stderr");
-    let reader = thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = stderr.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    });
-    let deadline = Instant::now() + CHILD_LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    ChildRun {
-        helper,
-        status,
-        stderr: reader.join().expect("stderr reader"),
-    }
+/// A fiber of `sched` that waits on `handle` ([`wait_and_report`]); its handle.
+fn fiber_waiter<M: Send + 'static>(
+    sched: &Scheduler,
+    handle: &Arc<JoinHandle<u32>>,
+    ready: mpsc::Sender<()>,
+    done: mpsc::Sender<M>,
+    report: impl FnOnce(bool) -> M + Send + 'static,
+) -> JoinHandle<()> {
+    let handle = Arc::clone(handle);
+    sched
+        .submit(move || wait_and_report(handle, ready, done, report), None)
+        .expect("submit a fiber waiter")
 }
 
-impl ChildRun {
-    /// Fails the parent test with `defect` unless the child exited successfully.
-    fn assert_ok(&self, defect: &str) {
-        let helper = self.helper;
-        let stderr = &self.stderr;
-        match self.status {
-            Some(s) if s.success() => {}
-            None => panic!(
-                "{defect}\n(the child `{helper}` hung and was killed after {CHILD_LIMIT:?}; \
-                 its stderr:)\n{stderr}"
-            ),
-            Some(s) if s.signal() == Some(SIGABRT) => panic!(
-                "{defect}\n(the child `{helper}` ABORTED the process (SIGABRT); its stderr:)\n\
-                 {stderr}"
-            ),
-            Some(s) => {
-                panic!("{defect}\n(the child `{helper}` failed: {s}; its stderr:)\n{stderr}")
+/// Opens `gate` (the gated task finishes) and receives the reports `(waiter, finished)` of
+/// `n` waiters from `done`, all within `WAKE_BOUND` of the release. Fails if a waiter's
+/// `wait_timeout` returned false, or with `missing(woken)` if not all reported in time.
+fn release_and_await_waiters<W: std::fmt::Display>(
+    gate: Unparker,
+    done: &mpsc::Receiver<(W, bool)>,
+    n: usize,
+    missing: impl FnOnce(&[W]) -> String,
+) {
+    gate.unpark();
+    let released = Instant::now();
+    let mut woken = Vec::new();
+    while woken.len() < n {
+        match done.recv_timeout(WAKE_BOUND.saturating_sub(released.elapsed())) {
+            Ok((waiter, finished)) => {
+                assert!(finished, "waiter {waiter}: wait_timeout returned false");
+                woken.push(waiter);
             }
+            Err(_) => panic!("{}", missing(&woken)),
         }
     }
 }
+
+// ------------------------------------------------------------------ child processes
 
 /// In a child: reports a failed check and exits at once, running no destructor (a broken
 /// scheduler's `Drop` could hang the exit).
@@ -188,37 +181,37 @@ fn joined<T>(handle: JoinHandle<T>, what: &str) -> Result<T, fibra::JoinError> {
 
 /// In a child: submits a task pinned to every worker and checks that each runs there, then
 /// stops the scheduler; all bounded.
-fn every_worker_still_runs_then_stop(sched: Scheduler, defect: &str) {
+fn every_worker_still_runs_then_stop(sched: Scheduler, what: &str) {
     let handles: Vec<_> = (0..sched.threads())
         .map(|w| {
             let h = sched
                 .submit(fibra::current_worker, Some(w))
-                .unwrap_or_else(|_| child_fail(format!("{defect}: submit to worker {w} refused")));
+                .unwrap_or_else(|_| child_fail(format!("{what}: submit to worker {w} refused")));
             (w, h)
         })
         .collect();
     for (w, h) in handles {
         check(h.wait_timeout(BOUND), || {
             format!(
-                "{defect}: a task pinned to worker {w} did not run within {BOUND:?} — \
+                "{what}: a task pinned to worker {w} did not run within {BOUND:?} — \
                  the worker thread is dead"
             )
         });
         match h.join() {
             Ok(Some(ran_on)) if ran_on == w => {}
-            other => child_fail(format!("{defect}: pinned task on worker {w}: {other:?}")),
+            other => child_fail(format!("{what}: pinned task on worker {w}: {other:?}")),
         }
     }
     check(within(BOUND, move || sched.stop()).is_some(), || {
-        format!("{defect}: stop() did not return within {BOUND:?}")
+        format!("{what}: stop() did not return within {BOUND:?}")
     });
 }
 
-// ================================================================== defect 5
-// Concurrent waiters on one JoinHandle. With the defect the handle keeps a single waiter
-// slot: each new waiter overwrites the previous one, and a waiter that times out takes
-// whatever waiter is registered (someone else's) away. What a user sees: `wait_timeout`
-// from several threads or fibers returns only when its own timeout expires, long after the
+// ================================================================== concurrent waiters
+// Concurrent waiters on one JoinHandle all wake when the task finishes. A handle that kept a
+// single waiter slot would let each new waiter overwrite the previous one, and a waiter that
+// times out take whatever waiter is registered (someone else's) away: `wait_timeout` from
+// several threads or fibers would return only when its own timeout expires, long after the
 // task finished.
 
 /// `n` plain threads wait on one handle; all must wake when the task finishes.
@@ -240,42 +233,32 @@ fn every_thread_waiter_wakes(n: usize) {
     ready.wait();
     // Let every thread get into wait_timeout before the task finishes.
     thread::sleep(Duration::from_millis(300));
-    gate.unpark();
-    let released = Instant::now();
-    let mut woken = Vec::new();
-    while woken.len() < n {
-        match done_rx.recv_timeout(WAKE_BOUND.saturating_sub(released.elapsed())) {
-            Ok((i, finished)) => {
-                assert!(finished, "waiter {i}: wait_timeout returned false");
-                woken.push(i);
-            }
-            Err(_) => panic!(
-                "defect 5: only {} of {n} threads in wait_timeout on one JoinHandle woke \
-                 within {WAKE_BOUND:?} of the task finishing (woken: {woken:?}); the others \
-                 sleep until their own {WAITER_PATIENCE:?} timeout",
-                woken.len()
-            ),
-        }
-    }
+    release_and_await_waiters(gate, &done_rx, n, |woken| {
+        format!(
+            "only {} of {n} threads in wait_timeout on one JoinHandle woke \
+             within {WAKE_BOUND:?} of the task finishing (woken: {woken:?}); the others \
+             sleep until their own {WAITER_PATIENCE:?} timeout",
+            woken.len()
+        )
+    });
     let handle = Arc::try_unwrap(handle).expect("the waiters have let go of the handle");
     assert_eq!(handle.join().expect("the gated task"), 42);
     ManuallyDrop::into_inner(sched).stop();
 }
 
-// Defect 5: two threads waiting on the same handle both wake (today one sleeps its full
-// timeout).
+// Two threads waiting on the same handle both wake (neither sleeps its full timeout).
 #[test]
 fn two_threads_waiting_on_one_handle_both_wake() {
     with_deadline(|| every_thread_waiter_wakes(2));
 }
 
-// Defect 5: sixteen threads waiting on the same handle all wake.
+// Sixteen threads waiting on the same handle all wake.
 #[test]
 fn sixteen_threads_waiting_on_one_handle_all_wake() {
     with_deadline(|| every_thread_waiter_wakes(16));
 }
 
-// Defect 5, mixed: fibers (other tasks of the same scheduler) and threads wait on one handle,
+// Mixed waiters: fibers (other tasks of the same scheduler) and threads wait on one handle,
 // and `then` / `finally` continuations are registered on it too. Every waiter wakes and every
 // continuation fires exactly once; `catching` does not fire for a success.
 #[test]
@@ -307,54 +290,34 @@ fn fibers_threads_and_continuations_on_one_handle_all_fire() {
         }
 
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
-        let (done_tx, done_rx) = mpsc::channel::<(&'static str, usize, bool)>();
+        let (done_tx, done_rx) = mpsc::channel::<(String, bool)>();
         let fiber_tasks: Vec<_> = (0..FIBER_WAITERS)
             .map(|i| {
-                let (handle, ready_tx, done_tx) =
-                    (Arc::clone(&handle), ready_tx.clone(), done_tx.clone());
-                sched
-                    .submit(
-                        move || {
-                            let _ = ready_tx.send(());
-                            let finished = handle.wait_timeout(WAITER_PATIENCE);
-                            drop(handle);
-                            let _ = done_tx.send(("fiber", i, finished));
-                        },
-                        None,
-                    )
-                    .expect("submit a fiber waiter")
+                fiber_waiter(
+                    &sched,
+                    &handle,
+                    ready_tx.clone(),
+                    done_tx.clone(),
+                    move |f| (format!("fiber {i}"), f),
+                )
             })
             .collect();
         for i in 0..THREAD_WAITERS {
-            let (handle, ready_tx, done_tx) =
-                (Arc::clone(&handle), ready_tx.clone(), done_tx.clone());
-            thread::spawn(move || {
-                let _ = ready_tx.send(());
-                let finished = handle.wait_timeout(WAITER_PATIENCE);
-                drop(handle);
-                let _ = done_tx.send(("thread", i, finished));
+            thread_waiter(&handle, ready_tx.clone(), done_tx.clone(), move |f| {
+                (format!("thread {i}"), f)
             });
         }
         for _ in 0..FIBER_WAITERS + THREAD_WAITERS {
             ready_rx.recv_timeout(BOUND).expect("every waiter starts");
         }
         thread::sleep(Duration::from_millis(300));
-        gate.unpark();
-        let released = Instant::now();
-        let mut woken = Vec::new();
-        while woken.len() < FIBER_WAITERS + THREAD_WAITERS {
-            match done_rx.recv_timeout(WAKE_BOUND.saturating_sub(released.elapsed())) {
-                Ok((kind, i, finished)) => {
-                    assert!(finished, "{kind} waiter {i}: wait_timeout returned false");
-                    woken.push(format!("{kind} {i}"));
-                }
-                Err(_) => panic!(
-                    "defect 5: of {FIBER_WAITERS} fiber and {THREAD_WAITERS} thread waiters on \
-                     one JoinHandle only these woke within {WAKE_BOUND:?} of the task \
-                     finishing: {woken:?}"
-                ),
-            }
-        }
+        release_and_await_waiters(gate, &done_rx, FIBER_WAITERS + THREAD_WAITERS, |woken| {
+            format!(
+                "of {FIBER_WAITERS} fiber and {THREAD_WAITERS} thread waiters on \
+                 one JoinHandle only these woke within {WAKE_BOUND:?} of the task \
+                 finishing: {woken:?}"
+            )
+        });
         assert_eq!(thens.load(Ordering::SeqCst), CONTINUATIONS, "then");
         assert_eq!(finallys.load(Ordering::SeqCst), CONTINUATIONS, "finally");
         assert_eq!(catchings.load(Ordering::SeqCst), 0, "catching on success");
@@ -367,7 +330,7 @@ fn fibers_threads_and_continuations_on_one_handle_all_fire() {
     });
 }
 
-// Defect 5, timed-out waiters: 10 000 thread waits and 10 000 fiber waits that time out on
+// Timed-out waiters: 10 000 thread waits and 10 000 fiber waits that time out on
 // an unfinished task must neither break a waiter registered before them nor the ones that
 // come after, nor stay registered (memory that grows with every timed-out wait). Stale
 // registrations are detected through the fiber waiters: each is a detached task returning a
@@ -386,16 +349,9 @@ fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
 
         // A waiter registered before the timed-out ones.
         let (ready_tx, ready_rx) = mpsc::channel::<()>();
-        {
-            let (handle, ready_tx, done_tx) =
-                (Arc::clone(&handle), ready_tx.clone(), done_tx.clone());
-            thread::spawn(move || {
-                let _ = ready_tx.send(());
-                let finished = handle.wait_timeout(WAITER_PATIENCE);
-                drop(handle);
-                let _ = done_tx.send(("early thread", finished));
-            });
-        }
+        thread_waiter(&handle, ready_tx.clone(), done_tx.clone(), |f| {
+            ("early thread", f)
+        });
         ready_rx
             .recv_timeout(BOUND)
             .expect("the early waiter starts");
@@ -450,60 +406,31 @@ fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
         });
         assert!(
             all_freed,
-            "defect 5: only {} of {HAMMER_FIBERS} finished fibers that timed out waiting on an \
+            "only {} of {HAMMER_FIBERS} finished fibers that timed out waiting on an \
              unfinished task were freed — timed-out waiters stay registered, so memory grows \
              with every timed-out wait",
             freed.load(Ordering::SeqCst)
         );
 
         // Waiters that come after, a thread and a fiber.
-        {
-            let (handle, ready_tx, done_tx) =
-                (Arc::clone(&handle), ready_tx.clone(), done_tx.clone());
-            thread::spawn(move || {
-                let _ = ready_tx.send(());
-                let finished = handle.wait_timeout(WAITER_PATIENCE);
-                drop(handle);
-                let _ = done_tx.send(("later thread", finished));
-            });
-        }
-        let later_fiber = {
-            let (handle, ready_tx, done_tx) = (Arc::clone(&handle), ready_tx, done_tx);
-            sched
-                .submit(
-                    move || {
-                        let _ = ready_tx.send(());
-                        let finished = handle.wait_timeout(WAITER_PATIENCE);
-                        drop(handle);
-                        let _ = done_tx.send(("later fiber", finished));
-                    },
-                    None,
-                )
-                .expect("submit")
-        };
+        thread_waiter(&handle, ready_tx.clone(), done_tx.clone(), |f| {
+            ("later thread", f)
+        });
+        let later_fiber = fiber_waiter(&sched, &handle, ready_tx, done_tx, |f| ("later fiber", f));
         for _ in 0..2 {
             ready_rx
                 .recv_timeout(BOUND)
                 .expect("the later waiters start");
         }
         thread::sleep(Duration::from_millis(300));
-        gate.unpark();
-        let released = Instant::now();
-        let mut woken = Vec::new();
-        while woken.len() < 3 {
-            match done_rx.recv_timeout(WAKE_BOUND.saturating_sub(released.elapsed())) {
-                Ok((who, finished)) => {
-                    assert!(finished, "{who} waiter: wait_timeout returned false");
-                    woken.push(who);
-                }
-                Err(_) => panic!(
-                    "defect 5: after 20 000 timed-out waits only {woken:?} of the early \
-                     thread, later thread and later fiber waiters woke within {WAKE_BOUND:?} \
-                     of the task finishing — a timed-out waiter unregistered (or a new one \
-                     overwrote) someone else's wake-up"
-                ),
-            }
-        }
+        release_and_await_waiters(gate, &done_rx, 3, |woken| {
+            format!(
+                "after 20 000 timed-out waits only {woken:?} of the early \
+                 thread, later thread and later fiber waiters woke within {WAKE_BOUND:?} \
+                 of the task finishing — a timed-out waiter unregistered (or a new one \
+                 overwrote) someone else's wake-up"
+            )
+        });
         finish(later_fiber);
         let handle = Arc::try_unwrap(handle).expect("the waiters have let go of the handle");
         assert_eq!(handle.join().expect("the gated task"), 42);
@@ -511,38 +438,32 @@ fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
     });
 }
 
-// ================================================================== defect 7
-// A worker thread never dies when a value it drops panics in its Drop. With the defect the
-// panic unwinds out of the worker loop and kills the thread: tasks pinned to that worker
-// never run again and `stop` waits for ever. What a user sees: a hang, after a
+// ================================================================== drops that panic
+// A worker thread never dies when a value it drops panics in its Drop. Were the panic to
+// unwind out of the worker loop, it would kill the thread: tasks pinned to that worker would
+// never run again and `stop` would wait for ever, a hang after a
 // "thread 'name-N' panicked at … bomb" message.
 
-// Defect 7a: the return value of a detached task (handle dropped before it finishes) panics
+// The return value of a detached task (handle dropped before it finishes) panics
 // when the worker frees it.
 #[test]
-#[ignore = "child process of worker_survives_a_detached_result_whose_drop_panics"]
-fn child_detached_result_bomb() {
-    if !is_child("child_detached_result_bomb") {
-        return;
-    }
-    let sched = started(2, "bomb-result");
-    detach_on_each_worker(&sched, |gate| {
-        move || {
-            let _ = gate.recv();
-            Bomb
-        }
-    });
-    check(
-        eventually(BOUND, || BOMBS.load(Ordering::SeqCst) == 2),
-        || "the two detached results were never dropped".into(),
-    );
-    every_worker_still_runs_then_stop(sched, "defect 7a (detached result whose Drop panics)");
-}
-
-#[test]
 fn worker_survives_a_detached_result_whose_drop_panics() {
-    run_child("child_detached_result_bomb").assert_ok(
-        "defect 7a: a worker thread died dropping the return value of a detached task whose \
+    in_child(|| {
+        let sched = started(2, "bomb-result");
+        detach_on_each_worker(&sched, |gate| {
+            move || {
+                let _ = gate.recv();
+                Bomb
+            }
+        });
+        check(
+            eventually(BOUND, || BOMBS.load(Ordering::SeqCst) == 2),
+            || "the two detached results were never dropped".into(),
+        );
+        every_worker_still_runs_then_stop(sched, "a detached result whose Drop panics");
+    })
+    .assert_ok(
+        "a worker thread died dropping the return value of a detached task whose \
          Drop panics",
     );
 }
@@ -562,31 +483,25 @@ where
     }
 }
 
-// Defect 7b: the panic payload of a detached task panics when the worker frees it.
-#[test]
-#[ignore = "child process of worker_survives_a_detached_panic_payload_whose_drop_panics"]
-fn child_detached_payload_bomb() {
-    if !is_child("child_detached_payload_bomb") {
-        return;
-    }
-    let sched = started(2, "bomb-payload");
-    detach_on_each_worker(&sched, |gate| {
-        move || -> u8 {
-            let _ = gate.recv();
-            panic::panic_any(Bomb)
-        }
-    });
-    check(
-        eventually(BOUND, || BOMBS.load(Ordering::SeqCst) == 2),
-        || "the two panic payloads were never dropped".into(),
-    );
-    every_worker_still_runs_then_stop(sched, "defect 7b (panic payload whose Drop panics)");
-}
-
+// The panic payload of a detached task panics when the worker frees it.
 #[test]
 fn worker_survives_a_detached_panic_payload_whose_drop_panics() {
-    run_child("child_detached_payload_bomb").assert_ok(
-        "defect 7b: a worker thread died dropping the panic payload of a detached task whose \
+    in_child(|| {
+        let sched = started(2, "bomb-payload");
+        detach_on_each_worker(&sched, |gate| {
+            move || -> u8 {
+                let _ = gate.recv();
+                panic::panic_any(Bomb)
+            }
+        });
+        check(
+            eventually(BOUND, || BOMBS.load(Ordering::SeqCst) == 2),
+            || "the two panic payloads were never dropped".into(),
+        );
+        every_worker_still_runs_then_stop(sched, "a panic payload whose Drop panics");
+    })
+    .assert_ok(
+        "a worker thread died dropping the panic payload of a detached task whose \
          Drop panics",
     );
 }
@@ -611,124 +526,111 @@ fn bomb_closure() -> impl FnOnce() -> u32 + Send + 'static {
     }
 }
 
-// Defect 7c: `stop_timeout` discards the unstarted closure of a task queued behind a
-// long-running pinned task on a one-worker scheduler; the closure owns a Bomb. With the
-// defect the worker dies in the middle of discarding: the task queued after it never
-// completes and stop_timeout never returns.
-#[test]
-#[ignore = "child process of stop_timeout_survives_discarding_a_closure_whose_drop_panics"]
-fn child_discarded_closure_bomb() {
-    if !is_child("child_discarded_closure_bomb") {
-        return;
-    }
-    let sched = started(1, "bomb-discard");
-    let (started_tx, started_rx) = mpsc::channel();
-    let hog = sched
-        .submit(hog(started_tx, Duration::from_millis(1500)), Some(0))
-        .expect("submit");
-    check(started_rx.recv_timeout(BOUND).is_ok(), || {
-        "the long-running task never started".into()
-    });
-    let bomb = sched.submit(bomb_closure(), Some(0)).expect("submit");
-    let after = sched.submit(|| 3_u32, Some(0)).expect("submit");
-    let cancelled = within(BOUND, move || {
-        let n = sched.stop_timeout(Duration::from_millis(50));
-        drop(sched);
-        n
-    });
-    let Some(cancelled) = cancelled else {
-        child_fail(format!(
-            "defect 7c: stop_timeout(50 ms) did not return within {BOUND:?} after discarding \
-             a closure whose Drop panics — the worker died while discarding"
-        ));
-    };
-    check(BOMBS.load(Ordering::SeqCst) == 1, || {
-        "the queued closure was not dropped".into()
-    });
-    check(cancelled >= 2, || {
-        format!("stop_timeout counted {cancelled} cancelled tasks, expected at least 2")
-    });
-    check(
-        matches!(joined(hog, "the long-running task"), Ok(1)),
-        || "the running task did not finish normally".into(),
-    );
-    check(
-        joined(bomb, "the discarded task").is_err_and(|e| e.is_cancelled()),
-        || "the discarded task does not report cancelled".into(),
-    );
-    check(
-        joined(after, "the task queued after the bomb").is_err_and(|e| e.is_cancelled()),
-        || "the task queued after the bomb does not report cancelled".into(),
-    );
-}
-
+// `stop_timeout` discards the unstarted closure of a task queued behind a long-running
+// pinned task on a one-worker scheduler; the closure owns a Bomb. The worker survives the
+// discarding: the task queued after it completes (cancelled) and stop_timeout returns.
 #[test]
 fn stop_timeout_survives_discarding_a_closure_whose_drop_panics() {
-    run_child("child_discarded_closure_bomb").assert_ok(
-        "defect 7c: stop_timeout discarding an unstarted closure whose Drop panics killed the \
+    in_child(|| {
+        let sched = started(1, "bomb-discard");
+        let (started_tx, started_rx) = mpsc::channel();
+        let hog = sched
+            .submit(hog(started_tx, Duration::from_millis(1500)), Some(0))
+            .expect("submit");
+        check(started_rx.recv_timeout(BOUND).is_ok(), || {
+            "the long-running task never started".into()
+        });
+        let bomb = sched.submit(bomb_closure(), Some(0)).expect("submit");
+        let after = sched.submit(|| 3_u32, Some(0)).expect("submit");
+        let cancelled = within(BOUND, move || {
+            let n = sched.stop_timeout(Duration::from_millis(50));
+            drop(sched);
+            n
+        });
+        let Some(cancelled) = cancelled else {
+            child_fail(format!(
+                "stop_timeout(50 ms) did not return within {BOUND:?} after discarding \
+             a closure whose Drop panics — the worker died while discarding"
+            ));
+        };
+        check(BOMBS.load(Ordering::SeqCst) == 1, || {
+            "the queued closure was not dropped".into()
+        });
+        check(cancelled >= 2, || {
+            format!("stop_timeout counted {cancelled} cancelled tasks, expected at least 2")
+        });
+        check(
+            matches!(joined(hog, "the long-running task"), Ok(1)),
+            || "the running task did not finish normally".into(),
+        );
+        check(
+            joined(bomb, "the discarded task").is_err_and(|e| e.is_cancelled()),
+            || "the discarded task does not report cancelled".into(),
+        );
+        check(
+            joined(after, "the task queued after the bomb").is_err_and(|e| e.is_cancelled()),
+            || "the task queued after the bomb does not report cancelled".into(),
+        );
+    })
+    .assert_ok(
+        "stop_timeout discarding an unstarted closure whose Drop panics killed the \
          worker",
     );
 }
 
-// Defect 7d: the same through `fibra::exec::Looper::shutdown(false)`, which drops the jobs
+// The same through `fibra::exec::Looper::shutdown(false)`, which drops the jobs
 // that have not started.
 #[test]
-#[ignore = "child process of looper_shutdown_survives_discarding_a_job_whose_drop_panics"]
-fn child_looper_discard_bomb() {
-    if !is_child("child_looper_discard_bomb") {
-        return;
-    }
-    let looper = Arc::new(Looper::new());
-    let (started_tx, started_rx) = mpsc::channel();
-    let hog = looper.spawn(hog(started_tx, Duration::from_millis(1500)));
-    check(started_rx.recv_timeout(BOUND).is_ok(), || {
-        "the long-running job never started".into()
-    });
-    let bomb = looper.spawn(bomb_closure());
-    let after = looper.spawn(|| 3_u32);
-    let stopper = Arc::clone(&looper);
-    check(
-        within(BOUND, move || stopper.shutdown(false)).is_some(),
-        || {
-            format!(
-                "defect 7d: Looper::shutdown(false) did not return within {BOUND:?} after \
-                 dropping a queued job whose Drop panics — the looper thread died"
-            )
-        },
-    );
-    check(BOMBS.load(Ordering::SeqCst) == 1, || {
-        "the queued job was not dropped".into()
-    });
-    check(
-        matches!(joined(hog, "the long-running task"), Ok(1)),
-        || "the running job did not finish normally".into(),
-    );
-    check(
-        joined(bomb, "the discarded task").is_err_and(|e| e.is_cancelled()),
-        || "the dropped job does not report cancelled".into(),
-    );
-    check(
-        joined(after, "the task queued after the bomb").is_err_and(|e| e.is_cancelled()),
-        || "the job queued after the bomb does not report cancelled".into(),
-    );
-    check(within(BOUND, move || drop(looper)).is_some(), || {
-        "dropping the shut-down looper hangs".into()
-    });
-}
-
-#[test]
 fn looper_shutdown_survives_discarding_a_job_whose_drop_panics() {
-    run_child("child_looper_discard_bomb").assert_ok(
-        "defect 7d: Looper::shutdown(false) dropping a queued job whose Drop panics killed the \
+    in_child(|| {
+        let looper = Arc::new(Looper::new());
+        let (started_tx, started_rx) = mpsc::channel();
+        let hog = looper.spawn(hog(started_tx, Duration::from_millis(1500)));
+        check(started_rx.recv_timeout(BOUND).is_ok(), || {
+            "the long-running job never started".into()
+        });
+        let bomb = looper.spawn(bomb_closure());
+        let after = looper.spawn(|| 3_u32);
+        let stopper = Arc::clone(&looper);
+        check(
+            within(BOUND, move || stopper.shutdown(false)).is_some(),
+            || {
+                format!(
+                    "Looper::shutdown(false) did not return within {BOUND:?} after \
+                 dropping a queued job whose Drop panics — the looper thread died"
+                )
+            },
+        );
+        check(BOMBS.load(Ordering::SeqCst) == 1, || {
+            "the queued job was not dropped".into()
+        });
+        check(
+            matches!(joined(hog, "the long-running task"), Ok(1)),
+            || "the running job did not finish normally".into(),
+        );
+        check(
+            joined(bomb, "the discarded task").is_err_and(|e| e.is_cancelled()),
+            || "the dropped job does not report cancelled".into(),
+        );
+        check(
+            joined(after, "the task queued after the bomb").is_err_and(|e| e.is_cancelled()),
+            || "the job queued after the bomb does not report cancelled".into(),
+        );
+        check(within(BOUND, move || drop(looper)).is_some(), || {
+            "dropping the shut-down looper hangs".into()
+        });
+    })
+    .assert_ok(
+        "Looper::shutdown(false) dropping a queued job whose Drop panics killed the \
          looper thread",
     );
 }
 
-// ================================================================== defect 8
+// ================================================================== continuations of a failed task
 // `catching` and `finally` continuations of a failed task may do what `then` may: park,
-// submit and join, block_on. With the defect they run on the bare worker stack, outside any
-// fiber, so a join there blocks the worker thread — and with one worker, the task it waits
-// for can never run. What a user sees: the scheduler freezes for ever.
+// submit and join, block_on. Run on the bare worker stack, outside any fiber, a join there
+// would block the worker thread — and with one worker, the task it waits for could never
+// run: the scheduler would freeze for ever.
 
 #[derive(Clone, Copy, Debug)]
 enum Continuation {
@@ -743,7 +645,7 @@ enum Action {
 }
 
 fn continuation_of_a_panicked_task(kind: Continuation, action: Action) {
-    let defect = format!("defect 8 ({kind:?} continuation doing {action:?})");
+    let what = format!("a {kind:?} continuation doing {action:?}");
     let sched = Arc::new(started(1, "continuation"));
     let (gate_tx, gate_rx) = mpsc::channel::<Unparker>();
     let failing = sched
@@ -789,298 +691,245 @@ fn continuation_of_a_panicked_task(kind: Continuation, action: Action) {
     drop(gate);
     match done_rx.recv_timeout(BOUND) {
         Ok(7) => {}
-        Ok(other) => child_fail(format!("{defect}: got {other}")),
+        Ok(other) => child_fail(format!("{what}: got {other}")),
         Err(mpsc::RecvTimeoutError::Timeout) => child_fail(format!(
-            "{defect}: the continuation did not complete within {BOUND:?} — it deadlocked \
+            "{what}: the continuation did not complete within {BOUND:?} — it deadlocked \
              the only worker"
         )),
         Err(mpsc::RecvTimeoutError::Disconnected) => {
-            child_fail(format!("{defect}: the continuation never ran, or panicked"))
+            child_fail(format!("{what}: the continuation never ran, or panicked"))
         }
     }
     check(failing.wait_timeout(BOUND), || {
-        format!("{defect}: the failed task's handle never completed")
+        format!("{what}: the failed task's handle never completed")
     });
     check(failing.join().is_err_and(|e| e.is_panic()), || {
-        format!("{defect}: the failed task does not report its panic")
+        format!("{what}: the failed task does not report its panic")
     });
     check(within(BOUND, move || sched.stop()).is_some(), || {
-        format!("{defect}: stop() did not return within {BOUND:?}")
+        format!("{what}: stop() did not return within {BOUND:?}")
     });
 }
 
-#[test]
-#[ignore = "child process of catching_after_a_panic_may_submit_and_join"]
-fn child_catching_submit_join() {
-    if is_child("child_catching_submit_join") {
-        continuation_of_a_panicked_task(Continuation::Catching, Action::SubmitAndJoin);
-    }
-}
-
-#[test]
-#[ignore = "child process of catching_after_a_panic_may_block_on"]
-fn child_catching_block_on() {
-    if is_child("child_catching_block_on") {
-        continuation_of_a_panicked_task(Continuation::Catching, Action::BlockOn);
-    }
-}
-
-#[test]
-#[ignore = "child process of finally_after_a_panic_may_submit_and_join"]
-fn child_finally_submit_join() {
-    if is_child("child_finally_submit_join") {
-        continuation_of_a_panicked_task(Continuation::Finally, Action::SubmitAndJoin);
-    }
-}
-
-#[test]
-#[ignore = "child process of finally_after_a_panic_may_block_on"]
-fn child_finally_block_on() {
-    if is_child("child_finally_block_on") {
-        continuation_of_a_panicked_task(Continuation::Finally, Action::BlockOn);
-    }
-}
-
-// Defect 8: a `catching` continuation of a panicked task submits a task and joins it, on a
+// A `catching` continuation of a panicked task submits a task and joins it, on a
 // one-worker scheduler.
 #[test]
 fn catching_after_a_panic_may_submit_and_join() {
-    run_child("child_catching_submit_join").assert_ok(
-        "defect 8: a catching continuation that submits and joins a task deadlocks the worker",
-    );
+    in_child(|| continuation_of_a_panicked_task(Continuation::Catching, Action::SubmitAndJoin))
+        .assert_ok("a catching continuation that submits and joins a task deadlocks the worker");
 }
 
-// Defect 8: a `catching` continuation of a panicked task calls `block_on`.
+// A `catching` continuation of a panicked task calls `block_on`.
 #[test]
 fn catching_after_a_panic_may_block_on() {
-    run_child("child_catching_block_on")
-        .assert_ok("defect 8: a catching continuation that calls block_on deadlocks the worker");
+    in_child(|| continuation_of_a_panicked_task(Continuation::Catching, Action::BlockOn))
+        .assert_ok("a catching continuation that calls block_on deadlocks the worker");
 }
 
-// Defect 8: a `finally` continuation of a panicked task submits a task and joins it.
+// A `finally` continuation of a panicked task submits a task and joins it.
 #[test]
 fn finally_after_a_panic_may_submit_and_join() {
-    run_child("child_finally_submit_join").assert_ok(
-        "defect 8: a finally continuation (after a panic) that submits and joins a task \
+    in_child(|| continuation_of_a_panicked_task(Continuation::Finally, Action::SubmitAndJoin))
+        .assert_ok(
+            "a finally continuation (after a panic) that submits and joins a task \
          deadlocks the worker",
-    );
+        );
 }
 
-// Defect 8: a `finally` continuation of a panicked task calls `block_on`.
+// A `finally` continuation of a panicked task calls `block_on`.
 #[test]
 fn finally_after_a_panic_may_block_on() {
-    run_child("child_finally_block_on").assert_ok(
-        "defect 8: a finally continuation (after a panic) that calls block_on deadlocks the \
+    in_child(|| continuation_of_a_panicked_task(Continuation::Finally, Action::BlockOn)).assert_ok(
+        "a finally continuation (after a panic) that calls block_on deadlocks the \
          worker",
     );
 }
 
-// ================================================================== defect 9
+// ================================================================== bounded stop_timeout
 // `stop_timeout(d)` is bounded: it returns within about d plus one unwinding; what refuses to
 // die is reported (how many, which names) on stderr and abandoned, never waited for.
 
-// Defect 9a: a use_caller scheduler stopped with stop_timeout from a thread other than its
-// builder, while a fiber on worker 0 (the builder's) sleeps for an hour. With the defect
-// nobody runs worker 0, so its fiber is never cancelled and stop_timeout waits for ever.
-#[test]
-#[ignore = "child process of stop_timeout_of_a_use_caller_scheduler_from_another_thread_is_bounded"]
-fn child_use_caller_stop_timeout_elsewhere() {
-    if !is_child("child_use_caller_stop_timeout_elsewhere") {
-        return;
-    }
-    let sched = Scheduler::builder()
-        .threads(2)
-        .use_caller(true)
-        .name("caller-stop")
-        .build()
-        .expect("build");
-    let asleep = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&asleep);
-    let sleeper = sched
-        .task()
-        .name("sleeper-on-worker-0")
-        .submit(
-            move || {
-                flag.store(true, Ordering::SeqCst);
-                fibra::sleep(Duration::from_secs(3600));
-            },
-            Some(0),
-        )
-        .expect("submit");
-    // block_on drives worker 0 on this thread until the sleeper has started there.
-    let flag = Arc::clone(&asleep);
-    let started = sched.block_on(move || {
-        let since = Instant::now();
-        while !flag.load(Ordering::SeqCst) && since.elapsed() < BOUND {
-            fibra::sleep(Duration::from_millis(1));
-        }
-        flag.load(Ordering::SeqCst)
-    });
-    check(started, || {
-        "the fiber pinned to worker 0 never started".into()
-    });
-    drop(sleeper);
-
-    let sched = Arc::new(sched);
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let begun = Instant::now();
-        let n = sched.stop_timeout(Duration::from_millis(100));
-        let _ = tx.send((n, begun.elapsed()));
-        drop(sched);
-        let _ = tx.send((usize::MAX, begun.elapsed()));
-    });
-    let Ok((cancelled, took)) = rx.recv_timeout(STOP_BOUND) else {
-        child_fail(format!(
-            "defect 9a: stop_timeout(100 ms) called from another thread on a use_caller \
-             scheduler did not return within {STOP_BOUND:?} — nobody runs worker 0, so its \
-             sleeping fiber is never cancelled"
-        ));
-    };
-    eprintln!("stop_timeout(100 ms) from another thread: {cancelled} cancelled in {took:?}");
-    check(cancelled >= 1, || {
-        format!("stop_timeout returned {cancelled}: the fiber it gave up on is not counted")
-    });
-    check(rx.recv_timeout(BOUND).is_ok(), || {
-        "dropping the scheduler after stop_timeout hangs".into()
-    });
-}
-
+// A use_caller scheduler stopped with stop_timeout from a thread other than its builder,
+// while a fiber on worker 0 (the builder's) sleeps for an hour. Nobody else runs worker 0:
+// stop_timeout still returns in time, its sleeping fiber counted, instead of waiting for ever
+// for that fiber to be cancelled.
 #[test]
 fn stop_timeout_of_a_use_caller_scheduler_from_another_thread_is_bounded() {
-    run_child("child_use_caller_stop_timeout_elsewhere").assert_ok(
-        "defect 9a: stop_timeout on a use_caller scheduler from another thread is unbounded",
-    );
+    in_child(|| {
+        let sched = Scheduler::builder()
+            .threads(2)
+            .use_caller(true)
+            .name("caller-stop")
+            .build()
+            .expect("build");
+        let asleep = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&asleep);
+        let sleeper = sched
+            .task()
+            .name("sleeper-on-worker-0")
+            .submit(
+                move || {
+                    flag.store(true, Ordering::SeqCst);
+                    fibra::sleep(Duration::from_secs(3600));
+                },
+                Some(0),
+            )
+            .expect("submit");
+        // block_on drives worker 0 on this thread until the sleeper has started there.
+        let flag = Arc::clone(&asleep);
+        let started = sched.block_on(move || {
+            let since = Instant::now();
+            while !flag.load(Ordering::SeqCst) && since.elapsed() < BOUND {
+                fibra::sleep(Duration::from_millis(1));
+            }
+            flag.load(Ordering::SeqCst)
+        });
+        check(started, || {
+            "the fiber pinned to worker 0 never started".into()
+        });
+        drop(sleeper);
+
+        let sched = Arc::new(sched);
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let begun = Instant::now();
+            let n = sched.stop_timeout(Duration::from_millis(100));
+            let _ = tx.send((n, begun.elapsed()));
+            drop(sched);
+            let _ = tx.send((usize::MAX, begun.elapsed()));
+        });
+        let Ok((cancelled, took)) = rx.recv_timeout(STOP_BOUND) else {
+            child_fail(format!(
+                "stop_timeout(100 ms) called from another thread on a use_caller \
+             scheduler did not return within {STOP_BOUND:?} — nobody runs worker 0, so its \
+             sleeping fiber is never cancelled"
+            ));
+        };
+        eprintln!("stop_timeout(100 ms) from another thread: {cancelled} cancelled in {took:?}");
+        check(cancelled >= 1, || {
+            format!("stop_timeout returned {cancelled}: the fiber it gave up on is not counted")
+        });
+        check(rx.recv_timeout(BOUND).is_ok(), || {
+            "dropping the scheduler after stop_timeout hangs".into()
+        });
+    })
+    .assert_ok("stop_timeout on a use_caller scheduler from another thread is unbounded");
 }
 
-// Defect 9b: a fiber that catches its cancellation unwind and sleeps again, for ever. With
-// the defect stop_timeout keeps cancelling it again, spinning a worker at 100% and never
-// returning. Correct: it gives up after one unwinding, says on stderr that "stubborn" did not
-// die, counts it, and returns.
-#[test]
-#[ignore = "child process of stop_timeout_abandons_a_fiber_that_swallows_its_cancellation"]
-fn child_stubborn_fiber() {
-    if !is_child("child_stubborn_fiber") {
-        return;
-    }
-    let sched = started(1, "stop-stubborn");
-    let (started_tx, started_rx) = mpsc::channel();
-    let stubborn = sched
-        .task()
-        .name("stubborn")
-        .submit(
-            move || {
-                let _ = started_tx.send(());
-                loop {
-                    let _ = panic::catch_unwind(|| fibra::sleep(Duration::from_secs(3600)));
-                }
-            },
-            None,
-        )
-        .expect("submit");
-    check(started_rx.recv_timeout(BOUND).is_ok(), || {
-        "the stubborn fiber never started".into()
-    });
-    drop(stubborn);
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let begun = Instant::now();
-        let n = sched.stop_timeout(Duration::from_millis(100));
-        let _ = tx.send((n, begun.elapsed()));
-        drop(sched);
-        let _ = tx.send((usize::MAX, begun.elapsed()));
-    });
-    let Ok((cancelled, took)) = rx.recv_timeout(STOP_BOUND) else {
-        child_fail(format!(
-            "defect 9b: stop_timeout(100 ms) did not return within {STOP_BOUND:?} with a fiber \
-             that catches its cancellation — it keeps cancelling it for ever"
-        ));
-    };
-    eprintln!("stop_timeout(100 ms) with a stubborn fiber: {cancelled} in {took:?}");
-    check(cancelled >= 1, || {
-        format!("stop_timeout returned {cancelled}: the abandoned fiber is not counted")
-    });
-    check(rx.recv_timeout(BOUND).is_ok(), || {
-        "dropping the scheduler after stop_timeout hangs (it waits for the abandoned fiber)".into()
-    });
-}
-
+// A fiber that catches its cancellation unwind and sleeps again, for ever. stop_timeout does
+// not keep cancelling it (spinning a worker at 100% and never returning): it gives up after
+// one unwinding, says on stderr that "stubborn" did not die, counts it, and returns.
 #[test]
 fn stop_timeout_abandons_a_fiber_that_swallows_its_cancellation() {
-    let run = run_child("child_stubborn_fiber");
-    run.assert_ok("defect 9b: stop_timeout never returns while a fiber swallows its cancellation");
+    let run = in_child(|| {
+        let sched = started(1, "stop-stubborn");
+        let (started_tx, started_rx) = mpsc::channel();
+        let stubborn = sched
+            .task()
+            .name("stubborn")
+            .submit(
+                move || {
+                    let _ = started_tx.send(());
+                    loop {
+                        let _ = panic::catch_unwind(|| fibra::sleep(Duration::from_secs(3600)));
+                    }
+                },
+                None,
+            )
+            .expect("submit");
+        check(started_rx.recv_timeout(BOUND).is_ok(), || {
+            "the stubborn fiber never started".into()
+        });
+        drop(stubborn);
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let begun = Instant::now();
+            let n = sched.stop_timeout(Duration::from_millis(100));
+            let _ = tx.send((n, begun.elapsed()));
+            drop(sched);
+            let _ = tx.send((usize::MAX, begun.elapsed()));
+        });
+        let Ok((cancelled, took)) = rx.recv_timeout(STOP_BOUND) else {
+            child_fail(format!(
+                "stop_timeout(100 ms) did not return within {STOP_BOUND:?} with a fiber \
+             that catches its cancellation — it keeps cancelling it for ever"
+            ));
+        };
+        eprintln!("stop_timeout(100 ms) with a stubborn fiber: {cancelled} in {took:?}");
+        check(cancelled >= 1, || {
+            format!("stop_timeout returned {cancelled}: the abandoned fiber is not counted")
+        });
+        check(rx.recv_timeout(BOUND).is_ok(), || {
+            "dropping the scheduler after stop_timeout hangs (it waits for the abandoned fiber)"
+                .into()
+        });
+    });
+    run.assert_ok("stop_timeout never returns while a fiber swallows its cancellation");
     assert!(
         run.stderr.contains("stubborn"),
-        "defect 9b: stop_timeout gave up on a fiber without naming it on stderr; stderr:\n{}",
+        "stop_timeout gave up on a fiber without naming it on stderr; stderr:\n{}",
         run.stderr
     );
 }
 
-// ================================================================== defect 10
+// ================================================================== dropping without stop
 // Dropping a Scheduler without calling stop, while a fiber is parked with no way to be woken.
-// With the defect Drop waits for it for ever, silently. Correct: Drop waits a while (about
-// 5 s), then prints which fibers are still alive (by name) and cancels them.
-#[test]
-#[ignore = "child process of dropping_a_scheduler_with_an_orphaned_fiber_names_and_cancels_it"]
-fn child_orphaned_fiber() {
-    if !is_child("child_orphaned_fiber") {
-        return;
-    }
-    let sched = started(2, "drop-orphan");
-    let (parked_tx, parked_rx) = mpsc::channel();
-    let orphan = sched
-        .task()
-        .name("orphan")
-        .submit(
-            move || {
-                park(move |u| {
-                    let _ = parked_tx.send(());
-                    drop(u); // nobody can ever wake this fiber
-                });
-            },
-            None,
-        )
-        .expect("submit");
-    check(parked_rx.recv_timeout(BOUND).is_ok(), || {
-        "the orphan never parked".into()
-    });
-    let took = within(Duration::from_secs(30), move || {
-        let begun = Instant::now();
-        drop(sched);
-        begun.elapsed()
-    });
-    let Some(took) = took else {
-        child_fail(
-            "defect 10: dropping a scheduler with a fiber parked for ever did not return \
-             within 30 s — Drop waits for it silently, for ever",
-        );
-    };
-    eprintln!("drop with an orphaned fiber took {took:?}");
-    check(orphan.wait_timeout(BOUND), || {
-        "the orphaned task's handle never completed".into()
-    });
-    check(orphan.join().is_err_and(|e| e.is_cancelled()), || {
-        "the orphaned task does not report cancelled".into()
-    });
-}
-
+// Drop does not wait for it for ever, silently: it waits a while (about 5 s), then prints
+// which fibers are still alive (by name) and cancels them.
 #[test]
 fn dropping_a_scheduler_with_an_orphaned_fiber_names_and_cancels_it() {
-    let run = run_child("child_orphaned_fiber");
-    run.assert_ok("defect 10: dropping a scheduler hangs on a fiber that can never be woken");
+    let run = in_child(|| {
+        let sched = started(2, "drop-orphan");
+        let (parked_tx, parked_rx) = mpsc::channel();
+        let orphan = sched
+            .task()
+            .name("orphan")
+            .submit(
+                move || {
+                    park(move |u| {
+                        let _ = parked_tx.send(());
+                        drop(u); // nobody can ever wake this fiber
+                    });
+                },
+                None,
+            )
+            .expect("submit");
+        check(parked_rx.recv_timeout(BOUND).is_ok(), || {
+            "the orphan never parked".into()
+        });
+        let took = within(Duration::from_secs(30), move || {
+            let begun = Instant::now();
+            drop(sched);
+            begun.elapsed()
+        });
+        let Some(took) = took else {
+            child_fail(
+                "dropping a scheduler with a fiber parked for ever did not return \
+             within 30 s — Drop waits for it silently, for ever",
+            );
+        };
+        eprintln!("drop with an orphaned fiber took {took:?}");
+        check(orphan.wait_timeout(BOUND), || {
+            "the orphaned task's handle never completed".into()
+        });
+        check(orphan.join().is_err_and(|e| e.is_cancelled()), || {
+            "the orphaned task does not report cancelled".into()
+        });
+    });
+    run.assert_ok("dropping a scheduler hangs on a fiber that can never be woken");
     assert!(
         run.stderr.contains("orphan"),
-        "defect 10: Drop gave up on a fiber without naming it on stderr; stderr:\n{}",
+        "Drop gave up on a fiber without naming it on stderr; stderr:\n{}",
         run.stderr
     );
 }
 
-// ================================================================== defect 15
+// ================================================================== destructors that wait
 // Cancellation plus destructors that wait. A cancelled fiber unwinds; a destructor that
-// sleeps, or a BufWriter<fibra::fs::File> that flushes, parks during that unwinding. With the
-// defect the park is answered with another cancellation unwind from inside the destructor,
-// and Rust aborts the process: "panic in a destructor during cleanup". Correct: the waits in
-// destructors complete, stop_timeout returns, the data reaches the file.
+// sleeps, or a BufWriter<fibra::fs::File> that flushes, parks during that unwinding. Were
+// the park answered with another cancellation unwind from inside the destructor, Rust would
+// abort the process: "panic in a destructor during cleanup". Instead the waits in destructors
+// complete, stop_timeout returns, the data reaches the file.
 
 /// Sleeps (a fiber wait) in its destructor, then sets its flag.
 struct SleepyGuard(Arc<AtomicBool>);
@@ -1093,108 +942,103 @@ impl Drop for SleepyGuard {
 }
 
 #[test]
-#[ignore = "child process of cancelled_fibers_may_wait_in_destructors"]
-fn child_waiting_destructors() {
-    if !is_child("child_waiting_destructors") {
-        return;
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let dir = env::temp_dir().join(format!("fibra-hardening-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("create a temporary directory");
-    let path = dir.join("buffered.txt");
-
-    let sched = started(2, "cancel-dtor");
-    let slept = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = mpsc::channel::<()>();
-    let sleepy = {
-        let (slept, ready_tx) = (Arc::clone(&slept), ready_tx.clone());
-        sched
-            .submit(
-                move || {
-                    let _guard = SleepyGuard(slept);
-                    let _ = ready_tx.send(());
-                    fibra::sleep(Duration::from_secs(3600));
-                },
-                None,
-            )
-            .expect("submit")
-    };
-    let writer = {
-        let path = path.clone();
-        sched
-            .submit(
-                move || {
-                    let file = fibra::fs::File::create(&path).expect("create the file");
-                    let mut out = std::io::BufWriter::new(file);
-                    out.write_all(&[b'x'; 1000]).expect("buffered write");
-                    let _ = ready_tx.send(());
-                    fibra::sleep(Duration::from_secs(3600));
-                    drop(out);
-                },
-                None,
-            )
-            .expect("submit")
-    };
-    for _ in 0..2 {
-        check(ready_rx.recv_timeout(BOUND).is_ok(), || {
-            "a fiber never got to its long sleep".into()
-        });
-    }
-    let Some(cancelled) = within(BOUND, move || {
-        let n = sched.stop_timeout(Duration::from_millis(100));
-        drop(sched);
-        n
-    }) else {
-        child_fail(format!(
-            "defect 15: stop_timeout(100 ms) did not return within {BOUND:?} with fibers whose \
-             destructors wait"
-        ));
-    };
-    check(cancelled == 2, || {
-        format!("stop_timeout cancelled {cancelled} tasks, expected 2")
-    });
-    check(slept.load(Ordering::SeqCst), || {
-        "defect 15: the guard's destructor did not complete its sleep".into()
-    });
-    let written = std::fs::read(&path).map(|b| b.len());
-    let _ = std::fs::remove_dir_all(&dir);
-    check(matches!(written, Ok(1000)), || {
-        format!(
-            "defect 15: the BufWriter of a cancelled fiber did not flush its 1000 bytes: \
-             {written:?}"
-        )
-    });
-    check(
-        joined(sleepy, "the sleepy task").is_err_and(|e| e.is_cancelled()),
-        || "the sleepy task does not report cancelled".into(),
-    );
-    check(
-        joined(writer, "the writer task").is_err_and(|e| e.is_cancelled()),
-        || "the writer task does not report cancelled".into(),
-    );
-}
-
-#[test]
 fn cancelled_fibers_may_wait_in_destructors() {
-    run_child("child_waiting_destructors").assert_ok(
-        "defect 15: cancelling fibers whose destructors wait (a sleep, a BufWriter flush to a \
+    in_child(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = env::temp_dir().join(format!(
+            "fibra-waiting-destructors-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("create a temporary directory");
+        let path = dir.join("buffered.txt");
+
+        let sched = started(2, "cancel-dtor");
+        let slept = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        let sleepy = {
+            let (slept, ready_tx) = (Arc::clone(&slept), ready_tx.clone());
+            sched
+                .submit(
+                    move || {
+                        let _guard = SleepyGuard(slept);
+                        let _ = ready_tx.send(());
+                        fibra::sleep(Duration::from_secs(3600));
+                    },
+                    None,
+                )
+                .expect("submit")
+        };
+        let writer = {
+            let path = path.clone();
+            sched
+                .submit(
+                    move || {
+                        let file = fibra::fs::File::create(&path).expect("create the file");
+                        let mut out = std::io::BufWriter::new(file);
+                        out.write_all(&[b'x'; 1000]).expect("buffered write");
+                        let _ = ready_tx.send(());
+                        fibra::sleep(Duration::from_secs(3600));
+                        drop(out);
+                    },
+                    None,
+                )
+                .expect("submit")
+        };
+        for _ in 0..2 {
+            check(ready_rx.recv_timeout(BOUND).is_ok(), || {
+                "a fiber never got to its long sleep".into()
+            });
+        }
+        let Some(cancelled) = within(BOUND, move || {
+            let n = sched.stop_timeout(Duration::from_millis(100));
+            drop(sched);
+            n
+        }) else {
+            child_fail(format!(
+                "stop_timeout(100 ms) did not return within {BOUND:?} with fibers whose \
+             destructors wait"
+            ));
+        };
+        check(cancelled == 2, || {
+            format!("stop_timeout cancelled {cancelled} tasks, expected 2")
+        });
+        check(slept.load(Ordering::SeqCst), || {
+            "the guard's destructor did not complete its sleep".into()
+        });
+        let written = std::fs::read(&path).map(|b| b.len());
+        let _ = std::fs::remove_dir_all(&dir);
+        check(matches!(written, Ok(1000)), || {
+            format!(
+                "the BufWriter of a cancelled fiber did not flush its 1000 bytes: \
+             {written:?}"
+            )
+        });
+        check(
+            joined(sleepy, "the sleepy task").is_err_and(|e| e.is_cancelled()),
+            || "the sleepy task does not report cancelled".into(),
+        );
+        check(
+            joined(writer, "the writer task").is_err_and(|e| e.is_cancelled()),
+            || "the writer task does not report cancelled".into(),
+        );
+    })
+    .assert_ok(
+        "cancelling fibers whose destructors wait (a sleep, a BufWriter flush to a \
          fibra::fs::File) aborts the process or hangs",
     );
 }
 
-// ================================================================== probes
-// PROBES, not among issue 11's numbered defects: other threads fibra owns, and user Drops
-// that panic there. Each test below reveals a real defect on the code it was written
-// against; the report that came with it lists the probes that found nothing.
+// ================================================================== other threads fibra owns
+// The timer, looper and pool threads and the blocking pool, with user Drops that panic there.
 
-// PROBE (defect found): a `fibra::time::Timer` job that panics with a payload whose Drop
-// panics kills the timer thread (the payload is dropped outside the catch_unwind around the
-// job). What a user sees: every later job silently never runs; `pending()` stays non-zero and
-// `shutdown` returns without running them.
+// A `fibra::time::Timer` job that panics with a payload whose Drop panics leaves the timer
+// thread alive. Were the payload dropped outside the catch_unwind around the job, the panic
+// would kill the thread: every later job would silently never run, `pending()` would stay
+// non-zero and `shutdown` would return without running them.
 #[test]
-fn probe_timer_thread_survives_a_panic_payload_whose_drop_panics() {
+fn timer_thread_survives_a_panic_payload_whose_drop_panics() {
     with_deadline(|| {
         let timer = fibra::time::Timer::new();
         timer.schedule(Duration::ZERO, || panic::panic_any(Bomb));
@@ -1210,123 +1054,105 @@ fn probe_timer_thread_survives_a_panic_payload_whose_drop_panics() {
         );
         assert!(
             ran,
-            "probe: the fibra-timer thread died dropping a job's panic payload whose Drop \
+            "the fibra-timer thread died dropping a job's panic payload whose Drop \
              panics; the next job never ran ({pending} still pending)"
         );
     });
 }
 
-// PROBE (defect found; same cause as 7b, reached through the Executor API): a Looper job
-// given to `execute` (its handle is dropped at once) that panics with a payload whose Drop
-// panics kills the looper thread; every later job waits for ever.
+// As with a detached task's panic payload above, reached through the Executor API: a Looper
+// job given to `execute` (its handle is dropped at once) that panics with a payload whose
+// Drop panics leaves the looper thread alive; the next job runs (a dead looper thread would
+// leave every later job waiting for ever).
 #[test]
-#[ignore = "child process of probe_looper_survives_a_job_panicking_with_a_bomb"]
-fn child_looper_execute_bomb() {
-    if !is_child("child_looper_execute_bomb") {
-        return;
-    }
-    let looper = Looper::new();
-    looper.execute(Box::new(|| panic::panic_any(Bomb)));
-    let later = looper.spawn(|| 5_u32);
-    check(later.wait_timeout(BOUND), || {
-        "probe: the looper thread died dropping a job's panic payload; the next job never ran"
-            .into()
-    });
-    check(
-        within(BOUND, move || looper.shutdown(true)).is_some(),
-        || "Looper::shutdown hangs".into(),
-    );
-}
-
-#[test]
-fn probe_looper_survives_a_job_panicking_with_a_bomb() {
-    run_child("child_looper_execute_bomb").assert_ok(
-        "probe: Looper::execute of a job panicking with a payload whose Drop panics kills the \
+fn looper_execute_survives_a_job_whose_panic_payload_panics_on_drop() {
+    in_child(|| {
+        let looper = Looper::new();
+        looper.execute(Box::new(|| panic::panic_any(Bomb)));
+        let later = looper.spawn(|| 5_u32);
+        check(later.wait_timeout(BOUND), || {
+            "the looper thread died dropping a job's panic payload; the next job never ran".into()
+        });
+        check(
+            within(BOUND, move || looper.shutdown(true)).is_some(),
+            || "Looper::shutdown hangs".into(),
+        );
+    })
+    .assert_ok(
+        "Looper::execute of a job panicking with a payload whose Drop panics kills the \
          looper thread",
     );
 }
 
-// PROBE (defect found; same cause as 7b): the same through `ThreadPool::execute`.
+// The same through `ThreadPool::execute`: the pool thread survives and runs the next job.
 #[test]
-#[ignore = "child process of probe_thread_pool_survives_a_job_panicking_with_a_bomb"]
-fn child_pool_execute_bomb() {
-    if !is_child("child_pool_execute_bomb") {
-        return;
-    }
-    let pool = ThreadPool::new(1);
-    pool.execute(Box::new(|| panic::panic_any(Bomb)));
-    let later = pool.spawn(|| 5_u32);
-    check(later.wait_timeout(BOUND), || {
-        "probe: the pool thread died dropping a job's panic payload; the next job never ran".into()
-    });
-    check(within(BOUND, move || pool.shutdown()).is_some(), || {
-        "ThreadPool::shutdown hangs".into()
-    });
-}
-
-#[test]
-fn probe_thread_pool_survives_a_job_panicking_with_a_bomb() {
-    run_child("child_pool_execute_bomb").assert_ok(
-        "probe: ThreadPool::execute of a job panicking with a payload whose Drop panics kills \
+fn thread_pool_execute_survives_a_job_whose_panic_payload_panics_on_drop() {
+    in_child(|| {
+        let pool = ThreadPool::new(1);
+        pool.execute(Box::new(|| panic::panic_any(Bomb)));
+        let later = pool.spawn(|| 5_u32);
+        check(later.wait_timeout(BOUND), || {
+            "the pool thread died dropping a job's panic payload; the next job never ran".into()
+        });
+        check(within(BOUND, move || pool.shutdown()).is_some(), || {
+            "ThreadPool::shutdown hangs".into()
+        });
+    })
+    .assert_ok(
+        "ThreadPool::execute of a job panicking with a payload whose Drop panics kills \
          the pool thread",
     );
 }
 
-// PROBE (defect found): `fibra::unblock` whose caller is cancelled by stop_timeout while the
-// blocking function runs. The pool thread survives, but the function's return value — which
-// nobody will ever receive — is dropped inside the cancelled fiber's unwinding (the `Call` on
-// its stack), so a Drop that panics there aborts the whole process ("panic in a destructor
-// during cleanup"). The user never held that value in a live frame; fibra could drop it
-// where a panic can be caught (on the pool thread, or under catch_unwind).
+// `fibra::unblock` whose caller is cancelled by stop_timeout while the blocking function
+// runs: the function's return value, which nobody will ever receive and whose Drop panics,
+// does not abort the process. Dropped inside the cancelled fiber's unwinding (the `Call` on
+// its stack), that panic would abort the whole process ("panic in a destructor during
+// cleanup"); the user never held that value in a live frame, so it is dropped where a panic
+// can be caught. The caller reports cancelled and the blocking pool still works.
 #[test]
-#[ignore = "child process of probe_unblock_result_of_a_cancelled_caller_whose_drop_panics"]
-fn child_unblock_cancelled_result_bomb() {
-    if !is_child("child_unblock_cancelled_result_bomb") {
-        return;
-    }
-    let sched = started(1, "unblock-bomb");
-    let (started_tx, started_rx) = mpsc::channel();
-    let caller = sched
-        .submit(
-            move || {
-                let _value = fibra::unblock(move || {
-                    let _ = started_tx.send(());
-                    thread::sleep(Duration::from_millis(500));
-                    Bomb
-                });
-            },
-            None,
-        )
-        .expect("submit");
-    check(started_rx.recv_timeout(BOUND).is_ok(), || {
-        "the blocking function never started".into()
-    });
-    let cancelled = within(BOUND, move || {
-        let n = sched.stop_timeout(Duration::from_millis(50));
-        drop(sched);
-        n
-    });
-    check(cancelled == Some(1), || {
-        format!("stop_timeout(50 ms) returned {cancelled:?}, expected Some(1)")
-    });
-    check(
-        joined(caller, "the unblock caller").is_err_and(|e| e.is_cancelled()),
-        || "the caller does not report cancelled".into(),
-    );
-    // The blocking pool still works.
-    let sched = started(1, "unblock-after");
-    let got = within(BOUND, move || {
-        let v = sched.block_on(|| fibra::unblock(|| 5_u32));
-        sched.stop();
-        v
-    });
-    check(got == Some(5), || format!("unblock afterwards: {got:?}"));
-}
-
-#[test]
-fn probe_unblock_result_of_a_cancelled_caller_whose_drop_panics() {
-    run_child("child_unblock_cancelled_result_bomb").assert_ok(
-        "probe: the unreceived return value of an unblock call whose caller was cancelled is \
+fn an_unreceived_unblock_result_whose_drop_panics_does_not_abort() {
+    in_child(|| {
+        let sched = started(1, "unblock-bomb");
+        let (started_tx, started_rx) = mpsc::channel();
+        let caller = sched
+            .submit(
+                move || {
+                    let _value = fibra::unblock(move || {
+                        let _ = started_tx.send(());
+                        thread::sleep(Duration::from_millis(500));
+                        Bomb
+                    });
+                },
+                None,
+            )
+            .expect("submit");
+        check(started_rx.recv_timeout(BOUND).is_ok(), || {
+            "the blocking function never started".into()
+        });
+        let cancelled = within(BOUND, move || {
+            let n = sched.stop_timeout(Duration::from_millis(50));
+            drop(sched);
+            n
+        });
+        check(cancelled == Some(1), || {
+            format!("stop_timeout(50 ms) returned {cancelled:?}, expected Some(1)")
+        });
+        check(
+            joined(caller, "the unblock caller").is_err_and(|e| e.is_cancelled()),
+            || "the caller does not report cancelled".into(),
+        );
+        // The blocking pool still works.
+        let sched = started(1, "unblock-after");
+        let got = within(BOUND, move || {
+            let v = sched.block_on(|| fibra::unblock(|| 5_u32));
+            sched.stop();
+            v
+        });
+        check(got == Some(5), || format!("unblock afterwards: {got:?}"));
+    })
+    .assert_ok(
+        "the unreceived return value of an unblock call whose caller was cancelled is \
          dropped during the fiber's unwinding; its panicking Drop aborts the process",
     );
 }
@@ -1338,61 +1164,54 @@ fn probe_unblock_result_of_a_cancelled_caller_whose_drop_panics() {
 /// fibers parked on the *other* worker are cancelled normally.
 #[test]
 fn stop_timeout_returns_with_a_fiber_that_never_suspends() {
-    run_child("child_busy_fiber").assert_ok("stop_timeout with a busy-looping fiber");
-}
-
-#[test]
-#[ignore = "child process of stop_timeout_returns_with_a_fiber_that_never_suspends"]
-fn child_busy_fiber() {
-    if !is_child("child_busy_fiber") {
-        return;
-    }
-    let sched = started(2, "busy");
-    let spinning = Arc::new(AtomicBool::new(false));
-    let busy = {
-        let spinning = spinning.clone();
-        sched
-            .submit(
-                move || {
-                    spinning.store(true, Ordering::SeqCst);
-                    loop {
-                        std::hint::spin_loop();
-                    }
-                },
-                Some(0),
-            )
-            .expect("submit")
-    };
-    let sleeper = sched
-        .submit(|| fibra::sleep(Duration::from_secs(3600)), Some(1))
-        .expect("submit");
-    check(
-        eventually(BOUND, || spinning.load(Ordering::SeqCst)),
-        || "the busy fiber never started".into(),
-    );
-    let Some(n) = within(STOP_BOUND, move || {
-        let n = sched.stop_timeout(Duration::from_millis(50));
-        // The scheduler's memory stays with the stuck worker thread; dropping is instant.
-        drop(sched);
-        n
-    }) else {
-        child_fail("stop_timeout(50 ms) did not return with a fiber that never suspends");
-    };
-    check(n >= 1, || format!("stop_timeout returned {n}"));
-    check(
-        sleeper
-            .wait_timeout(Duration::ZERO)
-            .then(|| sleeper.join())
-            .is_some_and(|r| r.is_err_and(|e| e.is_cancelled())),
-        || "the sleeper on the free worker was not cancelled".into(),
-    );
-    check(!busy.is_finished(), || {
-        "the busy fiber cannot have finished".into()
-    });
-    std::mem::forget(busy);
-    eprintln!("CHILD OK");
-    // The busy worker thread keeps spinning: leave without waiting for it.
-    std::process::exit(0);
+    in_child(|| {
+        let sched = started(2, "busy");
+        let spinning = Arc::new(AtomicBool::new(false));
+        let busy = {
+            let spinning = spinning.clone();
+            sched
+                .submit(
+                    move || {
+                        spinning.store(true, Ordering::SeqCst);
+                        loop {
+                            std::hint::spin_loop();
+                        }
+                    },
+                    Some(0),
+                )
+                .expect("submit")
+        };
+        let sleeper = sched
+            .submit(|| fibra::sleep(Duration::from_secs(3600)), Some(1))
+            .expect("submit");
+        check(
+            eventually(BOUND, || spinning.load(Ordering::SeqCst)),
+            || "the busy fiber never started".into(),
+        );
+        let Some(n) = within(STOP_BOUND, move || {
+            let n = sched.stop_timeout(Duration::from_millis(50));
+            // The scheduler's memory stays with the stuck worker thread; dropping is instant.
+            drop(sched);
+            n
+        }) else {
+            child_fail("stop_timeout(50 ms) did not return with a fiber that never suspends");
+        };
+        check(n >= 1, || format!("stop_timeout returned {n}"));
+        check(
+            sleeper
+                .wait_timeout(Duration::ZERO)
+                .then(|| sleeper.join())
+                .is_some_and(|r| r.is_err_and(|e| e.is_cancelled())),
+            || "the sleeper on the free worker was not cancelled".into(),
+        );
+        check(!busy.is_finished(), || {
+            "the busy fiber cannot have finished".into()
+        });
+        std::mem::forget(busy);
+        // The busy worker thread keeps spinning: the child leaves without waiting for it (the
+        // process exits once this body returns).
+    })
+    .assert_ok("stop_timeout with a busy-looping fiber");
 }
 
 /// `stop_timeout` with zero and with `Duration::MAX`; `stop` and `stop_timeout` racing from

@@ -3,6 +3,9 @@
 //! with a real subscriber. Each module needs a feature of this package (`tokio`, `hook`,
 //! `tracing`, `redis-tests`) and is empty without it.
 
+#[path = "../../../common/mod.rs"]
+mod common;
+
 mod blocking_clients;
 mod redis_server;
 mod tokio_futures;

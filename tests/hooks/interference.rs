@@ -1,5 +1,10 @@
-//! Adversarial tests of the `hook` feature. Run with
-//! `cargo test --features hook --test attack_hook`.
+//! Hooked calls in a fiber that something else interferes with: the fd taken over by
+//! `fibra::net` and given back, polled while `fibra::net` waits on it, `dup2`ed over, closed
+//! and its number reused, toggled non-blocking by a thread, its pipe's writer closed, used
+//! from two workers at once; the fiber cancelled in a sleep or while a `Drop` makes hooked
+//! calls, its scheduler stopped with a timeout. Also `poll` with odd fd lists and counts,
+//! child processes' pipes read in fibers, and ten thousand fibers of hooked I/O on one
+//! worker.
 #![cfg(feature = "hook")]
 
 use std::io::{ErrorKind, Read, Write};
@@ -8,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::{finish, wait_until, with_deadline};
+use crate::common::{child_ok, finish, wait_until, with_deadline};
 use fibra::Scheduler;
 
 fn sched(threads: usize) -> Arc<Scheduler> {
@@ -524,98 +529,70 @@ fn stop_timeout_with_a_hooked_sleep_loop() {
 /// A Drop that makes hooked calls while the fiber unwinds from a cancellation.
 #[test]
 fn hooked_calls_in_drop_during_cancel_unwind() {
-    if crate::common::is_child("ATTACK_HOOK_CHILD", "drop_during_unwind_child") {
-        return drop_during_unwind_body();
-    }
-    let (status, err) = crate::common::run_child("ATTACK_HOOK_CHILD", "drop_during_unwind_child");
-    assert!(status.success(), "child failed: {status:?}\n{err}");
-}
-
-#[test]
-#[ignore = "helper of hooked_calls_in_drop_during_cancel_unwind"]
-fn drop_during_unwind_child() {
-    if crate::common::is_child("ATTACK_HOOK_CHILD", "drop_during_unwind_child") {
-        drop_during_unwind_body();
-    }
-}
-
-fn drop_during_unwind_body() {
-    struct Noisy(UnixStream, std::sync::mpsc::Sender<(i32, usize)>);
-    impl Drop for Noisy {
-        fn drop(&mut self) {
-            std::thread::sleep(Duration::from_millis(10));
-            let mut b = [0u8; 4];
-            let r = (&self.0).read(&mut b);
-            let _ = (&self.0).write(b"bye");
-            let _ = self.1.send((
-                r.as_ref().err().and_then(|e| e.raw_os_error()).unwrap_or(0),
-                *r.as_ref().unwrap_or(&0),
-            ));
+    child_ok(|| {
+        struct Noisy(UnixStream, std::sync::mpsc::Sender<(i32, usize)>);
+        impl Drop for Noisy {
+            fn drop(&mut self) {
+                std::thread::sleep(Duration::from_millis(10));
+                let mut b = [0u8; 4];
+                let r = (&self.0).read(&mut b);
+                let _ = (&self.0).write(b"bye");
+                let _ = self.1.send((
+                    r.as_ref().err().and_then(|e| e.raw_os_error()).unwrap_or(0),
+                    *r.as_ref().unwrap_or(&0),
+                ));
+            }
         }
-    }
-    let s = sched(1);
-    let (a, b) = UnixStream::pair().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = s
-        .submit(
-            move || {
-                let _n = Noisy(a, tx);
-                fibra::sleep(Duration::from_secs(60));
-            },
-            None,
-        )
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    h.cancel();
-    let w = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        (&b).write_all(b"data").unwrap();
-        b
+        let s = sched(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = s
+            .submit(
+                move || {
+                    let _n = Noisy(a, tx);
+                    fibra::sleep(Duration::from_secs(60));
+                },
+                None,
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        h.cancel();
+        let w = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            (&b).write_all(b"data").unwrap();
+            b
+        });
+        assert!(h.wait_timeout(crate::common::LIMIT));
+        assert!(h.join().unwrap_err().is_cancelled());
+        let (e, n) = rx.recv_timeout(crate::common::LIMIT).unwrap();
+        assert!(n == 4 || e == libc::ECANCELED, "drop read: errno {e} n {n}");
+        drop(w.join().unwrap());
+        s.stop();
     });
-    assert!(h.wait_timeout(crate::common::LIMIT));
-    assert!(h.join().unwrap_err().is_cancelled());
-    let (e, n) = rx.recv_timeout(crate::common::LIMIT).unwrap();
-    assert!(n == 4 || e == libc::ECANCELED, "drop read: errno {e} n {n}");
-    drop(w.join().unwrap());
-    s.stop();
 }
 
 /// poll with an nfds far above RLIMIT_NOFILE: in a fiber the hook gives the real call's
 /// answer (the kernel takes nfds as a 32-bit count, so 1 << 40 reads as 0 fds: a plain
 /// timeout) instead of building a slice of 2^40 entries.
 #[test]
-fn poll_with_huge_nfds_is_einval() {
-    if crate::common::is_child("ATTACK_HOOK_CHILD", "huge_nfds_child") {
-        return huge_nfds_body();
-    }
-    let (status, err) = crate::common::run_child("ATTACK_HOOK_CHILD", "huge_nfds_child");
-    assert!(status.success(), "child failed: {status:?}\n{err}");
-}
-
-#[test]
-#[ignore = "helper of poll_with_huge_nfds_is_einval"]
-fn huge_nfds_child() {
-    if crate::common::is_child("ATTACK_HOOK_CHILD", "huge_nfds_child") {
-        huge_nfds_body();
-    }
-}
-
-fn huge_nfds_body() {
-    let call = || {
-        let mut p = [libc::pollfd {
-            fd: -1,
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: a live one-entry array; the count is deliberately wrong.
-        let n = unsafe { libc::poll(p.as_mut_ptr(), 1 << 40, 100) };
-        (n, if n < 0 { errno() } else { 0 })
-    };
-    let plain = call();
-    let s = sched(1);
-    let in_fiber = s.block_on(call);
-    assert_eq!(in_fiber, plain);
-    s.stop();
+fn poll_with_a_huge_nfds_answers_in_a_fiber_as_on_a_thread() {
+    child_ok(|| {
+        let call = || {
+            let mut p = [libc::pollfd {
+                fd: -1,
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: a live one-entry array; the count is deliberately wrong.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), 1 << 40, 100) };
+            (n, if n < 0 { errno() } else { 0 })
+        };
+        let plain = call();
+        let s = sched(1);
+        let in_fiber = s.block_on(call);
+        assert_eq!(in_fiber, plain);
+        s.stop();
+    });
 }
 
 /// Many fibers doing hooked I/O and sleeps on one worker.
