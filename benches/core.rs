@@ -1,5 +1,6 @@
 //! Criterion benchmarks of fibra alone (the comparison with tokio, may and Go lives in
-//! `benches/compare`). Workloads follow `BENCH.md`: spawn_many, yield_many, chained_spawn.
+//! `benches/compare`). Workloads: spawn_many, yield_many and chained_spawn, as in that
+//! harness.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,5 +1,5 @@
-//! Criterion benchmarks of `fibra::sync` alone (workloads from `BENCH.md`; the comparison
-//! with tokio, std and crossbeam-channel belongs in `benches/compare`).
+//! Criterion benchmarks of `fibra::sync` alone (the comparison with tokio, std and
+//! crossbeam-channel belongs in `benches/compare`).
 //!
 //! - `ping_pong`: 1 000 pairs of fibers; each pair round-trips two oneshot messages (ping,
 //!   pong). Spawns included, as in tokio's `rt_multi_threaded` bench. Time per iteration /

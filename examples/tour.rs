@@ -100,7 +100,7 @@ fn main() -> Result<(), fibra::Error> {
     );
 
     println!(
-        "\n== 6. The seed's delayed executor: six jobs given out of order run in deadline order"
+        "\n== 6. A delayed executor (Timer): six jobs given out of order run in deadline order"
     );
     let timer = fibra::time::Timer::new();
     let t0 = Instant::now();
@@ -489,14 +489,14 @@ fn sockets_and_channels(sched: &fibra::Scheduler) {
     println!("   {}", reports.recv().expect("the server reported"));
 }
 
-/// Seed 003's demo on fibra's executors: a task on a `Looper` awaits task 2 on a `ThreadPool`
+/// Tasks across fibra's executors: a task on a `Looper` awaits task 2 on a `ThreadPool`
 /// and task 3 on a `NewThread`; each step prints its thread, and every continuation of the
-/// task is back on the looper thread. Then seed 002's asyncify: blocking file I/O through
+/// task is back on the looper thread. Then asyncify: blocking file I/O through
 /// `fibra::unblock` (`fibra::fs`) while the looper keeps ticking.
 fn executors_and_tasks() {
     use fibra::exec::{Executor, Looper, NewThread, ThreadPool};
 
-    println!("\n== 11. Executors and tasks (seed 003): every continuation back on the looper");
+    println!("\n== 11. Executors and tasks: every continuation back on the looper");
     let looper = Looper::new();
     let pool = Arc::new(ThreadPool::new(2));
     let t0 = Instant::now();
@@ -538,7 +538,7 @@ fn executors_and_tasks() {
     task.then(move |v| step(&format!("then: simple task end: {v}")))
         .catching(move |e| step(&format!("catching: {e}")));
     let v = task.join().expect("the task");
-    step(&format!("join (the seed's get_result): {v}"));
+    step(&format!("join (get_result): {v}"));
 
     println!("   a failing task: fibra's panic hook reports it, then `catching` sees it");
     let failing = looper.spawn(|| -> i32 {
@@ -551,7 +551,7 @@ fn executors_and_tasks() {
         .finally(move || step("finally: runs either way"));
     let _ = failing.join();
 
-    println!("\n   seed 002's asyncify: fibra::fs on the looper while another looper job ticks");
+    println!("\n   asyncify: fibra::fs on the looper while another looper job ticks");
     let path = std::env::temp_dir().join(format!("fibra-tour-{}.txt", std::process::id()));
     let ticker = looper.spawn(move || {
         for i in 0..3 {

@@ -594,7 +594,7 @@ mod tests {
     }
 
     /// A wait queue's waiter on a plain thread woken by an unpark that was not its own (a
-    /// defect elsewhere, simulated by flipping its slot's word by hand) must not leave its
+    /// bug elsewhere, simulated by flipping its slot's word by hand) must not leave its
     /// node linked: it waits on, and the real wake still reaches it.
     #[test]
     fn a_stray_thread_wake_leaves_a_wait_queue_waiter_waiting() {

@@ -35,16 +35,15 @@
 //!
 //! # Where a woken thread runs
 //! Linux puts a woken thread on the CPU it last ran on or on its waker's, and looks further
-//! for an idle CPU only in some cases. A pool thread that last ran on its caller's CPU is often
-//! woken there (it was seen so with the other CPU idle), where it cannot run while the
-//! caller's worker does: each call then costs two context switches and a futex wake and wait
-//! on one CPU. Fibers making back-to-back calls on two workers of a two-CPU machine took
-//! 5–13 µs a call in such stretches, 1–2.5 µs with the pool thread on the other CPU. So a
-//! submitter wakes, of the `PLACE_SCAN` most recently idle threads, the first that went to
-//! sleep on another CPU than its own, and the most recently idle if none did. A pool thread
-//! that hands the search on in a burst wakes the most recently idle one: no caller waits on
-//! its CPU, and choosing by CPU there too made bursts of calls (the `unblock` benchmark)
-//! slower in 9 of 10 rounds, by 10% at the median.
+//! for an idle CPU only in some cases. A pool thread that last ran on its caller's CPU is
+//! often woken there, even with another CPU idle, where it cannot run while the caller's
+//! worker does: each call then costs two context switches and a futex wake and wait on one
+//! CPU, several times what a call costs with the pool thread on another CPU. So a submitter
+//! wakes, of the `PLACE_SCAN` most recently idle threads, the first that went to sleep on
+//! another CPU than its own, and the most recently idle if none did. A pool thread that
+//! hands the search on in a burst wakes the most recently idle one: no caller waits on its
+//! CPU, and choosing by CPU there too only slows bursts of calls down (the `unblock`
+//! benchmark).
 //!
 //! # Back-to-back calls
 //! A fiber that makes one call after another (`read` in a loop, say) would pay two wake-ups
@@ -770,7 +769,7 @@ impl Pool {
     ///
     /// Pauses, not `sched_yield`, between looks: a yield hands the CPU to anyone runnable
     /// for a whole slice (and, on Linux's EEVDF, pushes the yielder's next turn back by a
-    /// slice each time), which made back-to-back calls slower than no spin at all. The spin
+    /// slice each time), which makes back-to-back calls slower than no spin at all. The spin
     /// is short instead, and gives up when it is descheduled or keeps finding nothing.
     fn spin(&self) -> bool {
         let start = crate::sys::mono_ns();

@@ -1,4 +1,4 @@
-//! [`Inline`]: the seed's `NoopExecutor`.
+//! [`Inline`]: the no-op executor, which runs every job at once on the calling thread.
 
 use super::Executor;
 

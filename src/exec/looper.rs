@@ -1,4 +1,4 @@
-//! [`Looper`]: the seed's `LooperExecutor`, one thread running jobs in FIFO order.
+//! [`Looper`]: an executor of one thread running jobs in FIFO order.
 
 use super::owned::OwnedScheduler;
 use super::Executor;

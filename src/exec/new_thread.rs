@@ -1,4 +1,4 @@
-//! [`NewThread`]: the seed's `NewThreadExecutor`.
+//! [`NewThread`]: an executor that starts a new thread for every job.
 
 use super::Executor;
 use crate::join::JoinHandle;

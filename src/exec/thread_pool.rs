@@ -1,4 +1,4 @@
-//! [`ThreadPool`]: the seed's `AsyncExecutor`, a fixed pool of fiber workers.
+//! [`ThreadPool`]: an executor over a fixed pool of fiber workers.
 
 use super::owned::OwnedScheduler;
 use super::Executor;

@@ -107,7 +107,7 @@
 //!     }, None).unwrap())
 //!     .collect();
 //! sleepers.into_iter().for_each(|h| h.join().unwrap());
-//! // 100 sleeps of 50 ms on one worker took about 50 ms, not 5 s.
+//! // 100 sleeps of 50 ms on one worker take about 50 ms, not 5 s.
 //! assert!(start.elapsed() < Duration::from_secs(4));
 //! assert!(!fibra::hook::is_active()); // not in a fiber
 //! sched.stop();
@@ -201,7 +201,7 @@ fn set_errno(e: c_int) {
 /// `EFAULT` where they are not mapped readable. The hooks read a caller's array or struct
 /// themselves only after this, where the real call would read it first: a bad pointer then
 /// gets libc's `EFAULT` instead of a fault. Where the kernel does not offer the call (a
-/// seccomp filter refusing it) the answer is yes, as before the check. Keeps `errno`.
+/// seccomp filter refusing it) the answer is yes, as without the check. Keeps `errno`.
 fn readable(ptr: *const libc::c_void, len: usize) -> bool {
     if len == 0 {
         return true;

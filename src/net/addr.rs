@@ -362,7 +362,7 @@ mod tests {
     /// runs and the resolver gives up after [`LIMIT`], failing the connect.
     ///
     /// A stand-in because no real lookup can be made slow on purpose without a network or a
-    /// nameserver under the test's control; the integration tests (`tests/net_resolve.rs`)
+    /// nameserver under the test's control; the integration tests (`tests/net/resolve.rs`)
     /// check the real `getaddrinfo` path.
     #[test]
     fn a_slow_lookup_parks_only_its_fiber() {

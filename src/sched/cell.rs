@@ -8,8 +8,8 @@
 //! badly: the spawner's arena grows a page at a time with `mprotect` (a TLB shootdown on
 //! every other core the process runs on), frees from the other thread take the spawner's
 //! arena lock, and the consolidated memory is trimmed back to the kernel between bursts, to
-//! be grown again by the next one. With 10 000 spawns in a row on two workers that was most
-//! of the cost of a spawn.
+//! be grown again by the next one. In a burst of spawns on two workers, that is most of the
+//! cost of a spawn.
 //!
 //! The cache is a magazine allocator (Bonwick and Adams, 2001): each thread keeps, per size
 //! class, a stack of free blocks; a thread that frees more than it allocates hands

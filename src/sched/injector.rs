@@ -2,18 +2,17 @@
 //! outside the scheduler, and the overflow of workers' full stealable queues.
 //!
 //! A worker whose stealable queue (256 places) is full moves half of it here, like Go's
-//! `runqputslow`. Pushed one task at a time into a `SegQueue`, that cost five locked
-//! instructions per task on top of the stealable queue's own (the pop out of it, two for the
-//! push here, two for the pop from here), and a fiber that spawns thousands in a row moved
-//! almost all of them that way. The overflow now goes into a list of its own under a lock,
-//! the whole half in one locking; tasks still leave it one at a time, in order, as they
-//! left before.
+//! `runqputslow`, and a fiber that spawns thousands in a row moves almost all of them that
+//! way. The overflow goes into a list of its own under a lock, the whole half in one
+//! locking: pushed one task at a time into a `SegQueue`, each would cost five locked
+//! instructions on top of the stealable queue's own (the pop out of it, two for the push
+//! here, two for the pop from here). Tasks leave it one at a time, in order.
 //!
-//! Taking the whole half at once into the taker's stealable queue (as Go and tokio take
-//! batches from their global queues) was tried, and made a tree of spawns and joins
-//! (`skynet`) 9–37% slower: the taker started those tasks next to the fibers they spawn, so
-//! many more fibers were alive at once. One at a time, an overflowed task starts only when
-//! its taker has nothing else to run, or at its periodic look here.
+//! The whole half does not go into the taker's stealable queue at once (as Go and tokio
+//! take batches from their global queues): the taker would start those tasks next to the
+//! fibers they spawn, so in a tree of spawns and joins (`skynet`) many more fibers would be
+//! alive at once, and the tree would run slower. One at a time, an overflowed task starts
+//! only when its taker has nothing else to run, or at its periodic look here.
 
 use super::task::JobRef;
 use super::worker::pop;

@@ -3,12 +3,11 @@
 //!
 //! Every submit counts a task in and every finished task counts itself out. With one shared
 //! counter, each of those is a read-modify-write of a line that all workers take turns
-//! owning: in `spawn_many` on two workers, `Shared::task_done` held 2.9% of all `perf`
-//! samples, 90% of them on its one decrement (a cache miss per task), and on N workers the
-//! line only gets hotter. Here each worker counts on its own line (and every thread that is
-//! not one of the scheduler's workers on one more, shared line), so the hot paths touch
-//! lines that stay in their core's cache. Only readers — the shutdown waiting for zero,
-//! metrics — add up all the lines.
+//! owning: the count-out alone takes a cache miss per task, a large part of what ending a
+//! short task costs, and on N workers the line only gets hotter. Here each worker counts on
+//! its own line (and every thread that is not one of the scheduler's workers on one more,
+//! shared line), so the hot paths touch lines that stay in their core's cache. Only readers
+//! — the shutdown waiting for zero, metrics — add up all the lines.
 //!
 //! # Reading a sum of moving counters
 //! A task may be counted in on one line and out on another (a fiber spawns on worker 0 and
@@ -22,10 +21,11 @@
 //! ended, and it is zero only if all tasks counted in by then had ended. During a shutdown
 //! only live tasks may count new ones in, so zero then stays zero; `loom_model.rs` checks
 //! this (and that adding up each line's own difference would fail it). All accesses are
-//! SeqCst, which keeps the admit-versus-stop handshake of `Shared::admit` as it was with one
-//! counter: count in, then read the phase; the stopper sets the phase, then reads the count;
-//! in the single order of SeqCst operations one of them sees the other. (loom does not model
-//! SeqCst loads and read-modify-writes that strongly, so that part is not in the model.)
+//! SeqCst, which keeps the admit-versus-stop handshake of `Shared::admit` the same as with
+//! one counter: count in, then read the phase; the stopper sets the phase, then reads the
+//! count; in the single order of SeqCst operations one of them sees the other. (loom does
+//! not model SeqCst loads and read-modify-writes that strongly, so that part is not in the
+//! model.)
 
 use super::worker::Padded;
 #[cfg(loom)]

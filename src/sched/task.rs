@@ -81,7 +81,7 @@ pub(crate) fn as_job<J: Job>(cell: TaskArc<J>) -> JobRef {
 /// A slot that holds one unstarted task: a worker's `next` (the LIFO slot). Its owner puts a
 /// task in and gets the one it displaces back; the owner or any thief takes the task out.
 /// Each is one atomic swap of a thin pointer (a task's header), where a one-place
-/// `ArrayQueue` took three locked instructions to displace (a fence, a compare-and-swap
+/// `ArrayQueue` would take three locked instructions to displace (a fence, a compare-and-swap
 /// and a swap) on every spawn from a fiber.
 ///
 /// A non-null pointer in the slot stands for one reference to the task's cell, given up by
@@ -170,7 +170,7 @@ impl Drop for TaskSlot {
     }
 }
 
-/// What the run queues carry: sylar's `ScheduleTask` (fiber or job). Unstarted tasks
+/// What the run queues carry: a fiber or a job, as in the sylar scheduler. Unstarted tasks
 /// (`New`) may run on any worker unless pinned; a started `Fiber` only on its home worker.
 pub(crate) enum ScheduleTask {
     /// A task that has not run yet.
@@ -326,7 +326,7 @@ pub(crate) enum Cancel {
 /// timer and outcome, then `meta`, whose own hot fields come first; with `Header::park` just
 /// before, the fields of a switch lie in about 110 consecutive bytes of the cell. Left to
 /// the compiler they spread over five cache lines, and a worker cycling through a hundred
-/// yielding fibers paid for the extra lines in misses.
+/// yielding fibers pays for the extra lines in misses.
 #[repr(C)]
 pub(crate) struct Home {
     /// The coroutine; `None` before start and after the end.

@@ -12,9 +12,9 @@
 //! returns every such timer; [`TimerWheel::next_deadline`] is the exact earliest deadline
 //! (or, after cancellations, possibly earlier: never later), which the worker sleeps until.
 //! How late a timer fires is therefore the worker's wake-up latency — the kernel's timer
-//! slack (50 µs for a normal thread) plus a futex or `epoll_pwait2` return, ~0.1 ms on this
-//! VM, the same as `std::thread::sleep` — plus whatever the worker was running. Nothing is
-//! rounded to a tick: `fibra::sleep(1 ms)` takes ~1.1 ms, not 2.
+//! slack (50 µs for a normal thread) plus a futex or `epoll_pwait2` return, the same as
+//! `std::thread::sleep` — plus whatever the worker was running. Nothing is rounded to a
+//! tick: `fibra::sleep(1 ms)` takes 1 ms plus that latency, not 2 ms.
 //!
 //! # How
 //!
@@ -34,13 +34,12 @@
 //! pass — and a pass that finds nothing due costs one comparison, or, with nothing come,
 //! one look at the first occupied slot's earliest deadline.
 //!
-//! Why a wheel: measured at 1 000 000 pending timers (`cargo bench --bench timers`), firing
-//! and rescheduling cost ~175 ns per timer on the first version of this wheel against
-//! ~710 ns on a 4-ary heap with handles and ~1 500 ns on `std`'s binary heap, whose every
-//! operation walks 10-20 levels of a 40 MB array; cancelling is O(1) here, O(log n) in the
-//! 4-ary heap and not possible in `std`'s. What a wheel pays instead is a cache miss per
-//! timer each time its slot is cascaded or comes; prefetching a few nodes ahead in that loop
-//! halved it (~150 → ~75 ns per timer fired and rescheduled, in a steady-state loop).
+//! Why a wheel: with 1 000 000 pending timers, every operation of a heap walks 10-20 levels
+//! of a large array, a likely cache miss at each, where the wheel files a timer in O(1) and
+//! fires it from a short sorted run; cancelling is O(1) here, O(log n) in a 4-ary heap with
+//! handles and not possible in `std`'s binary heap (`cargo bench --bench timers` compares
+//! the three). What a wheel pays instead is a cache miss per timer each time its slot is
+//! cascaded or comes; prefetching a few nodes ahead in that loop overlaps those misses.
 //!
 //! Layout: six levels of 64 slots; level `l` slots span `64^l` ticks, so the wheel looks
 //! about two years ahead; a later deadline is filed at that horizon and re-filed from there.
@@ -55,13 +54,16 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct TimerId(usize);
 
+/// Levels of the wheel: level `l`'s slots span `SLOTS^l` ticks.
 const LEVELS: usize = 6;
+/// Bits of a tick number that pick a slot within one level.
 const SLOT_BITS: u32 = 6;
+/// Slots per level.
 const SLOTS: usize = 1 << SLOT_BITS;
 /// A tick, the span of one level-0 slot: 1 ms, in nanoseconds.
 const TICK_NS: u64 = 1_000_000;
-/// How many nodes ahead a slot's cascade asks the CPU to load (see `pop_due`): measured at
-/// 1 000 000 pending timers, fire-and-reschedule took ~150 ns a timer without, ~80 with.
+/// How many nodes ahead a slot's cascade asks the CPU to load (see `pop_due`): each node is
+/// a cache miss, and loading several ahead overlaps them instead of waiting for each in turn.
 const PREFETCH_AHEAD: usize = 8;
 /// How far ahead of its clock the wheel files a timer: up to 63 top-level slots, so a timer
 /// never lands in the top-level slot the clock is in. A later deadline is filed at the horizon
@@ -368,7 +370,8 @@ impl<T> TimerWheel<T> {
             // `run` and `late` are empty (else something in them would be due before this
             // slot): the slot's timers of this tick become the new run, sorted latest first.
             // One pass, loading nodes a few ahead: each is a cache miss, scattered over the
-            // node array, and waiting for them one at a time made this loop the wheel's cost.
+            // node array, and waiting for them one at a time would make this loop the wheel's
+            // cost.
             for (i, &id) in ids.iter().enumerate() {
                 if let Some(&ahead) = ids.get(i + PREFETCH_AHEAD) {
                     self.prefetch_node(ahead);

@@ -155,12 +155,12 @@ const INJECTOR_INTERVAL: u32 = 61;
 /// Every this many ticks a busy worker checks its timers.
 const TIMER_INTERVAL: u32 = 16;
 /// How many fibers whose timers are due a worker wakes at a time, the next batch once those
-/// have run, while fewer other fibers are ready (see `fire_timers`). When 10 000 sleeps
-/// expire together, waking them all first delayed the first resumption by 0.4–1.2 ms (a miss
-/// or two on each fiber's header) and prefetched 5 MB of stacks, the first of which were
-/// evicted again before their fiber ran. In batches the median wake-up came 1.03–1.20 ms
-/// after the deadline instead of 1.82–1.91, and the last one 2.14–2.29 ms instead of
-/// 3.18–3.45 (batches of 4 to 16 alike; one at a time, 1.34 and 2.8).
+/// have run, while fewer other fibers are ready (see `fire_timers`). Waking all of a large
+/// burst of due timers first (thousands of sleeps expiring together) delays the first
+/// resumption by a miss or two on every fiber's header, and prefetches more stacks than the
+/// cache holds, so the first are evicted again before their fiber runs. Firing a few at a
+/// time, with their stacks prefetched, wakes due sleepers sooner than either all at once or
+/// one at a time.
 const FIRE_BATCH: usize = 8;
 /// Every this many ticks (a multiple of `TIMER_INTERVAL`) a worker refreshes its coarse
 /// clock (when fibers switched out, for the dump; about 5 ns) and its ready gauge.
@@ -191,8 +191,8 @@ const CELL_LINES: usize = 12;
 /// still in cache; one that keeps running gets help. Go waits 3 µs before it steals a P's
 /// `runnext`, but a goroutine taken wrongly can move back; a started fiber cannot, and a
 /// spawner between its spawn and its join can spend several microseconds in page faults on
-/// a fresh stack (with 5 µs, a 2 000-deep spawn-and-join chain on two workers was taken
-/// over now and then and ran 1.5–2.5× slower).
+/// a fresh stack (with a grace of a few microseconds, a deep spawn-and-join chain is taken
+/// over now and then, and split between two workers it runs much slower).
 const NEXT_STEAL_AFTER: Duration = Duration::from_micros(50);
 /// Every this many ticks a busy worker takes a non-blocking look at I/O readiness, while
 /// fibers wait for I/O and no idle worker is polling.
@@ -202,9 +202,10 @@ const IO_POLL_INTERVAL: u32 = 61;
 const CEDE_AFTER_NS: u64 = 250_000;
 /// How long a peer woken from its sleep may go without running, while unstarted tasks it
 /// could take wait on this worker's queue, before this worker makes room on its CPU for it.
-/// A wake-up on an idle CPU takes 2–15 µs here; much longer means it is queued behind a
-/// busy thread, likely this one. (For outside submissions, `CEDE_AFTER_NS`: at 50 µs,
-/// `spawn_remote` read 15–35% slower.)
+/// A wake-up on an idle CPU takes microseconds; much longer means it is queued behind a
+/// busy thread, likely this one. (For outside submissions the wait is `CEDE_AFTER_NS`:
+/// ceding this early for them slows down a stream of submissions from a plain thread, as in
+/// `spawn_remote`.)
 const ROUSED_AFTER_NS: u64 = 50_000;
 /// At most this many `sched_yield`s in a row per cede, each of which came straight back
 /// (see `cede_to`).
@@ -1336,15 +1337,15 @@ impl Worker {
     /// Whether no peer has fewer live fibers than this worker, less one (as each last
     /// published): only then does a yield pull an outside submission ahead of the fibers
     /// ready here. A started fiber never moves, so where outside submissions start is all the
-    /// balancing they get; without this, whichever worker yields more often took most of a
-    /// burst (200 yielding fibers submitted from a plain thread ended up 60–80 on one worker
-    /// and 120–140 on the other). The pull every `INJECTOR_INTERVAL` passes and an idle
+    /// balancing they get; without this, whichever worker yields more often would take most
+    /// of a burst of yielding fibers submitted from a plain thread. The pull every
+    /// `INJECTOR_INTERVAL` passes and an idle
     /// worker's take are unconditional, so outside work never starves.
     ///
     /// A worker with at most `FEW_FIBERS` counts as least loaded whatever its peers run: a
     /// small group submitted together (producers and consumers of one channel, say) then
-    /// starts on one worker, where they hand over to each other without cross-thread wakes
-    /// (spread over two workers, `mpmc`'s 4 + 4 fibers took 2–3× as long per message).
+    /// starts on one worker, where they hand over to each other without cross-thread wakes,
+    /// at a fraction of the cost per message of the same group spread over two workers.
     #[inline]
     fn least_loaded(&self) -> bool {
         let mine = self.registry.borrow().len() as u64;
@@ -1595,18 +1596,17 @@ impl Worker {
     /// empty, it takes half of the unstarted tasks queued on a peer that runs more fibers
     /// than it does (and more than a small group's `FEW_FIBERS`). An idle worker steals
     /// anyway; this is for one kept busy by a few fibers of its own, which otherwise
-    /// looked at its peers only once they were done, while the peer started the rest of
-    /// the burst itself, and started fibers never move (in `ping_pong_mpsc`'s shape, 200
-    /// pairs spawned by one fiber ended 354 / 48 and 387 / 14 fibers apart).
+    /// would look at its peers only once they were done, while the peer started the rest of
+    /// the burst itself, and started fibers never move (pairs spawned by one fiber, in
+    /// `ping_pong_mpsc`'s shape, would end up mostly on the spawner's worker).
     ///
     /// Called only by a worker that has not run dry for `REBALANCE_AFTER` passes: one that
     /// did lately looks at its peers when it does again, and so does one without ready
     /// fibers, soon. Only one that has kept busy for a while reads its peers' queues and
-    /// gauges here: those lines move with every spawn and start of theirs (every 16 passes,
-    /// it cost `ping_pong`, whose workers run dry all the time, 3–5%). Out of line: it is
-    /// rarely called. (`spawn_many`, which never gets this far, read 3–5% slower in
-    /// alternating runs with the call in the loop, as much with an empty body: the loop's
-    /// code layout, as far as measured.)
+    /// gauges here: those lines move with every spawn and start of theirs, and reading them
+    /// often slows down workloads whose workers run dry all the time (`ping_pong`). Out of
+    /// line: it is rarely called, and its call inlined into the loop changes the hot loop's
+    /// code layout, which alone slows down workloads that never get this far (`spawn_many`).
     #[cold]
     #[inline(never)]
     fn rebalance(&self) {
@@ -1667,8 +1667,8 @@ impl Worker {
     ///
     /// The woken peer does not spin: it takes the task only if this worker has not moved on
     /// since (see `answer_help`). A chain of spawns or a ping-pong pair, whose
-    /// spawner suspends at once, keeps its tasks here (tokio made its LIFO slot freely
-    /// stealable and reverted it after a 30% throughput loss), and no peer spins next to the
+    /// spawner suspends at once, keeps its tasks here (tokio keeps its LIFO slot out of
+    /// thieves' reach for the same reason), and no peer spins next to the
     /// busy worker (on a VM or an SMT core, a spinner takes cycles from its neighbour).
     fn ask_help(&self) -> Option<usize> {
         let slot = &self.me().help;
@@ -1700,10 +1700,10 @@ impl Worker {
 
     /// Holds this worker on its CPU for a nap that watches `peer`, busy on another CPU, so
     /// that the nap's end cannot land on the peer's CPU and preempt it. A kernel that packs
-    /// threads onto few CPUs (this project's benchmark VM) woke a watcher 108 times on its
-    /// busy peer's CPU in one traced run of `join_chain`, preempting the chain 106 times,
-    /// while the watcher's own CPU idled (see docs/design.md, "A watcher naps on its own
-    /// CPU"). On a kernel that wakes a thread on its idle CPU, the hold changes nothing. No
+    /// threads onto few CPUs may wake a watcher on its busy peer's CPU again and again,
+    /// preempting a chain of spawns there while the watcher's own CPU idles (see
+    /// docs/design.md, "A watcher naps on its own CPU"). On a kernel that wakes a thread on
+    /// its idle CPU, the hold changes nothing. No
     /// hold where the CPUs are unknown or the same.
     fn hold_apart_from(&self, peer: usize) -> Option<crate::sys::CpuHold> {
         let mine = self.publish_cpu()?;
@@ -1723,7 +1723,8 @@ impl Worker {
     /// fiber that keeps running now), it keeps the request open — with the asker's progress
     /// of now — and naps until it can answer. Meanwhile the asker's spawns wake nobody: a
     /// worker busy with a chain of spawns costs its watcher one timer wake per grace, and
-    /// pays no wake of a sleeping thread per spawn (on a VM that wake alone cost it ~10 µs).
+    /// pays no wake of a sleeping thread per spawn (a futex wake costs microseconds, more on
+    /// a VM).
     fn answer_help(&self) -> Help {
         let sh = &self.shared;
         let grace = NEXT_STEAL_AFTER.as_nanos() as u64;
@@ -1756,11 +1757,12 @@ impl Worker {
                 (now_progress, now)
             };
             // A busy asker whose slot stays empty has nothing for us to take: each look in a
-            // row that finds it so doubles the nap, up to `EMPTY_NAP_DOUBLINGS` times. (At
-            // 50 µs a nap, watching a fiber that computes without spawning woke this worker
-            // 7 000 times a second for as long as the fiber ran.) A look that finds a task
-            // there starts over. The price: a task spawned during a long nap by a fiber that
-            // then keeps running waits for the nap's end (at most 1.6 ms, not 50 µs).
+            // row that finds it so doubles the nap, up to `EMPTY_NAP_DOUBLINGS` times. (With
+            // a fixed 50 µs nap, watching a fiber that computes without spawning would wake
+            // this worker thousands of times a second for as long as the fiber runs.) A look
+            // that finds a task there starts over. The price: a task spawned during a long
+            // nap by a fiber that then keeps running waits for the nap's end (at most 1.6 ms,
+            // not 50 µs).
             let (asker, looks) = self.empty_looks.get();
             let looks = if !w.next.0.is_empty() {
                 0
@@ -2523,8 +2525,8 @@ mod tests {
 
     /// A peer that asked for help and then went quiet with nothing in its `next` slot has
     /// nothing to hand out: an idle worker closes its request instead of napping to watch
-    /// it (which kept the worker that had just ended a spawn-and-join chain from spinning
-    /// for the next submission). A peer that is still running is watched as before.
+    /// it (napping would keep a worker that has just ended a spawn-and-join chain from
+    /// spinning for the next submission). A peer that is still running is still watched.
     #[test]
     fn a_quiet_askers_empty_request_is_closed_and_a_running_ones_is_watched() {
         let sched = crate::Scheduler::builder().threads(2).build().unwrap();

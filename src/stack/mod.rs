@@ -37,13 +37,12 @@ use std::time::Duration;
 /// It is sized for the deepest thing a fiber does that it did not write: reporting its own
 /// panic. The panic hook runs on the panicking fiber's stack (so that a backtrace shows the
 /// fiber's frames), and with `RUST_BACKTRACE=1` or `full` the report symbolises the backtrace,
-/// which std's debug-info reader does with deep, large frames. Measured on x86_64 with Rust
-/// 1.95, for a fiber whose top frame panics (the same with `1` or `full`, and whether fibra
-/// prints the report or std's default hook does under an application's hook): the smallest
-/// stack that survives the report is 28 KiB for a scheduled task in a debug build, 24 KiB
-/// otherwise (release builds, standalone fibers), 8 KiB without a backtrace. Of that, about
-/// 3 KiB capture the backtrace and 16.5 KiB symbolise it. The former minimum, 16 KiB,
-/// overflowed there and aborted the process. 64 KiB leaves more than twice the measure for
+/// which std's debug-info reader does with deep, large frames. On x86_64 a fiber whose top
+/// frame panics needs about 28 KiB of stack to survive that report as a scheduled task in a
+/// debug build, 24 KiB otherwise (release builds, standalone fibers) and 8 KiB without a
+/// backtrace, most of it to symbolise (the same with `1` or `full`, and whether fibra prints
+/// the report or std's default hook does under an application's hook); a smaller stack
+/// overflows there and aborts the process. 64 KiB leaves more than twice that for
 /// architectures whose unwinder keeps more registers per frame (aarch64), other std versions
 /// and application hooks that do a little more than std's. It costs no memory: a stack's
 /// pages are committed only when touched, so a larger minimum only reserves address space.
@@ -281,7 +280,10 @@ pub(crate) fn spare_count() -> usize {
 /// Lines of a suspended fiber's stack [`prefetch_near`] asks for: from 4 lines below the
 /// address its `suspend` left (the registers the switch saved) to 12 above (the frames the
 /// resumption returns through first).
+/// Cache lines below a suspended fiber's stack pointer that `prefetch_near` loads.
 const PREFETCH_BELOW: usize = 4;
+/// Cache lines from its stack pointer up, into the frames it resumes in, that
+/// `prefetch_near` loads.
 const PREFETCH_ABOVE: usize = 12;
 
 /// Asks the CPU to bring the part of a suspended fiber's stack around `addr` (its
@@ -290,9 +292,9 @@ const PREFETCH_ABOVE: usize = 12;
 ///
 /// A worker that wakes many fibers at once (timers that expire together) otherwise takes a
 /// cache and TLB miss at each resumption, one after the other; prefetched when they are
-/// woken, the misses overlap. With 10 000 sleeps of 10 ms expiring together on two workers,
-/// the median sleep woke 354–753 µs late without it and 1–2 µs with it (see docs/design.md,
-/// "Timers").
+/// woken, the misses overlap, and a burst of sleeps that expire together wakes close to its
+/// deadline instead of each fiber waiting out the misses of those before it (see
+/// docs/design.md, "Timers").
 #[inline]
 pub(crate) fn prefetch_near(addr: usize) {
     if addr != 0 {

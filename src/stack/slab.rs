@@ -140,9 +140,9 @@ pub(super) fn alloc(size: usize, n: usize, out: &mut Vec<FiberStack>) -> io::Res
 /// Takes idle stacks from a pool beyond its cap, memory and all, for any thread's pool to
 /// reuse. A deep burst that ends on one worker and comes back on another (a spawn-and-join
 /// chain whose root lands on either) would otherwise find the second worker's pool empty
-/// and fault in every stack's pages again while the first worker's sit idle: a 2 000-deep
-/// chain hopped at 3–4 µs instead of 0.4–0.6. Idle workers give the memory of spare stacks
-/// back once none has gone in or out for a while (see `trim_spare`).
+/// and fault in every stack's pages again while the first worker's sit idle, which makes
+/// each hop of such a chain several times slower. Idle workers give the memory of spare
+/// stacks back once none has gone in or out for a while (see `trim_spare`).
 pub(super) fn spare(stacks: Vec<FiberStack>) {
     let Some(first) = stacks.first() else { return };
     let (size, stride) = (first.size(), first.base - first.limit);
@@ -280,10 +280,9 @@ fn install_guard(addr: usize, len: usize) -> io::Result<()> {
 ///
 /// With guard markers, one `process_madvise(2)` call on this process covers a whole batch:
 /// each `madvise` ends with a TLB flush that interrupts every other core running one of the
-/// process's threads, and a million fresh fibers spent more than half their time there
-/// (`million_park`). The batch costs about a third less per stack (0.52 against 0.81 µs,
-/// measured with a busy second thread on Linux 6.18). Kernels that refuse the advice there
-/// get one `madvise` per stack, as before.
+/// process's threads, and spawning a million fresh fibers (`million_park`) spends much of
+/// its time there. A batch costs less per stack than a call each. Kernels that refuse the
+/// advice there get one `madvise` per stack.
 fn install_guards(addrs: &[usize], len: usize) -> Result<(), (usize, io::Error)> {
     let mut done = 0;
     if addrs.len() > 1 && GUARD_KIND.load(Ordering::Relaxed) == GUARD_MADVISE {
@@ -306,8 +305,9 @@ fn batch_guard_install(addrs: &[usize], len: usize) -> usize {
 
 /// Gives the memory of `stacks` back to the kernel (`MADV_DONTNEED` on each one's usable
 /// range): with one `process_madvise` per 1 024 stacks where the kernel allows it — each
-/// `madvise` flushes the TLB of every core running the process, and dropping a scheduler
-/// after a million-fiber burst spent seconds on one per stack — else one `madvise` each.
+/// `madvise` flushes the TLB of every core running the process, and one per stack after a
+/// million-fiber burst would keep a dropping scheduler busy for seconds — else one
+/// `madvise` each.
 pub(super) fn release_memory(stacks: &[FiberStack]) {
     static BATCH_OK: AtomicBool = AtomicBool::new(true);
     let ranges: Vec<(usize, usize)> = stacks.iter().map(FiberStack::usable).collect();

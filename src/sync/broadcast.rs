@@ -23,18 +23,18 @@
 //! use this very channel, and one that panics leaves the channel as it was, minus that
 //! receiver's copy). Releasing a reference is one atomic decrement; the last one drops the
 //! value, and a receiver holding the only reference left moves the value out without
-//! cloning. An `Arc` per message cost each receiver an increment *and* a decrement on the
-//! message's count: with receivers on several cores, those two contended operations were
-//! half of all receive time. Overwritten and fully received values, and those a dropped
-//! receiver no longer needs, are dropped after the lock is released.
+//! cloning. An `Arc` per message would cost each receiver an increment *and* a decrement on
+//! the message's count, two contended operations with receivers on several cores.
+//! Overwritten and fully received values, and those a dropped receiver no longer needs, are
+//! dropped after the lock is released.
 //!
 //! A receiver takes up to 16 waiting messages' references per lock and hands them out one
-//! per receive before it takes the lock again: taking the lock and releasing it were half of
-//! a receive's cost (four atomic read-modify-writes per message and receiver, two of them the
-//! lock's). Lagging stays exactly as if each receive took the lock: before it returns a
-//! message it took, a receiver reads how many messages have been sent (an atomic copy of
-//! `tail` that `send` stores under the lock), and a message overwritten since it was taken
-//! is missed, counted in `Lagged` and dropped, as one still in the ring would have been.
+//! per receive before it takes the lock again: with the lock taken for every receive, two
+//! of the four atomic read-modify-writes per message and receiver would be the lock's.
+//! Lagging stays exactly as if each receive took the lock: before it returns a message it
+//! took, a receiver reads how many messages have been sent (an atomic copy of `tail` that
+//! `send` stores under the lock), and a message overwritten since it was taken is missed,
+//! counted in `Lagged` and dropped, as one still in the ring would have been.
 //!
 //! A send wakes every waiting receiver; each then takes the lock and reads for itself, so
 //! nothing is handed over and a receiver that times out or is cancelled leaves nothing

@@ -16,18 +16,18 @@
 //!   bound 0 the receiver takes the message from the first blocked sender directly.
 //!
 //! A sender that finds room pushes and returns; so uncontended `send`/`recv` are one short
-//! lock each, plus an unpark when the other side sleeps. Two measured refinements (against
-//! crossbeam-channel between threads, the yardstick): the receiver of an unbounded
-//! channel takes the whole buffer in one go when it holds several messages (one lock per
-//! batch instead of per message, and less contention with the senders; the batch has a spin
-//! flag of its own, uncontended unless receivers share the `Receiver`, and a `filled` hint
-//! so that a receive finding no batch takes no flag at all), and a receiving
-//! *thread* watches its queued node briefly before it parks (see `wait_queue`): a sender
-//! that comes meanwhile delivers straight into its slot and neither side makes a futex
-//! call (a fiber parks at once: that is only a context switch). Disconnection: the last sender (an
-//! atomic count, so cloning takes no lock) wakes the receiver with `DISCONNECTED`; a dropped
-//! receiver wakes every blocked sender with `DISCONNECTED` and its message stays in its slot,
-//! returned in the `SendError`. Messages are never dropped under the internal lock.
+//! lock each, plus an unpark when the other side sleeps. Two refinements speed up channels
+//! between threads: the receiver of an unbounded channel takes the whole buffer in one go
+//! when it holds several messages (one lock per batch instead of per message, and less
+//! contention with the senders; the batch has a spin flag of its own, uncontended unless
+//! receivers share the `Receiver`, and a `filled` hint so that a receive finding no batch
+//! takes no flag at all), and a receiving *thread* watches its queued node briefly before
+//! it parks (see `wait_queue`): a sender that comes meanwhile delivers straight into its
+//! slot and neither side makes a futex call (a fiber parks at once: that is only a context
+//! switch). Disconnection: the last sender (an atomic count, so cloning takes no lock)
+//! wakes the receiver with `DISCONNECTED`; a dropped receiver wakes every blocked sender
+//! with `DISCONNECTED` and its message stays in its slot, returned in the `SendError`.
+//! Messages are never dropped under the internal lock.
 
 use super::deadline_after;
 use super::select::{Offers, Signal, Watchers};

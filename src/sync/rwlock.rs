@@ -1,8 +1,8 @@
 //! [`RwLock`]: many readers or one writer, served in arrival order.
 //!
 //! The reader count, the writer flag and one FIFO of waiting readers and writers share the
-//! internal lock (Boost.Fiber's design; a reader–writer word with a lock-free fast path is
-//! a later optimisation if a measurement asks for it). Fairness is *phase-fair FIFO*:
+//! internal lock (Boost.Fiber's design, with no lock-free fast path). Fairness is
+//! *phase-fair FIFO*:
 //! - a reader gets in at once only if no writer holds the lock *and nobody waits*; a reader
 //!   arriving behind a waiting writer queues behind it, so writers cannot starve;
 //! - when the lock frees up, the front of the queue is granted: a writer alone, or the whole

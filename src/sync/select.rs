@@ -206,8 +206,8 @@ struct Offer<T> {
 
 impl<T> Default for Offers<T> {
     /// No list until the first offer: one word in every channel's state, whose hot fields
-    /// share few cache lines (a `VecDeque` inline cost the receive path of `ping_pong_mpsc`
-    /// about 4%).
+    /// share few cache lines (a `VecDeque` inline would spread them over more, and slow down
+    /// every receive).
     fn default() -> Self {
         Offers(None)
     }

@@ -82,7 +82,8 @@ pub(crate) fn mono_ns() -> u64 {
 }
 
 /// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the same clock as [`mono_ns`] as of the last
-/// kernel tick (1–4 ms behind at most), at a fifth of the cost. For diagnostics' timestamps.
+/// kernel tick (1–4 ms behind at most), at a fraction of the cost. For diagnostics'
+/// timestamps.
 pub(crate) fn coarse_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC_COARSE)
 }

@@ -15,18 +15,17 @@ use std::time::{Duration, Instant};
 ///
 /// # Precision
 ///
-/// The deadline is kept to the nanosecond, not rounded to a tick: the fiber becomes runnable
-/// at the first moment its worker sees the deadline passed. An idle worker sleeps until
-/// exactly that deadline, so the sleep overshoots by the thread's wake-up latency — the
-/// kernel's timer slack (50 µs by default) plus the return from the futex or `epoll_pwait2`,
-/// the same as for [`std::thread::sleep`]: `sleep(1 ms)` took 1.09 ms at the median (std's
-/// 1.09 ms) on a 2-core VM, so a loop of them runs at ~900 Hz. A deadline that falls within
-/// the 50 µs an idle worker spins before it sleeps is met within a few microseconds
-/// (`sleep(20 µs)` took 21–24 µs). A busy worker looks at its timers every 16 tasks and whenever
-/// it runs out of work, so a sleep ends later if the worker is running other fibers, and
-/// after a fiber that runs without yielding. On a kernel older than 5.11 (no
-/// `epoll_pwait2`), the worker that sleeps in the I/O poller rounds its timeout up to the
-/// next millisecond. `cargo bench --bench timers -- sleep_precision` measures it.
+/// The deadline is kept to the nanosecond, not rounded to a tick: the fiber becomes
+/// runnable at the first moment its worker sees the deadline passed. An idle worker sleeps
+/// until exactly that deadline, so the sleep overshoots by the thread's wake-up latency —
+/// the kernel's timer slack (50 µs by default) plus the return from the futex or
+/// `epoll_pwait2`, the same as for [`std::thread::sleep`], so a loop of `sleep(1 ms)` runs
+/// a little below 1 kHz. A deadline that falls within the 50 µs an idle worker spins before
+/// it sleeps is met within a few microseconds. A busy worker looks at its timers every 16
+/// tasks and whenever it runs out of work, so a sleep ends later if the worker is running
+/// other fibers, and after a fiber that runs without yielding. On a kernel older than 5.11
+/// (no `epoll_pwait2`), the worker that sleeps in the I/O poller rounds its timeout up to
+/// the next millisecond. `cargo bench --bench timers -- sleep_precision` measures it.
 ///
 /// ```
 /// use std::time::{Duration, Instant};

@@ -254,8 +254,7 @@ fn redis_ping(port: u16) -> Result<(), String> {
 /// each cell as soon as it is final.
 ///
 /// Every workload interleaves its peers. A shared machine's speed drifts over seconds to
-/// minutes (the same single-worker yield loop ran at 26 and at 41 ns per yield a minute
-/// apart); run back to back, one peer could get a slow stretch and another a fast one, and
+/// minutes; run back to back, one peer could get a slow stretch and another a fast one, and
 /// their ratio would measure the drift. Interleaved, every peer samples the same stretches:
 /// - timed workloads run in up to `TIMED_ROUNDS` rounds, each a child per peer with its own
 ///   warm-up and a share of the repetitions;
@@ -323,13 +322,12 @@ const TIMED_ROUNDS: usize = 3;
 /// runs one child. A timed workload's repetitions are dealt over `min(reps, TIMED_ROUNDS)`
 /// rounds (5 as 2 + 2 + 1), each child with its own warm-up; a fresh-per-repetition workload
 /// runs one repetition per round, without warm-up. The order of the peers turns by one each
-/// round, so that no peer always runs first: the first million_park child after a pause took
-/// 1.3–3× as long as the next ones, whichever peer it was (most likely the kernel finding the
-/// gigabytes of pages a million parked tasks touch). Turning alone left that child in the
-/// first peer's figures at every run (fibra's first million_park sample read 6.0–6.2 µs
-/// per fiber in three full runs, its others 1.9–3.6), so a fresh-per-repetition workload
-/// first runs one child whose figures nobody keeps. A
-/// peer's first failure ends its cell (with the figures it had), as it would run back to back.
+/// round, so that no peer always runs first. The first million_park child after a pause
+/// takes much longer than the next ones, whichever peer it is (most likely the kernel
+/// finding the gigabytes of pages a million parked tasks touch), and turning alone would
+/// still leave it in the figures of the first round's first peer, so a fresh-per-repetition
+/// workload first runs one child whose figures nobody keeps. A peer's first failure ends its
+/// cell (with the figures it had), as it would run back to back.
 fn child_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     let (rounds, warmup) = match w.mode {
         Mode::FreshPerRep => (env.reps, false),
@@ -610,7 +608,7 @@ pub fn last_line(s: &str) -> String {
 
 /// How long a server gets to start answering.
 const SERVER_READY: Duration = Duration::from_secs(10);
-/// wrk's own duration per repetition, as BENCH.md specifies; `--latency` adds the
+/// wrk's arguments: one thread, 100 connections, 5 s per repetition; `--latency` adds the
 /// percentiles that the `<workload>_p50` and `_p99` rows report.
 const WRK_ARGS: [&str; 4] = ["-t1", "-c100", "-d5s", "--latency"];
 /// The latency percentiles wrk prints that become rows: (percentile, row suffix).

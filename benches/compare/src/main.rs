@@ -1,6 +1,6 @@
-//! `fibra-compare`: runs BENCH.md's workloads for fibra and its peers (tokio, may, Go, std
-//! threads) with the same number of worker threads, prints a table of medians and fibra/peer
-//! ratios, and writes `target/bench-report/report.md` and `report.svg`.
+//! `fibra-compare`: runs the benchmark workloads (see `workloads`) for fibra and its peers
+//! (tokio, may, Go, std threads) with the same number of worker threads, prints a table of
+//! medians and fibra/peer ratios, and writes `target/bench-report/report.md` and `report.svg`.
 //!
 //! ```text
 //! cargo run --release -p fibra-compare -- [--threads N] [--reps R] [--only w1,w2] [--install]

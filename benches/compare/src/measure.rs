@@ -64,14 +64,11 @@ pub fn ms(d: Duration) -> f64 {
 /// (at least once).
 ///
 /// One repetition fills stack pools, allocator caches and lazily started workers, but not the
-/// kernel's view of the process. On the 2-vCPU VM the figures come from, a fresh process's
-/// two busy worker threads were kept on one vCPU for its first 5–60 ms (the kernel balances
-/// them apart once it has seen them busy for a while): in 34 of 40 processes of fibra's
-/// `yield_many`, the first 1–13 repetitions ran with both workers on one CPU, at 22.7 ns per
-/// yield against 12.4 for the others. After 150 ms of warm-up, none of 400 repetitions in 20
-/// processes did. A single warm-up repetition of a few milliseconds measured the kernel's
-/// start-up placement, not the runtime; criterion, which tokio's own benchmarks use, warms up
-/// for 3 s.
+/// kernel's view of the process: a kernel may keep a fresh process's busy worker threads on
+/// one CPU for its first tens of milliseconds, and balance them apart only once it has seen
+/// them busy for a while. Repetitions timed in that stretch measure the kernel's start-up
+/// placement, not the runtime, so a child warms up for longer than that; criterion, which
+/// tokio's own benchmarks use, warms up for 3 s.
 pub const WARM_UP_FOR: Duration = Duration::from_millis(200);
 
 /// Runs `rep` untimed when `warmup` is set, once and then until [`WARM_UP_FOR`] has passed,

@@ -7,10 +7,10 @@
 //! So once a class has `BULK_BYTES` of blocks out, its further blocks come from slabs
 //! advised `MADV_HUGEPAGE`: where transparent huge pages are enabled (`always` or `madvise`),
 //! the kernel backs each with one 2 MiB page, one fault instead of 512. Below that, blocks
-//! come from the global allocator as they always did: a program with a few thousand tasks
-//! keeps its footprint, and spawn-heavy workloads whose tasks come and go stay on the memory
-//! they were tuned on (with every block from slabs, `spawn_many` read 5–8% slower per spawn
-//! at the same instruction count, for reasons not found).
+//! come from the global allocator: a program with a few thousand tasks keeps its footprint,
+//! and spawn-heavy workloads whose tasks come and go stay on the global allocator's memory,
+//! which serves their spawns faster than slabs do at the same instruction count (why is not
+//! known).
 //!
 //! The slab layer is the slow path: the caches come here a magazine at a time, when the
 //! depot has none to give or holds enough to keep. One `parking_lot` mutex per class guards

@@ -1,5 +1,6 @@
-//! The workload catalogue (BENCH.md's table), the peers, which peer runs which workload (and why
-//! not, when it does not), and the in-process dispatch used by a `__run` child process.
+//! The workload catalogue (the table in this crate's README), the peers, which peer runs which
+//! workload (and why not, when it does not), and the in-process dispatch used by a `__run`
+//! child process.
 //!
 //! Each workload lives in its own file with one function per peer side by side, so that the code
 //! being compared can be read together. Go's versions are in `benches/compare/go/`.
@@ -96,7 +97,7 @@ pub enum Threads {
     One,
 }
 
-/// One row of BENCH.md's workload table.
+/// One row of the workload table.
 #[derive(Debug)]
 pub struct Workload {
     pub name: &'static str,

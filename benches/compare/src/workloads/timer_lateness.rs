@@ -1,14 +1,13 @@
 //! timer_p50 / timer_p99: 10 000 tasks each sleep 10 ms once, all at the same time; each
 //! measures how much later than asked it woke. Figure: the 50th / 99th percentile of that
-//! lateness, in µs (the time issue's "timer lateness p50/p99 for 10 000 concurrent 10 ms
-//! sleeps"). A sleep that returned early would show up as a negative lateness; none may.
+//! lateness, in µs. A sleep that returned early would show up as a negative lateness; none
+//! may.
 //!
 //! Each task writes its lateness into its own slot and the last one wakes the main thread,
 //! as Go's version does (a slice and a `WaitGroup`). Sending each lateness over a channel
-//! instead woke the waiting main thread up to 10 000 times, and on 2 cores that thread then
-//! took CPU from the workers while they were still waking sleepers, so the figure measured
-//! the channel more than the timers: with exact timer deadlines, fibra's p50 was ~3.8 ms with
-//! the channel and ~0.4 ms with slots (medians of 6 runs each, 2 cores, 2026-11-23).
+//! instead would wake the waiting main thread up to 10 000 times, and on few cores that
+//! thread would take CPU from the workers while they are still waking sleepers, so the
+//! figure would measure the channel more than the timers.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};

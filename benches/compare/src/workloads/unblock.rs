@@ -1,7 +1,7 @@
-//! unblock: the round trip of a no-op blocking call made from a task, in the shape of tokio's
-//! own `spawn_blocking` benchmark (`benches/spawn_blocking.rs`): N tasks (N = worker threads),
-//! each runs 100 batches of 16 concurrent no-op blocking calls and awaits every batch before
-//! the next. Figure: ns per call (start to the last task's end, / (N × 1 600)).
+//! unblock: the round trip of a no-op blocking call made from a task, in the shape of
+//! tokio's own `spawn_blocking` benchmark: N tasks (N = worker threads), each runs 100
+//! batches of 16 concurrent no-op blocking calls and awaits every batch before the next.
+//! Figure: ns per call (start to the last task's end, / (N × 1 600)).
 //!
 //! fibra: `fibra::unblock(|| black_box(0))` from 16 fibers per batch, joined by the task's
 //! fiber (one unblock call per fiber: that is how a fibra program issues 16 blocking calls at
