@@ -844,70 +844,72 @@ fn watchdog_reports_a_hog_once_by_name() {
 
 #[test]
 fn the_watchdog_sleeps_while_the_scheduler_is_idle() {
-    with_deadline(|| {
-        let s = Scheduler::builder()
-            .threads(2)
-            .name("idlewatch")
-            .watchdog(Duration::from_millis(20))
-            .build()
-            .unwrap();
-        s.start();
-        // Thread names are cut to 15 bytes.
-        let find = || -> Option<u64> {
-            // Threads of other tests come and go while we look: skip those gone.
-            for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-                let dir = task.path();
-                let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-                    continue;
-                };
-                if comm.trim() == "idlewatch-watch" {
-                    let mut status = String::new();
-                    std::fs::File::open(dir.join("status"))
-                        .ok()?
-                        .read_to_string(&mut status)
-                        .ok()?;
-                    return status
-                        .lines()
-                        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                        .and_then(|n| n.trim().parse().ok());
+    crate::common::child_ok(|| {
+        with_deadline(|| {
+            let s = Scheduler::builder()
+                .threads(2)
+                .name("idlewatch")
+                .watchdog(Duration::from_millis(20))
+                .build()
+                .unwrap();
+            s.start();
+            // Thread names are cut to 15 bytes.
+            let find = || -> Option<u64> {
+                // Threads of other tests come and go while we look: skip those gone.
+                for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+                    let dir = task.path();
+                    let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                        continue;
+                    };
+                    if comm.trim() == "idlewatch-watch" {
+                        let mut status = String::new();
+                        std::fs::File::open(dir.join("status"))
+                            .ok()?
+                            .read_to_string(&mut status)
+                            .ok()?;
+                        return status
+                            .lines()
+                            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                            .and_then(|n| n.trim().parse().ok());
+                    }
                 }
-            }
-            None
-        };
-        // The monitor thread names itself as it starts.
-        wait_until("the watchdog thread", || find().is_some());
-        let monitor = || find().expect("the watchdog thread");
-        // Busy: the monitor looks every 5 ms.
-        let busy = s.spawn(|| {
-            let end = Instant::now() + Duration::from_millis(200);
-            while Instant::now() < end {
-                fibra::Fiber::yield_now();
-            }
+                None
+            };
+            // The monitor thread names itself as it starts.
+            wait_until("the watchdog thread", || find().is_some());
+            let monitor = || find().expect("the watchdog thread");
+            // Busy: the monitor looks every 5 ms.
+            let busy = s.spawn(|| {
+                let end = Instant::now() + Duration::from_millis(200);
+                while Instant::now() < end {
+                    fibra::Fiber::yield_now();
+                }
+            });
+            let before = monitor();
+            finish(busy);
+            let during = monitor() - before;
+            assert!(
+                during >= 5,
+                "the monitor looked only {during} times in 200 ms"
+            );
+            // Idle: after its last look it sleeps until a worker wakes up.
+            std::thread::sleep(Duration::from_millis(100));
+            let before = monitor();
+            std::thread::sleep(Duration::from_millis(500));
+            let idle = monitor() - before;
+            assert!(idle <= 2, "the monitor woke {idle} times in an idle 500 ms");
+            // And it watches again once there is work.
+            let busy = s.spawn(|| {
+                let end = Instant::now() + Duration::from_millis(100);
+                while Instant::now() < end {
+                    fibra::Fiber::yield_now();
+                }
+            });
+            let before = monitor();
+            finish(busy);
+            assert!(monitor() - before >= 3);
+            s.stop();
         });
-        let before = monitor();
-        finish(busy);
-        let during = monitor() - before;
-        assert!(
-            during >= 5,
-            "the monitor looked only {during} times in 200 ms"
-        );
-        // Idle: after its last look it sleeps until a worker wakes up.
-        std::thread::sleep(Duration::from_millis(100));
-        let before = monitor();
-        std::thread::sleep(Duration::from_millis(500));
-        let idle = monitor() - before;
-        assert!(idle <= 2, "the monitor woke {idle} times in an idle 500 ms");
-        // And it watches again once there is work.
-        let busy = s.spawn(|| {
-            let end = Instant::now() + Duration::from_millis(100);
-            while Instant::now() < end {
-                fibra::Fiber::yield_now();
-            }
-        });
-        let before = monitor();
-        finish(busy);
-        assert!(monitor() - before >= 3);
-        s.stop();
     });
 }
 
