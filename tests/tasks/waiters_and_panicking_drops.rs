@@ -330,7 +330,7 @@ fn fibers_threads_and_continuations_on_one_handle_all_fire() {
     });
 }
 
-// Timed-out waiters: 10 000 thread waits and 10 000 fiber waits that time out on
+// Timed-out waiters: up to 10 000 thread waits and 10 000 fiber waits that time out on
 // an unfinished task must neither break a waiter registered before them nor the ones that
 // come after, nor stay registered (memory that grows with every timed-out wait). Stale
 // registrations are detected through the fiber waiters: each is a detached task returning a
@@ -340,6 +340,8 @@ fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
     with_deadline(|| {
         const HAMMER_THREADS: usize = 2;
         const THREAD_TIMEOUTS: usize = 5_000;
+        const THREAD_TIMEOUT_FLOOR: usize = 500;
+        const HAMMER_FOR: Duration = Duration::from_secs(3);
         const HAMMER_FIBERS: usize = 100;
         const FIBER_TIMEOUTS: usize = 100;
         let sched = ManuallyDrop::new(started(2, "timeouts"));
@@ -357,12 +359,18 @@ fn timed_out_waiters_neither_break_other_waiters_nor_pile_up() {
             .expect("the early waiter starts");
         thread::sleep(Duration::from_millis(200));
 
-        // 10 000 timed-out waits from threads and 10 000 from fibers, concurrently.
+        // Up to 10 000 timed-out waits from threads (at least 1 000, for at most about 3 s)
+        // and 10 000 from fibers, concurrently.
         let (hammered_tx, hammered_rx) = mpsc::channel::<usize>();
         for _ in 0..HAMMER_THREADS {
             let (handle, hammered_tx) = (Arc::clone(&handle), hammered_tx.clone());
             thread::spawn(move || {
+                // Each 20 µs wait takes at least a wake-up of this thread, which a loaded
+                // machine can stretch to milliseconds: past THREAD_TIMEOUT_FLOOR waits the
+                // hammering stops at HAMMER_FOR, so its length does not grow with the load.
+                let end = Instant::now() + HAMMER_FOR;
                 let finished = (0..THREAD_TIMEOUTS)
+                    .take_while(|&i| i < THREAD_TIMEOUT_FLOOR || Instant::now() < end)
                     .filter(|_| handle.wait_timeout(Duration::from_micros(20)))
                     .count();
                 drop(handle);
