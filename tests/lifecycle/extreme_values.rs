@@ -103,9 +103,8 @@ impl Drop for Bomb {
     }
 }
 
-/// A task that holds worker 0 of `sched` (a blocking wait, no suspension) for up to 300 ms,
-/// or until the returned sender is dropped; returns once it runs (under load it may start
-/// late: a stop_timeout meanwhile would cancel it unstarted and count it).
+/// A task that holds worker 0 of `sched` (a blocking wait, no suspension) until the returned
+/// sender is dropped (at most `BOUND`); returns once it runs.
 fn hold_worker_0(sched: &Scheduler) -> (stdmpsc::Sender<()>, fibra::JoinHandle<()>) {
     let (tx, rx) = stdmpsc::channel::<()>();
     let (running, running_rx) = stdmpsc::channel::<()>();
@@ -113,13 +112,37 @@ fn hold_worker_0(sched: &Scheduler) -> (stdmpsc::Sender<()>, fibra::JoinHandle<(
         .submit(
             move || {
                 running.send(()).unwrap();
-                let _ = rx.recv_timeout(Duration::from_millis(300));
+                let _ = rx.recv_timeout(BOUND);
             },
             Some(0),
         )
         .unwrap();
     running_rx.recv().unwrap();
     (tx, blocker)
+}
+
+/// `stop_timeout(10 ms)` on a two-worker `sched` whose worker 0 is held (`hold_worker_0`),
+/// so that the tasks queued there are still unstarted when the cancellation begins. The
+/// holder is let go only once the cancellation has begun — seen on worker 1, which ends a
+/// sentinel fiber parked there — so that worker 0 itself fails those tasks, whatever the
+/// machine's load (a hold of fixed length could end before the cancellation, and the worker
+/// would then run them). Returns `stop_timeout`'s count, the sentinel included.
+fn stop_timeout_with_worker_0_held(sched: &Scheduler, release: stdmpsc::Sender<()>) -> usize {
+    // Started before the stop or during its drain, it is parked when the cancellation
+    // comes, which ends it.
+    let sentinel = Arc::new(sched.submit(|| fibra::park(drop), Some(1)).unwrap());
+    let watched = sentinel.clone();
+    let releaser = thread::spawn(move || {
+        watched.wait_timeout(BOUND);
+        drop(release);
+    });
+    let n = sched.stop_timeout(Duration::from_millis(10));
+    releaser.join().unwrap();
+    assert!(
+        sentinel.is_finished(),
+        "the sentinel was not cancelled within {BOUND:?}"
+    );
+    n
 }
 
 /// A waker whose wake panics, and the count of its wakes.
@@ -967,11 +990,11 @@ fn panicking_waker_on_a_join_handle() {
 #[test]
 fn panicking_waker_on_an_unstarted_task_failed_by_cancel_and_stop() {
     with_deadline(|| {
-        let sched = Scheduler::builder().threads(1).build().unwrap();
+        let sched = Scheduler::builder().threads(2).build().unwrap();
         sched.start();
         let pw = Arc::new(PanicWaker(AtomicUsize::new(0)));
         let waker = Waker::from(pw.clone());
-        // Hold the only worker so that the next tasks stay queued.
+        // Hold worker 0 so that the next tasks, pinned there, stay queued.
         let (tx, rx) = stdmpsc::channel::<()>();
         let blocker = sched
             .submit(move || rx.recv_timeout(BOUND).is_ok(), Some(0))
@@ -994,8 +1017,7 @@ fn panicking_waker_on_an_unstarted_task_failed_by_cancel_and_stop() {
         let (tx, blocker) = hold_worker_0(&sched);
         let mut d = sched.submit(|| 4, Some(0)).unwrap();
         assert!(poll_once(&mut d, &waker).is_pending());
-        let n = sched.stop_timeout(Duration::from_millis(10));
-        drop(tx);
+        let n = stop_timeout_with_worker_0_held(&sched, tx);
         assert!(d.wait_timeout(BOUND), "d never completed");
         assert!(d.join().unwrap_err().is_cancelled());
         assert!(blocker.wait_timeout(BOUND));
@@ -1320,7 +1342,7 @@ fn join_set_with_bombs_and_panics() {
 #[test]
 fn stop_timeout_counts_a_discarded_queued_task_with_a_panicking_waker() {
     fn run(with_waker: bool) -> (usize, bool) {
-        let sched = Scheduler::builder().threads(1).build().unwrap();
+        let sched = Scheduler::builder().threads(2).build().unwrap();
         sched.start();
         let pw = Arc::new(PanicWaker(AtomicUsize::new(0)));
         let waker = Waker::from(pw.clone());
@@ -1329,8 +1351,7 @@ fn stop_timeout_counts_a_discarded_queued_task_with_a_panicking_waker() {
         if with_waker {
             assert!(poll_once(&mut d, &waker).is_pending());
         }
-        let n = sched.stop_timeout(Duration::from_millis(10));
-        drop(tx);
+        let n = stop_timeout_with_worker_0_held(&sched, tx);
         assert!(d.wait_timeout(BOUND));
         let cancelled = d.join().unwrap_err().is_cancelled();
         assert!(blocker.wait_timeout(BOUND));
