@@ -5,11 +5,18 @@ use super::Executor;
 use crate::join::JoinHandle;
 use crate::sched::Scheduler;
 use crate::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::PoisonError;
 use std::thread::ThreadId;
 
 /// The looper thread's name is `looper-0`.
 const NAME: &str = "looper";
+
+/// What `Looper::requested` holds: no shutdown yet, one that runs the queued jobs, one that
+/// drops them. It only moves up: a later `shutdown(false)` still drops what is queued.
+const NOT_REQUESTED: u8 = 0;
+const KEEP_QUEUED: u8 = 1;
+const DROP_QUEUED: u8 = 2;
 
 /// One thread that runs jobs in the order they arrive: the event loop of a UI or of a
 /// NodeJS-style program.
@@ -49,8 +56,13 @@ const NAME: &str = "looper";
 #[derive(Debug)]
 pub struct Looper {
     owned: OwnedScheduler,
-    /// `Some(discard_queued)` once a shutdown has been requested.
-    requested: Mutex<Option<bool>>,
+    /// `NOT_REQUESTED`, `KEEP_QUEUED` or `DROP_QUEUED`. An atomic, not a lock: a job that
+    /// calls `shutdown` must not park before the scheduler's phase has moved, or the next
+    /// queued job would start meanwhile.
+    requested: AtomicU8,
+    /// Held only around `join`'s check of `requested` and the notification that follows a
+    /// request, so that `join` cannot miss it.
+    requested_lock: Mutex<()>,
     shutdown_requested: Condvar,
 }
 
@@ -64,7 +76,8 @@ impl Looper {
             .expect("one worker with default settings is a valid scheduler");
         Looper {
             owned,
-            requested: Mutex::new(None),
+            requested: AtomicU8::new(NOT_REQUESTED),
+            requested_lock: Mutex::new(()),
             shutdown_requested: Condvar::new(),
         }
     }
@@ -84,17 +97,22 @@ impl Looper {
     /// work are done, and [`join`](Looper::join) waits for that. Calling it again is
     /// harmless; `false` after `true` still drops what is queued then.
     pub fn shutdown(&self, wait_for_complete: bool) {
-        let discard = {
-            let mut requested = self
-                .requested
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let discard = !wait_for_complete || requested.unwrap_or(false);
-            *requested = Some(discard);
-            discard
+        let asked = if wait_for_complete {
+            KEEP_QUEUED
+        } else {
+            DROP_QUEUED
         };
-        self.shutdown_requested.notify_all();
+        let discard = self.requested.fetch_max(asked, Ordering::SeqCst).max(asked) == DROP_QUEUED;
+        // The scheduler's phase first: from one of the looper's own jobs this only moves it
+        // (nothing here parks), so no queued job starts after the call began, even if the
+        // notification below waits for the lock a joining thread holds.
         self.owned.stop(discard);
+        drop(
+            self.requested_lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        self.shutdown_requested.notify_all();
     }
 
     /// Waits until the looper has been shut down (by [`shutdown`](Looper::shutdown), from
@@ -107,18 +125,20 @@ impl Looper {
             !self.owned.is_home(),
             "Looper::join on the looper thread would wait for itself"
         );
-        let discard = {
+        {
             let guard = self
-                .requested
+                .requested_lock
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let guard = self
+            let _requested = self
                 .shutdown_requested
-                .wait_while(guard, |r| r.is_none())
+                .wait_while(guard, |_| {
+                    self.requested.load(Ordering::SeqCst) == NOT_REQUESTED
+                })
                 .unwrap_or_else(PoisonError::into_inner);
-            guard.unwrap_or(false)
-        };
-        self.owned.stop(discard);
+        }
+        self.owned
+            .stop(self.requested.load(Ordering::SeqCst) == DROP_QUEUED);
     }
 }
 
@@ -147,11 +167,7 @@ impl Executor for Looper {
 
 impl Drop for Looper {
     fn drop(&mut self) {
-        let discard = self
-            .requested
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .unwrap_or(false);
+        let discard = *self.requested.get_mut() == DROP_QUEUED;
         self.owned.stop(discard);
     }
 }

@@ -324,6 +324,49 @@ fn looper_shutdown_from_its_own_job_and_join() {
     });
 }
 
+/// `shutdown(false)` from one of the looper's own jobs, while other threads are in `join`
+/// (which takes the looper's own lock to wait for the request): however the call meets them,
+/// no queued job starts after it began — the jobs queued behind the caller are all dropped.
+#[test]
+fn looper_shutdown_false_from_a_job_beside_joining_threads_starts_no_queued_job() {
+    with_deadline(|| {
+        for round in 0..100 {
+            let looper = Arc::new(Looper::new());
+            let (go_tx, go) = mpsc::channel::<()>();
+            let l = looper.clone();
+            let first = looper.spawn(move || {
+                go.recv_timeout(LIMIT).expect("queue filled");
+                l.shutdown(false);
+            });
+            let ran = Arc::new(AtomicUsize::new(0));
+            let queued = queue_counters(&looper, 5, &ran);
+            let joiners: Vec<_> = (0..4)
+                .map(|_| {
+                    let l = looper.clone();
+                    thread::spawn(move || l.join())
+                })
+                .collect();
+            go_tx.send(()).unwrap();
+            looper.join();
+            for j in joiners {
+                j.join().unwrap();
+            }
+            first.join().unwrap();
+            for h in queued {
+                assert!(
+                    h.join().is_err_and(|e| e.is_cancelled()),
+                    "round {round}: a job queued behind shutdown(false) was not dropped"
+                );
+            }
+            assert_eq!(
+                ran.load(Ordering::SeqCst),
+                0,
+                "round {round}: a queued job ran"
+            );
+        }
+    });
+}
+
 #[test]
 fn looper_shutdown_true_runs_queued_jobs_and_waits() {
     with_deadline(|| {
