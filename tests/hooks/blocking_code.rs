@@ -855,42 +855,57 @@ fn eventfd_timerfd_and_fifo_park_only_the_fiber() {
             // SAFETY: our fd.
             unsafe { libc::close(efd) };
 
-            // timerfd: read parks until expiry while another fiber ticks.
+            // timerfd: read parks until expiry while another fiber ticks. On this one worker
+            // the ticker can run while the read is in progress only if the read parked the
+            // fiber rather than blocking the thread; a tick counts only then. (Armed just
+            // before the read, the timer could still expire first if the machine stalled this
+            // thread for its whole 200 ms: then the read does not wait and the check is made
+            // again.)
             // SAFETY: plain system calls.
             let tfd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC) };
             assert!(tfd >= 0);
-            let spec = libc::itimerspec {
-                it_interval: libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                },
-                it_value: libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 200_000_000,
-                },
-            };
-            // SAFETY: a live itimerspec.
-            assert_eq!(
-                unsafe { libc::timerfd_settime(tfd, 0, &spec, std::ptr::null_mut()) },
-                0
-            );
-            let ticks = Arc::new(AtomicUsize::new(0));
+            let reading = Arc::new(AtomicBool::new(false));
+            let ticks_while_reading = Arc::new(AtomicUsize::new(0));
             let stop = Arc::new(AtomicBool::new(false));
-            let (t2, s2) = (ticks.clone(), stop.clone());
+            let (r2, t2, s2) = (reading.clone(), ticks_while_reading.clone(), stop.clone());
             let ticker = fibra::spawn(move || {
                 while !s2.load(Ordering::Relaxed) {
-                    t2.fetch_add(1, Ordering::Relaxed);
+                    if r2.load(Ordering::Relaxed) {
+                        t2.fetch_add(1, Ordering::Relaxed);
+                    }
                     fibra::sleep(Duration::from_millis(2));
                 }
             });
-            let mut exp: u64 = 0;
-            // SAFETY: 8 bytes into a live u64.
-            let n = unsafe { libc::read(tfd, (&mut exp as *mut u64).cast(), 8) };
+            for _ in 0..5 {
+                let spec = libc::itimerspec {
+                    it_interval: libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    },
+                    it_value: libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 200_000_000,
+                    },
+                };
+                reading.store(true, Ordering::Relaxed);
+                // SAFETY: a live itimerspec.
+                assert_eq!(
+                    unsafe { libc::timerfd_settime(tfd, 0, &spec, std::ptr::null_mut()) },
+                    0
+                );
+                let mut exp: u64 = 0;
+                // SAFETY: 8 bytes into a live u64.
+                let n = unsafe { libc::read(tfd, (&mut exp as *mut u64).cast(), 8) };
+                reading.store(false, Ordering::Relaxed);
+                assert_eq!((n, exp), (8, 1));
+                if ticks_while_reading.load(Ordering::Relaxed) > 0 {
+                    break;
+                }
+            }
             stop.store(true, Ordering::Relaxed);
             ticker.join().unwrap();
-            assert_eq!((n, exp), (8, 1));
             assert!(
-                ticks.load(Ordering::Relaxed) > 5,
+                ticks_while_reading.load(Ordering::Relaxed) > 0,
                 "the worker was blocked by a timerfd read"
             );
             // SAFETY: our fd.
