@@ -132,7 +132,7 @@ impl FiberInfo {
 /// as long as the fiber can run.
 ///
 /// `repr(C)`, with what every switch touches first (the yielder, the budget, the flags): in a
-/// task cell it follows the rest of the switch's fields (see `Home`), so that a yield reads
+/// task cell it follows the rest of the switch's fields (see `HomeOnly`), so that a yield reads
 /// and writes two or three cache lines of the cell rather than five.
 #[repr(C)]
 pub(crate) struct FiberMeta {

@@ -320,7 +320,8 @@ pub(crate) enum Cancel {
     Delivered,
 }
 
-/// State that only the home worker thread (and the fiber itself, on that thread) touches.
+/// A started fiber's home-only state: what only its home worker thread (and the fiber
+/// itself, on that thread) touches.
 ///
 /// `repr(C)`, in the order a resumption and a yield touch it: the coroutine, the park's
 /// timer and outcome, then `meta`, whose own hot fields come first; with `Header::park` just
@@ -328,7 +329,7 @@ pub(crate) enum Cancel {
 /// the compiler they spread over five cache lines, and a worker cycling through a hundred
 /// yielding fibers pays for the extra lines in misses.
 #[repr(C)]
-pub(crate) struct Home {
+pub(crate) struct HomeOnly {
     /// The coroutine; `None` before start and after the end.
     pub(crate) fiber: Option<Coro>,
     /// The timer of the current timed park, cancelled if something else wakes the fiber.
@@ -402,9 +403,9 @@ pub(crate) struct Header {
     has_joiners: AtomicBool,
     joiners: Lock<Joiners>,
     pub(crate) placement: UnsafeCell<Placement>,
-    /// Written at every resumption and park: kept next to `home` (see `Home`).
+    /// Written at every resumption and park: kept next to `home` (see `HomeOnly`).
     pub(crate) park: ParkWord,
-    pub(crate) home: UnsafeCell<Home>,
+    pub(crate) home: UnsafeCell<HomeOnly>,
 }
 
 // SAFETY: the shared fields are atomics or behind a lock. `placement` is written once by the
@@ -448,7 +449,7 @@ impl Header {
                 sched: std::ptr::null(),
                 worker: 0,
             }),
-            home: UnsafeCell::new(Home {
+            home: UnsafeCell::new(HomeOnly {
                 fiber: None,
                 meta: FiberMeta::new(id, name, None),
                 slot: 0,
@@ -592,12 +593,12 @@ mod layout {
 
     /// The fields a switch touches (`Header::park` up to `FiberMeta::suspended_at`, which
     /// every suspension writes) stay within 128 bytes, two or three cache lines however the
-    /// cell is placed (see `Home`).
+    /// cell is placed (see `HomeOnly`).
     #[test]
     fn a_switchs_fields_are_close_together() {
         let first = offset_of!(Header, park);
         let end = offset_of!(Header, home)
-            + offset_of!(Home, meta)
+            + offset_of!(HomeOnly, meta)
             + offset_of!(FiberMeta, suspended_at)
             + std::mem::size_of::<usize>();
         assert!(first < end, "park comes first");

@@ -74,7 +74,7 @@ use crate::sched::idle::{Idlers, WorkerSleep};
 use crate::sched::injector::Injector;
 use crate::sched::live::LiveCount;
 use crate::sched::task::{
-    Cancel, Ended, Home, Job, JobRef, ParkState, Placement, ScheduleTask, Start, TaskSlot,
+    Cancel, Ended, HomeOnly, Job, JobRef, ParkState, Placement, ScheduleTask, Start, TaskSlot,
 };
 use crate::sched::timers::TimerWheel;
 use crate::sched::watchdog::{self, MonitorCtl, Watch};
@@ -181,7 +181,7 @@ const REBALANCE_AFTER: u32 = 128;
 /// How many tasks in a row a worker takes from its `next` slot before looking elsewhere.
 const MAX_NEXT_STREAK: u32 = 3;
 /// A watcher of a peer's `next` slot doubles its nap each time in a row it finds the slot
-/// empty, at most this many times (`NEXT_STEAL_AFTER` × 32 = 1.6 ms; see `answer_help`).
+/// empty, at most this many times (`NEXT_STEAL_AFTER` × 32 = 1.6 ms; see `answer_help_request`).
 const EMPTY_NAP_DOUBLINGS: u32 = 5;
 /// At most this many cache lines of a task's cell are prefetched when it starts.
 const CELL_LINES: usize = 12;
@@ -308,7 +308,7 @@ const HELP_ASKED: u8 = 2;
 
 /// A request for help with the task in a worker's `next` slot: made by the worker when one of
 /// its fibers spawns (the spawner may keep running), or by an idle peer on its behalf before
-/// it sleeps; answered by the next idle peer that looks (see `Worker::answer_help`). One at
+/// it sleeps; answered by the next idle peer that looks (see `Worker::answer_help_request`). One at
 /// a time per worker: while one is open, spawns wake nobody else.
 #[derive(Default)]
 struct HelpSlot {
@@ -368,7 +368,7 @@ impl HelpSlot {
 }
 
 /// What an idle worker found when it looked for a request for help.
-enum Help {
+enum HelpAnswer {
     None,
     /// The asker had moved on: its task runs there.
     Stale,
@@ -643,29 +643,29 @@ impl Drop for Shared {
     }
 }
 
-/// The worker's reference to the fiber it switches to.
-enum Held {
-    /// The reference a run queue held (and that moves on to `ready`, an `Unparker` or
-    /// `finish`).
-    Own(JobRef),
+/// The worker's reference to the fiber it resumes: counted, or an alias of the registry's.
+enum ResumeRef {
+    /// A counted reference of the worker's own: the one a run queue held (and that moves
+    /// on to `ready`, an `Unparker` or `finish`).
+    Counted(JobRef),
     /// A new task's first run: the registry's reference, aliased without a count. A
     /// reference of its own is cloned only if the fiber suspends; a task that ends in its
     /// first run (most short ones) has its count touched once, by the registry's drop,
     /// instead of three times (a clone for the registry, and two drops).
-    Registered(ManuallyDrop<JobRef>),
+    RegistryAlias(ManuallyDrop<JobRef>),
 }
 
-impl Held {
+impl ResumeRef {
     /// An alias of `job`'s reference.
     ///
     /// # Safety
     /// `job` goes into the registry before the alias is used, and stays there until `finish`
     /// has made its last use of the alias (it keeps the unregistered reference to the end).
     #[inline(always)]
-    unsafe fn registered(job: &JobRef) -> Held {
+    unsafe fn alias_of_registered(job: &JobRef) -> ResumeRef {
         // SAFETY: an alias that is never dropped (`ManuallyDrop`), so it takes back nothing;
         // per the caller, the cell outlives it.
-        Held::Registered(ManuallyDrop::new(unsafe {
+        ResumeRef::RegistryAlias(ManuallyDrop::new(unsafe {
             TaskArc::from_raw(TaskArc::cell_ptr(job))
         }))
     }
@@ -674,20 +674,20 @@ impl Held {
     #[inline(always)]
     fn into_owned(self) -> JobRef {
         match self {
-            Held::Own(job) => job,
-            Held::Registered(alias) => JobRef::clone(&alias),
+            ResumeRef::Counted(job) => job,
+            ResumeRef::RegistryAlias(alias) => JobRef::clone(&alias),
         }
     }
 }
 
-impl std::ops::Deref for Held {
+impl std::ops::Deref for ResumeRef {
     type Target = JobRef;
 
     #[inline(always)]
     fn deref(&self) -> &JobRef {
         match self {
-            Held::Own(job) => job,
-            Held::Registered(alias) => alias,
+            ResumeRef::Counted(job) => job,
+            ResumeRef::RegistryAlias(alias) => alias,
         }
     }
 }
@@ -725,7 +725,7 @@ pub(crate) fn forked_in_child() {
 /// ```
 pub fn current_worker() -> Option<usize> {
     let w = CURRENT_WORKER.with(|c| c.get());
-    // SAFETY: see `Shared::current_worker`.
+    // SAFETY: see `Shared::local_worker`.
     unsafe { w.as_ref() }.map(|w| w.index)
 }
 
@@ -752,7 +752,7 @@ pub(crate) fn current_shared() -> Option<Arc<Shared>> {
 /// Winning `notify` means the fiber is parked and has not been queued by anybody else, so it
 /// cannot finish before we queue it, and its scheduler's shared state stays alive until then:
 /// `stop` waits for every task, and a fiber abandoned meanwhile keeps that state alive itself
-/// (`Home::keep_alive`), while we hold the task. After the push the fiber may run, finish,
+/// (`HomeOnly::keep_alive`), while we hold the task. After the push the fiber may run, finish,
 /// and the scheduler be dropped at once, so from just before the push to our last touch of
 /// the worker we are counted in its `wakers`, which `Shared`'s destructor waits out.
 pub(crate) fn unpark_fiber(job: &JobRef, gen: u64) {
@@ -797,17 +797,17 @@ pub(crate) fn unpark_fiber_alone(job: JobRef, gen: u64) {
 /// shutdown drained is not left behind). No fiber ever started there, so there is none to
 /// wake or cancel; a dump gets an empty answer.
 pub(crate) fn fail_queued_of_absent(shared: &Shared, index: usize) {
-    let me = &shared.workers[index];
-    debug_assert!(me.absent.load(Ordering::Relaxed));
+    let worker = &shared.workers[index];
+    debug_assert!(worker.absent.load(Ordering::Relaxed));
     loop {
-        let job = match me.inbox.pop() {
+        let job = match worker.inbox.pop() {
             Some(ScheduleTask::New(job)) => job,
             Some(ScheduleTask::Dump(req)) => {
                 req.answer(index, Vec::new(), Duration::ZERO, Duration::ZERO);
                 continue;
             }
             Some(ScheduleTask::Fiber(_) | ScheduleTask::Cancel(_)) => continue,
-            None => match me.local.pop().or_else(|| me.next.0.take()) {
+            None => match worker.local.pop().or_else(|| worker.next.0.take()) {
                 Some(job) => job,
                 None => return,
             },
@@ -970,7 +970,7 @@ pub(crate) struct Worker {
     timer_woken: Cell<usize>,
     next_streak: Cell<u32>,
     /// The peer whose help request this worker answers, and how many times in a row it has
-    /// found that peer's `next` slot empty (see `answer_help`).
+    /// found that peer's `next` slot empty (see `answer_help_request`).
     empty_looks: Cell<(usize, u32)>,
     /// The tick at which this worker last ran out of its own work and looked at the
     /// injector and its peers (see `rebalance`).
@@ -991,7 +991,7 @@ pub(crate) struct Worker {
     /// What this worker saw of each peer (see `cede_cpu`).
     peers_seen: RefCell<Box<[PeerSeen]>>,
     /// The burst of spawns of the fiber running now (see `push_next`).
-    burst: RefCell<Burst>,
+    burst: RefCell<SpawnBurst>,
     /// The shutdown phase this worker has acted on.
     phase: Cell<Phase>,
     /// The last report request this worker answered.
@@ -1005,16 +1005,17 @@ pub(crate) struct Worker {
     dumping: Cell<bool>,
     /// This worker's part of `shared` (one load away instead of an indexed lookup: its
     /// queues and counters are touched several times per switch).
-    me: MeRef,
+    own_shared: OwnSharedPtr,
 }
 
-/// A pointer to a worker's own `WorkerShared` inside its `Arc<Shared>`.
-struct MeRef(std::ptr::NonNull<WorkerShared>);
+/// A pointer to a worker's own `WorkerShared` inside its `Arc<Shared>` (see
+/// `Worker::own_shared`).
+struct OwnSharedPtr(std::ptr::NonNull<WorkerShared>);
 
 // SAFETY: it points into the `Shared` that the same `Worker` keeps alive through its `Arc`,
 // so it moves between threads together with that `Arc`; `WorkerShared` is shared by all
 // threads anyway (it is `Sync`), and only shared references are made from it.
-unsafe impl Send for MeRef {}
+unsafe impl Send for OwnSharedPtr {}
 
 /// A dump this worker is answering.
 struct PartialDump {
@@ -1029,7 +1030,7 @@ struct PartialDump {
 
 /// The peers recruited to help with one fiber's spawns, and how many tasks were dealt.
 #[derive(Default)]
-struct Burst {
+struct SpawnBurst {
     /// The worker's tick when the burst began: a later tick means another fiber runs.
     tick: u32,
     peers: Vec<usize>,
@@ -1051,7 +1052,7 @@ impl Drop for ExitWorker<'_> {
         let st = self.1.stats();
         // Until the next drive, the last fiber may end elsewhere (abandoned) or its worker
         // be dropped: nobody may read it through `current` any more.
-        self.1.me().watch.retire(&st.current);
+        self.1.own_shared().watch.retire(&st.current);
         let since = st.run_since.get();
         st.run_ns.add(crate::sys::mono_ns().saturating_sub(since));
         st.run_since.set_seqcst(0);
@@ -1070,7 +1071,7 @@ impl Worker {
     pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
         let stacks = StackPool::spilling(shared.config.stack_cache);
         let reported = shared.report.load(Ordering::Relaxed);
-        let me = MeRef(std::ptr::NonNull::from(&shared.workers[index]));
+        let own_shared = OwnSharedPtr(std::ptr::NonNull::from(&shared.workers[index]));
         // A progress no peer has yet: the first look at a peer only starts its clock.
         let unseen = PeerSeen {
             progress: u32::MAX,
@@ -1079,7 +1080,7 @@ impl Worker {
         };
         let peers_seen = RefCell::new(vec![unseen; shared.workers.len()].into_boxed_slice());
         Worker {
-            me,
+            own_shared,
             shared,
             index,
             ready: RefCell::new(VecDeque::new()),
@@ -1098,7 +1099,7 @@ impl Worker {
             spill_buf: RefCell::new(Vec::new()),
             local_maybe: Cell::new(false),
             peers_seen,
-            burst: RefCell::new(Burst::default()),
+            burst: RefCell::new(SpawnBurst::default()),
             phase: Cell::new(Phase::Running),
             reported: Cell::new(reported),
             rng: Cell::new(0x9E37_79B9 ^ (index as u32).wrapping_mul(0x85EB_CA6B) | 1),
@@ -1109,15 +1110,15 @@ impl Worker {
     }
 
     #[inline(always)]
-    fn me(&self) -> &WorkerShared {
+    fn own_shared(&self) -> &WorkerShared {
         // SAFETY: points into `self.shared`, which this worker keeps alive (and an `Arc`'s
         // contents never move); only shared references are made.
-        unsafe { self.me.0.as_ref() }
+        unsafe { self.own_shared.0.as_ref() }
     }
 
     #[inline(always)]
     fn stats(&self) -> &WorkerStats {
-        &self.me().stats.0
+        &self.own_shared().stats.0
     }
 
     /// Publishes the sizes of the ready queue and the stack pool: every `CLOCK_INTERVAL`
@@ -1129,7 +1130,7 @@ impl Worker {
         st.stacks_cached.set(self.stacks.borrow().cached() as u64);
     }
 
-    /// The home-only state of `job`, a task this worker has started (see `Home`).
+    /// The home-only state of `job`, a task this worker has started (see `HomeOnly`).
     ///
     /// Every touch of that state goes through here. Each use is a short borrow that ends
     /// before anything else can reach the same state: the worker is single-threaded, and
@@ -1137,7 +1138,7 @@ impl Worker {
     /// alone) only inside `resume`, while the worker holds nothing of it but the coroutine.
     #[allow(clippy::mut_from_ref)]
     #[inline(always)]
-    fn home<'j>(&self, job: &'j dyn Job) -> &'j mut Home {
+    fn home<'j>(&self, job: &'j dyn Job) -> &'j mut HomeOnly {
         let h = job.header();
         // SAFETY: `placement` is written once, by this worker, before any call of `home`.
         let placement = unsafe { &*h.placement.get() };
@@ -1234,10 +1235,10 @@ impl Worker {
     fn deliver_cancellations_now(&self) {
         let queued: Vec<JobRef> = self.ready.borrow_mut().drain(..).collect();
         for job in queued {
-            self.resume(Held::Own(job));
+            self.resume(ResumeRef::Counted(job));
         }
         // What is in the inbox now, not what other threads keep sending.
-        for _ in 0..self.me().inbox.len() {
+        for _ in 0..self.own_shared().inbox.len() {
             let Some(task) = self.pop_inbox() else {
                 break;
             };
@@ -1254,7 +1255,7 @@ impl Worker {
     fn next_task(&self) -> Option<ScheduleTask> {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
-        self.me().progress.0.store(tick, Ordering::Relaxed);
+        self.own_shared().progress.0.store(tick, Ordering::Relaxed);
         // A yield goes behind outside submissions too, on the least loaded worker (see
         // `least_loaded`); with many fibers ready, at every other yield, so that they keep
         // running while a stream of submissions lasts.
@@ -1325,13 +1326,13 @@ impl Worker {
     /// Pops this worker's `next` slot, unless it is known empty.
     #[inline]
     fn pop_next(&self) -> Option<JobRef> {
-        pop_own(&self.next_maybe, || self.me().next.0.take())
+        pop_own(&self.next_maybe, || self.own_shared().next.0.take())
     }
 
     /// Pops this worker's stealable queue, unless it is known empty.
     #[inline]
     fn pop_own_local(&self) -> Option<JobRef> {
-        pop_own(&self.local_maybe, || pop_local(&self.me().local))
+        pop_own(&self.local_maybe, || pop_local(&self.own_shared().local))
     }
 
     /// Whether no peer has fewer live fibers than this worker, less one (as each last
@@ -1407,7 +1408,7 @@ impl Worker {
             if j == self.index {
                 continue;
             }
-            let roused = self.roused_wait(peer);
+            let roused = self.cede_after_for_woken_peer(peer);
             if (peer.cpu.0.load(Ordering::Relaxed) == cpu || roused.is_some())
                 && self.cede_if_waiting(j, peer, roused)
             {
@@ -1417,7 +1418,7 @@ impl Worker {
     }
 
     /// `cede_cpu` for peer `j`, which shares this worker's CPU or was woken and has not run
-    /// yet (`roused`: how long it may wait, see `roused_wait`): cedes it if the peer waits
+    /// yet (`roused`: how long it may wait, see `cede_after_for_woken_peer`): cedes it if the peer waits
     /// for it (see there); whether it did. A peer's wait starts when this worker first sees
     /// it with no new progress: every pass of a worker's loop, the one after a wake-up
     /// included, moves its progress on.
@@ -1455,10 +1456,10 @@ impl Worker {
     /// `None` otherwise, work in its own queues alone included (a wake of one of its fibers,
     /// a pinned task): only it can run that, wherever it waits, and a peer that woke it has
     /// no share to lose.
-    fn roused_wait(&self, peer: &WorkerShared) -> Option<u64> {
+    fn cede_after_for_woken_peer(&self, peer: &WorkerShared) -> Option<u64> {
         if !peer.sleep.is_roused() {
             None
-        } else if !self.me().local.is_empty() {
+        } else if !self.own_shared().local.is_empty() {
             Some(ROUSED_AFTER_NS)
         } else if !self.shared.injector.is_empty() {
             Some(CEDE_AFTER_NS)
@@ -1471,7 +1472,7 @@ impl Worker {
     /// kernel cannot tell).
     fn publish_cpu(&self) -> Option<u32> {
         let cpu = crate::sys::current_cpu()?;
-        let slot = &self.me().cpu.0;
+        let slot = &self.own_shared().cpu.0;
         if slot.load(Ordering::Relaxed) != cpu {
             slot.store(cpu, Ordering::Relaxed);
         }
@@ -1584,7 +1585,7 @@ impl Worker {
         for _ in 0..available / 2 {
             let Some(job) = victim.pop() else { break };
             taken += 1;
-            if let Err(job) = self.me().local.push(job) {
+            if let Err(job) = self.own_shared().local.push(job) {
                 self.shared.injector.push(job);
             }
         }
@@ -1610,7 +1611,7 @@ impl Worker {
     #[cold]
     #[inline(never)]
     fn rebalance(&self) {
-        if self.ready.borrow().is_empty() || !self.me().local.is_empty() {
+        if self.ready.borrow().is_empty() || !self.own_shared().local.is_empty() {
             return;
         }
         let mine = self.registry.borrow().len() as u64;
@@ -1666,12 +1667,12 @@ impl Worker {
     /// statement by the same rule). Returns the peer woken.
     ///
     /// The woken peer does not spin: it takes the task only if this worker has not moved on
-    /// since (see `answer_help`). A chain of spawns or a ping-pong pair, whose
+    /// since (see `answer_help_request`). A chain of spawns or a ping-pong pair, whose
     /// spawner suspends at once, keeps its tasks here (tokio keeps its LIFO slot out of
     /// thieves' reach for the same reason), and no peer spins next to the
     /// busy worker (on a VM or an SMT core, a spinner takes cycles from its neighbour).
     fn ask_help(&self) -> Option<usize> {
-        let slot = &self.me().help;
+        let slot = &self.own_shared().help;
         if !slot.claim() {
             return None;
         }
@@ -1725,7 +1726,7 @@ impl Worker {
     /// worker busy with a chain of spawns costs its watcher one timer wake per grace, and
     /// pays no wake of a sleeping thread per spawn (a futex wake costs microseconds, more on
     /// a VM).
-    fn answer_help(&self) -> Help {
+    fn answer_help_request(&self) -> HelpAnswer {
         let sh = &self.shared;
         let grace = NEXT_STEAL_AFTER.as_nanos() as u64;
         for (v, w) in sh.workers.iter().enumerate() {
@@ -1746,8 +1747,8 @@ impl Worker {
                     let taken = w.next.0.take();
                     slot.close();
                     return match taken {
-                        Some(job) => Help::Taken(ScheduleTask::New(job)),
-                        None => Help::Stale,
+                        Some(job) => HelpAnswer::Taken(ScheduleTask::New(job)),
+                        None => HelpAnswer::Stale,
                     };
                 }
                 (progress, at)
@@ -1775,9 +1776,9 @@ impl Worker {
             slot.open(progress, at);
             let nap = grace << looks.min(EMPTY_NAP_DOUBLINGS);
             let wait = Duration::from_nanos((at + nap).saturating_sub(now));
-            return Help::Wait(Instant::now() + wait, v);
+            return HelpAnswer::Wait(Instant::now() + wait, v);
         }
-        Help::None
+        HelpAnswer::None
     }
 
     /// Puts a task a fiber of this worker spawned in the `next` slot, where this worker runs
@@ -1801,7 +1802,7 @@ impl Worker {
             burst.dealt = 0;
         }
         self.next_maybe.set(true);
-        let Some(displaced) = self.me().next.0.replace(job) else {
+        let Some(displaced) = self.own_shared().next.0.replace(job) else {
             burst.peers.extend(self.ask_help());
             return;
         };
@@ -1836,11 +1837,13 @@ impl Worker {
     /// Queues an unstarted task on this worker's stealable queue.
     fn push_local(&self, job: JobRef) {
         self.local_maybe.set(true);
-        if let Err(job) = self.me().local.push(job) {
+        if let Err(job) = self.own_shared().local.push(job) {
             // Full: move half to the injector, in one go, so peers can help (Go's
             // runqputslow).
             let mut batch = self.spill_buf.borrow_mut();
-            batch.extend(std::iter::from_fn(|| self.me().local.pop()).take(LOCAL_CAPACITY / 2));
+            batch.extend(
+                std::iter::from_fn(|| self.own_shared().local.pop()).take(LOCAL_CAPACITY / 2),
+            );
             batch.push(job);
             self.shared.injector.spill(&mut batch);
         }
@@ -1849,10 +1852,10 @@ impl Worker {
     /// Whether there is anything this worker could run right now.
     fn has_work(&self) -> bool {
         let sh = &self.shared;
-        !self.me().inbox.is_empty()
+        !self.own_shared().inbox.is_empty()
             || !self.ready.borrow().is_empty()
             || !sh.injector.is_empty()
-            || !self.me().next.0.is_empty()
+            || !self.own_shared().next.0.is_empty()
             || sh.workers.iter().any(|w| !w.local.is_empty())
             || self
                 .timers
@@ -1872,18 +1875,18 @@ impl Worker {
             self.catch_up();
         }
         poll_io_now();
-        if !self.ready.borrow().is_empty() || !self.me().inbox.is_empty() {
+        if !self.ready.borrow().is_empty() || !self.own_shared().inbox.is_empty() {
             return;
         }
-        let (answered, answer_at) = match self.answer_help() {
-            Help::Taken(task) => {
+        let (answered, answer_at) = match self.answer_help_request() {
+            HelpAnswer::Taken(task) => {
                 self.stats().steals.add(1);
                 self.run_task(task);
                 return;
             }
-            Help::Wait(at, v) => (true, Some((at, v))),
-            Help::Stale => (true, None),
-            Help::None => (false, None),
+            HelpAnswer::Wait(at, v) => (true, Some((at, v))),
+            HelpAnswer::Stale => (true, None),
+            HelpAnswer::None => (false, None),
         };
         // A request for help means the peers are busy with work they keep to themselves (a
         // chain of spawns, say): spinning would only slow them down. Sleep.
@@ -1972,7 +1975,7 @@ impl Worker {
             match crate::io::reactor::get() {
                 // Nobody polls for I/O: this worker does, sleeping in epoll_wait.
                 Some(reactor) if reactor.try_begin_poll() => {
-                    self.me().sleep.sleep_polling(reactor, timeout);
+                    self.own_shared().sleep.sleep_polling(reactor, timeout);
                     reactor.end_poll();
                 }
                 // Another worker polls, perhaps one of another scheduler: sleep on the
@@ -1980,10 +1983,10 @@ impl Worker {
                 // role was freed meanwhile, do not sleep: the next pass takes it.
                 Some(reactor) => {
                     if let Some(_standby) = reactor.stand_by(&self.shared, self.index) {
-                        self.me().sleep.sleep(timeout);
+                        self.own_shared().sleep.sleep(timeout);
                     }
                 }
-                None => self.me().sleep.sleep(timeout),
+                None => self.own_shared().sleep.sleep(timeout),
             }
             // Awake (the sleep's SeqCst exchange made it visible): the monitor watches again.
             sh.monitor.nudge();
@@ -2000,7 +2003,7 @@ impl Worker {
         // Woken, perhaps for shared work, but with work of its own to do first (a pinned
         // task, a woken fiber): have another worker take the shared work.
         if !sh.injector.is_empty()
-            && (!self.me().inbox.is_empty() || !self.ready.borrow().is_empty())
+            && (!self.own_shared().inbox.is_empty() || !self.ready.borrow().is_empty())
         {
             sh.notify_one();
         }
@@ -2010,7 +2013,7 @@ impl Worker {
     fn run_task(&self, task: ScheduleTask) {
         match task {
             ScheduleTask::New(job) => self.start(job),
-            ScheduleTask::Fiber(job) => self.resume(Held::Own(job)),
+            ScheduleTask::Fiber(job) => self.resume(ResumeRef::Counted(job)),
             ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
             ScheduleTask::Dump(req) => self.answer_dump(req),
         }
@@ -2019,7 +2022,7 @@ impl Worker {
     /// Pops the inbox, counting the wakes of fibers that came from other threads.
     #[inline(always)]
     fn pop_inbox(&self) -> Option<ScheduleTask> {
-        let task = pop(&self.me().inbox)?;
+        let task = pop(&self.own_shared().inbox)?;
         if matches!(task, ScheduleTask::Fiber(_)) {
             self.stats().remote_wakes.add(1);
         }
@@ -2193,8 +2196,8 @@ impl Worker {
             home.fiber = Some(coro);
             home.slot = registry.len();
             // SAFETY: the registry holds `job`'s reference from here until `finish`, which
-            // outlives every use of the alias (see `Held`).
-            let held = unsafe { Held::registered(&job) };
+            // outlives every use of the alias (see `ResumeRef`).
+            let held = unsafe { ResumeRef::alias_of_registered(&job) };
             registry.push(job);
             self.stats().fibers.set(registry.len() as u64);
             held
@@ -2204,7 +2207,7 @@ impl Worker {
 
     /// Switches to a fiber homed here and acts on what it asks when it comes back.
     #[inline(always)]
-    fn resume(&self, job: Held) {
+    fn resume(&self, job: ResumeRef) {
         let home = self.home(&**job);
         if let Some(id) = home.timer.take() {
             // Woken before its deadline: the timer can never fire for this park.
@@ -2337,7 +2340,7 @@ impl Worker {
 
     /// A fiber ended: recycle its stack, forget it, count it out.
     #[inline(never)]
-    fn finish(&self, job: Held, outcome: Outcome) {
+    fn finish(&self, job: ResumeRef, outcome: Outcome) {
         if FORKED.with(Cell::get) {
             // SAFETY: ends the process at once (see `forked_in_child`).
             unsafe {
@@ -2355,7 +2358,7 @@ impl Worker {
         }
         // Nobody may still be reading the header from another thread when we drop our
         // references below (see `Watch::peek`).
-        self.me().watch.retire(&self.stats().current);
+        self.own_shared().watch.retire(&self.stats().current);
         // Kept to the end: `job` may be an alias of it.
         let registered = self.unregister(&job);
         self.stats().finished.add(1);
@@ -2386,7 +2389,7 @@ impl Worker {
     /// Pops every queued unstarted task this worker can reach: its own queues and the
     /// injector. Wakes of started fibers found in the inbox go to `ready`.
     fn pop_unstarted(&self) -> Option<JobRef> {
-        while let Some(task) = self.me().inbox.pop() {
+        while let Some(task) = self.own_shared().inbox.pop() {
             match task {
                 ScheduleTask::New(job) => return Some(job),
                 ScheduleTask::Fiber(job) => {
@@ -2397,10 +2400,10 @@ impl Worker {
                 ScheduleTask::Dump(req) => self.answer_dump_now(req),
             }
         }
-        self.me()
+        self.own_shared()
             .local
             .pop()
-            .or_else(|| self.me().next.0.take())
+            .or_else(|| self.own_shared().next.0.take())
             .or_else(|| self.shared.injector.pop(false))
     }
 
@@ -2539,7 +2542,7 @@ mod tests {
         assert!(asker.is_quiet());
         assert!(asker.help.claim());
         asker.help.open(progress, shared.now_ns());
-        assert!(matches!(w0.answer_help(), Help::None));
+        assert!(matches!(w0.answer_help_request(), HelpAnswer::None));
         assert!(asker.help.claim(), "the request was closed");
         asker.help.close();
 
@@ -2548,7 +2551,7 @@ mod tests {
         assert!(!asker.is_quiet());
         assert!(asker.help.claim());
         asker.help.open(progress, shared.now_ns());
-        assert!(matches!(w0.answer_help(), Help::Wait(_, 1)));
+        assert!(matches!(w0.answer_help_request(), HelpAnswer::Wait(_, 1)));
         asker.stats.0.run_since.set_seqcst(0);
     }
 }
