@@ -16,8 +16,8 @@ pub(crate) mod worker;
 
 pub use watchdog::DEFAULT_WATCHDOG;
 
+pub(crate) use worker::cancel_started;
 pub use worker::current_worker;
-pub(crate) use worker::{cancel_started, unpark_fiber, unpark_fiber_alone, unpark_fiber_owned};
 
 use crate::error::{Error, SubmitError};
 use crate::fiber;

@@ -63,19 +63,18 @@
 //! started), so `catching` and `finally` continuations may wait like any fiber code.
 
 use crate::dump::{DumpRequest, Entry, Status, WaitOn};
-use crate::fiber::{
-    self, fiber_root, Coro, FiberMeta, Outcome, ParkRequest, Resume, Suspend, Yielder,
-};
+use crate::fiber::{self, fiber_root, Coro, FiberMeta, Outcome, Resume, Suspend, Yielder};
 use crate::join::JoinError;
 use crate::metrics::WorkerStats;
-use crate::park::Unparker;
+use crate::park::protocol::{self, ParkState, WakerCount};
 use crate::sched::cell::TaskArc;
 use crate::sched::idle::{Idlers, WorkerSleep};
 use crate::sched::injector::Injector;
 use crate::sched::live::LiveCount;
 use crate::sched::task::{
-    Cancel, Ended, HomeOnly, Job, JobRef, ParkState, Placement, ScheduleTask, Start, TaskSlot,
+    Cancel, Ended, HomeOnly, Job, JobRef, Placement, ScheduleTask, Start, TaskSlot,
 };
+use crate::sched::timers::TimerId;
 use crate::sched::timers::TimerWheel;
 use crate::sched::watchdog::{self, MonitorCtl, Watch};
 use crate::stack::{FiberStack, StackPool};
@@ -84,7 +83,6 @@ use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
@@ -259,8 +257,9 @@ pub(crate) struct WorkerShared {
     /// An open request for help with the task in this worker's `next` slot.
     help: HelpSlot,
     /// Wakers from other threads between their push into `inbox` and their last touch of
-    /// this worker (see `unpark_fiber`); the shared state is not freed while any is.
-    wakers: WakerCount,
+    /// this worker (see `park::protocol::unpark_fiber`); the shared state is not freed
+    /// while any is.
+    pub(crate) wakers: WakerCount,
     /// Counters and gauges for `Scheduler::metrics`, written by this worker only.
     pub(crate) stats: Padded<WorkerStats>,
     /// The fiber this worker runs, for the watchdog and the dump.
@@ -380,44 +379,6 @@ enum HelpAnswer {
 /// A value on a cache line of its own, so the owner's writes do not slow its neighbours.
 #[repr(align(128))]
 pub(crate) struct Padded<T>(pub(crate) T);
-
-/// Counts the wakers in the middle of a remote wake of one worker, so that the memory they
-/// touch outlives them (see `unpark_fiber`).
-pub(crate) struct WakerCount(WakerAtomic);
-
-#[cfg(loom)]
-type WakerAtomic = loom::sync::atomic::AtomicUsize;
-#[cfg(not(loom))]
-type WakerAtomic = AtomicUsize;
-
-impl WakerCount {
-    pub(crate) fn new() -> WakerCount {
-        WakerCount(WakerAtomic::new(0))
-    }
-
-    /// Before the push that makes the woken fiber runnable.
-    pub(crate) fn enter(&self) {
-        // Relaxed: the push that follows (Release) carries the increment to whoever pops
-        // the fiber, and from there along the chain that ends in `wait_out`.
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// After the waker's last touch of the worker.
-    pub(crate) fn leave(&self) {
-        // Release: the waker's touches happen before `wait_out`'s Acquire load sees it gone.
-        self.0.fetch_sub(1, Ordering::Release);
-    }
-
-    /// Waits until no waker is inside (a few instructions each), before the memory goes.
-    pub(crate) fn wait_out(&self) {
-        while self.0.load(Ordering::Acquire) != 0 {
-            #[cfg(loom)]
-            loom::thread::yield_now();
-            #[cfg(not(loom))]
-            std::thread::yield_now();
-        }
-    }
-}
 
 /// State shared by a scheduler's handle, its workers and every task it runs.
 pub(crate) struct Shared {
@@ -631,7 +592,8 @@ impl Shared {
 }
 
 impl Drop for Shared {
-    /// Waits out wakers still touching a worker (see `unpark_fiber`): a few instructions.
+    /// Waits out wakers still touching a worker (see
+    /// `park::protocol::unpark_fiber`): a few instructions.
     fn drop(&mut self) {
         self.monitor.stop();
         for w in self.workers.iter() {
@@ -740,55 +702,18 @@ pub(crate) fn with_current_shared<R>(f: impl FnOnce(Option<&Shared>) -> R) -> R 
     f(unsafe { w.as_ref() }.map(|w| &*w.shared))
 }
 
+/// The worker whose loop runs on this thread, of whichever scheduler, or null. While its
+/// loop is on this thread's stack it stays alive (see `Shared::local_worker`).
+#[inline(always)]
+pub(crate) fn this_thread_worker() -> *const Worker {
+    CURRENT_WORKER.with(|c| c.get())
+}
+
 /// The shared state of the scheduler whose worker runs on this thread, if any.
 pub(crate) fn current_shared() -> Option<Arc<Shared>> {
     let w = CURRENT_WORKER.with(|c| c.get());
     // SAFETY: see `Shared::local_worker`.
     unsafe { w.as_ref() }.map(|w| w.shared.clone())
-}
-
-/// Wakes a parked fiber: the `Unparker` side of the park protocol.
-///
-/// Winning `notify` means the fiber is parked and has not been queued by anybody else, so it
-/// cannot finish before we queue it, and its scheduler's shared state stays alive until then:
-/// `stop` waits for every task, and a fiber abandoned meanwhile keeps that state alive itself
-/// (`HomeOnly::keep_alive`), while we hold the task. After the push the fiber may run, finish,
-/// and the scheduler be dropped at once, so from just before the push to our last touch of
-/// the worker we are counted in its `wakers`, which `Shared`'s destructor waits out.
-pub(crate) fn unpark_fiber(job: &JobRef, gen: u64) {
-    if job.header().park.notify(gen) {
-        queue_woken(job.clone());
-    }
-}
-
-/// [`unpark_fiber`] for a caller that gives up its reference: the woken fiber is queued with
-/// it, so a wake costs no reference count increment and decrement.
-pub(crate) fn unpark_fiber_owned(job: JobRef, gen: u64) {
-    if job.header().park.notify(gen) {
-        queue_woken(job);
-    }
-}
-
-/// [`unpark_fiber_owned`] with the park's only unparker (`park::park_alone`). Called on the
-/// fiber's home worker, it wins the wake with a plain store: every other waker of this park
-/// (the fiber's timer, a cancellation) runs on that worker too, so none runs meanwhile.
-pub(crate) fn unpark_fiber_alone(job: JobRef, gen: u64) {
-    let h = job.header();
-    // SAFETY: the placement was written before the fiber first parked, and our unparker was
-    // made after that and reached us through the park's registration, which orders the
-    // write before this read. Only the pointer is compared; nothing behind it is read.
-    let p = unsafe { &*h.placement.get() };
-    let w = CURRENT_WORKER.with(|c| c.get());
-    // SAFETY: see `Shared::local_worker`.
-    if let Some(w) = unsafe { w.as_ref() } {
-        if w.index == p.worker && std::ptr::eq(Arc::as_ptr(&w.shared), p.sched) {
-            if h.park.notify_alone(gen) {
-                w.push_woken(job);
-            }
-            return;
-        }
-    }
-    unpark_fiber_owned(job, gen);
 }
 
 /// Fails the tasks queued for worker `index`, which is `absent` (its thread never started,
@@ -824,29 +749,6 @@ pub(crate) fn fail_injected(shared: &Shared) {
     }
 }
 
-/// Queues a fiber whose `park.notify` the caller won: on its home worker's `ready` when
-/// called there, else in that worker's inbox.
-fn queue_woken(job: JobRef) {
-    let h = job.header();
-    // SAFETY: written before the fiber first parked (see Placement), and the winner of
-    // `notify` has acquired it; the shared state is alive (see above).
-    let (sched, worker) = unsafe {
-        let p = &*h.placement.get();
-        (&*p.sched, p.worker)
-    };
-    if let Some(w) = sched.local_worker() {
-        if w.index == worker {
-            w.push_woken(job);
-            return;
-        }
-    }
-    let target = &sched.workers[worker];
-    target.wakers.enter();
-    target.inbox.push(ScheduleTask::Fiber(job));
-    target.sleep.wake();
-    target.wakers.leave();
-}
-
 /// Threads between their check that a task is not done and their last touch of its home
 /// worker in `cancel_started`, across every scheduler (cancels are rare); `Shared`'s
 /// destructor waits them out.
@@ -854,7 +756,7 @@ static CANCELLERS: AtomicUsize = AtomicUsize::new(0);
 
 /// `JoinHandle::cancel` of a started task: its home worker delivers it, between fibers (see
 /// `Worker::deliver_cancel`). A task not done yet keeps its scheduler's shared state alive
-/// (see `unpark_fiber`), and from our check on `CANCELLERS` keeps that state's destructor
+/// (see `park::protocol::unpark_fiber`), and from our check on `CANCELLERS` keeps that state's destructor
 /// waiting: it comes after the task's completion, which comes after our check in the SeqCst
 /// order, so it sees our count.
 pub(crate) fn cancel_started(job: JobRef) {
@@ -1138,7 +1040,7 @@ impl Worker {
     /// alone) only inside `resume`, while the worker holds nothing of it but the coroutine.
     #[allow(clippy::mut_from_ref)]
     #[inline(always)]
-    fn home<'j>(&self, job: &'j dyn Job) -> &'j mut HomeOnly {
+    pub(crate) fn home<'j>(&self, job: &'j dyn Job) -> &'j mut HomeOnly {
         let h = job.header();
         // SAFETY: `placement` is written once, by this worker, before any call of `home`.
         let placement = unsafe { &*h.placement.get() };
@@ -2251,50 +2153,11 @@ impl Worker {
             }
             corosensei::CoroutineResult::Yield(Suspend::Park(request)) => {
                 // SAFETY: the request lives on the suspended fiber's stack, which stays
-                // valid and untouched until the fiber resumes, after `publish_park`.
+                // valid and untouched until the fiber resumes, after `protocol::publish`.
                 let request = unsafe { request.as_ref() };
-                self.publish_park(job.into_owned(), request);
+                protocol::publish(self, job.into_owned(), request);
             }
             corosensei::CoroutineResult::Return(outcome) => self.finish(job, outcome),
-        }
-    }
-
-    /// The worker half of `park`: publish the fiber now that it is off the CPU.
-    #[inline(never)]
-    fn publish_park(&self, job: JobRef, request: &ParkRequest) {
-        let (register, deadline) = (request.register, request.deadline);
-        let gen = job.header().park.publish_parked();
-        if self.stats().stuck_since.load(Ordering::Relaxed) != 0 {
-            // The watchdog saw this worker inside one fiber for a while: the coarse clock,
-            // refreshed only every `CLOCK_INTERVAL` passes, is that much behind.
-            self.clock.set(crate::sys::coarse_ns());
-        }
-        let home = self.home(&*job);
-        home.since = self.clock.get();
-        home.deadline = deadline;
-        self.stats().parks.add(1);
-        if home.cancel == Cancel::Requested {
-            self.wake_own(&job, gen);
-            return;
-        }
-        if let Some(d) = deadline {
-            let mut timers = self.timers.borrow_mut();
-            home.timer = Some(timers.insert(d, (job.clone(), gen)));
-            self.stats().timers.set(timers.len() as u64);
-        }
-        // The unparker takes this reference (a wake then queues it as it is); the registry
-        // keeps the fiber alive meanwhile, and gives it back should `register` panic.
-        let slot = home.slot;
-        let unparker = Unparker::for_fiber(job, gen, request.alone);
-        // SAFETY: the closure lives on the suspended fiber's stack (see `park_until`) and is
-        // called exactly once, here, before the fiber can resume.
-        let r = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*register)(unparker) }));
-        if let Err(p) = r {
-            // Nothing runs between the fiber's suspension and here that could end a fiber,
-            // so its registry slot is unchanged.
-            let job = self.registry.borrow()[slot].clone();
-            self.home(&*job).pending_panic = Some(p);
-            self.wake_own(&job, gen);
         }
     }
 
@@ -2308,22 +2171,8 @@ impl Worker {
         }
         home.cancel = Cancel::Requested;
         if let Some(gen) = job.header().park.parked() {
-            self.wake_own(job, gen);
+            protocol::wake_at_home(self, job, gen);
         }
-    }
-
-    /// Wakes a fiber of this worker from this worker (cancellation, failed registration).
-    fn wake_own(&self, job: &JobRef, gen: u64) {
-        if job.header().park.notify(gen) {
-            self.push_woken(job.clone());
-        }
-    }
-
-    /// Queues a fiber of this worker woken on this worker (whoever won its wake).
-    #[inline]
-    fn push_woken(&self, job: JobRef) {
-        self.ready.borrow_mut().push_back(job);
-        self.stats().local_wakes.add(1);
     }
 
     /// Takes a fiber out of the registry.
@@ -2426,7 +2275,7 @@ impl Worker {
             }
             home.cancel = Cancel::Requested;
             if let Some(gen) = job.header().park.parked() {
-                self.wake_own(&job, gen);
+                protocol::wake_at_home(self, &job, gen);
             }
         }
     }
@@ -2510,6 +2359,53 @@ impl Worker {
     pub(crate) fn abandon_from_outside(&self) {
         self.phase.set(Phase::Abandoning);
         self.abandon_all();
+    }
+}
+
+/// What the park protocol (`crate::park::protocol`) asks of a fiber's home worker: the
+/// narrow calls it makes while it publishes a park and when it queues a woken fiber.
+impl Worker {
+    /// Queues a fiber of this worker woken on this worker (whoever won its wake).
+    #[inline]
+    pub(crate) fn push_woken(&self, job: JobRef) {
+        self.ready.borrow_mut().push_back(job);
+        self.stats().local_wakes.add(1);
+    }
+
+    /// Notes a park of `job`, which has just switched out: when (for the dump, with the
+    /// park's `deadline`), and one park more in the counters. Returns the fiber's home-only
+    /// state.
+    #[inline(always)]
+    pub(crate) fn note_parked<'j>(
+        &self,
+        job: &'j JobRef,
+        deadline: Option<Instant>,
+    ) -> &'j mut HomeOnly {
+        if self.stats().stuck_since.load(Ordering::Relaxed) != 0 {
+            // The watchdog saw this worker inside one fiber for a while: the coarse clock,
+            // refreshed only every `CLOCK_INTERVAL` passes, is that much behind.
+            self.clock.set(crate::sys::coarse_ns());
+        }
+        let home = self.home(&**job);
+        home.since = self.clock.get();
+        home.deadline = deadline;
+        self.stats().parks.add(1);
+        home
+    }
+
+    /// Files the timer of a park with a deadline: at `deadline` it wakes `job` from park
+    /// generation `gen`, unless something else woke it first (see `fire_timers`).
+    #[inline(always)]
+    pub(crate) fn arm_timer(&self, deadline: Instant, job: JobRef, gen: u64) -> TimerId {
+        let mut timers = self.timers.borrow_mut();
+        let id = timers.insert(deadline, (job, gen));
+        self.stats().timers.set(timers.len() as u64);
+        id
+    }
+
+    /// The registry's reference to the fiber in slot `slot`.
+    pub(crate) fn registered(&self, slot: usize) -> JobRef {
+        self.registry.borrow()[slot].clone()
     }
 }
 
