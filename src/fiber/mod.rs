@@ -5,7 +5,8 @@
 //! `Yield` (put me at the back of the queue) or `Park` (here is a closure that registers me
 //! somewhere). Whoever resumed it — a scheduler worker, or the caller of [`Fiber::resume`] —
 //! acts on the request only after the switch, on its own stack (docs/design.md, "Principles"). So no
-//! waker can ever see a fiber that is still running.
+//! waker can ever see a fiber that is still running. What a `Park` request holds, and what
+//! the worker does with it, is the park protocol's (`crate::park::protocol`).
 //!
 //! This module owns the thread-local "current fiber" pointer, fiber ids and the standalone
 //! [`Fiber`]. It knows nothing of schedulers beyond the `Suspend` values it hands them.
@@ -14,7 +15,7 @@ mod panic;
 
 pub(crate) use panic::install_panic_hook;
 
-use crate::park::Unparker;
+use crate::park::protocol::ParkRequest;
 use crate::stack::{FiberStack, StackPool, DEFAULT_STACK_SIZE};
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -44,18 +45,10 @@ pub(crate) enum Suspend {
     /// Requeue me at the back of my worker's queue.
     Yield,
     /// Do what this request (it lives on my suspended stack) says: call its registration
-    /// closure with my `Unparker`, wake me at its deadline if nobody else does first. One
-    /// thin pointer, so that the request travels through the switch in a register.
+    /// closure with my `Unparker`, wake me at its deadline if nobody else does first (the
+    /// park protocol, `crate::park::protocol`). One thin pointer, so that the request
+    /// travels through the switch in a register.
     Park(NonNull<ParkRequest>),
-}
-
-/// A park's request to its worker, on the parking fiber's stack (see `park::park_until`).
-pub(crate) struct ParkRequest {
-    /// The registration closure, also on that stack; its lifetime is erased.
-    pub(crate) register: *mut (dyn FnMut(Unparker) + 'static),
-    pub(crate) deadline: Option<std::time::Instant>,
-    /// The unparker will be the park's only one (`park::park_alone`).
-    pub(crate) alone: bool,
 }
 
 /// How a fiber's root function ended.
@@ -132,7 +125,7 @@ impl FiberInfo {
 /// as long as the fiber can run.
 ///
 /// `repr(C)`, with what every switch touches first (the yielder, the budget, the flags): in a
-/// task cell it follows the rest of the switch's fields (see `Home`), so that a yield reads
+/// task cell it follows the rest of the switch's fields (see `HomeOnly`), so that a yield reads
 /// and writes two or three cache lines of the cell rather than five.
 #[repr(C)]
 pub(crate) struct FiberMeta {

@@ -1,12 +1,11 @@
 //! Model checks of the scheduler's own atomics under loom (`ci/loom.sh`): the park word, the
 //! idle protocol and the wake-versus-free guard. Each model runs the real types of
-//! `task.rs`, `idle.rs` and `worker.rs` (their atomics are loom's under `--cfg loom`); the
-//! threads stand in for a home worker, wakers, a timer and a canceller.
+//! `park/protocol.rs`, `idle.rs` and `live.rs` (their atomics are loom's under `--cfg
+//! loom`); the threads stand in for a home worker, wakers, a timer and a canceller.
 
 use super::idle::{Idlers, WorkerSleep};
 use super::live::LiveCount;
-use super::task::ParkWord;
-use super::worker::WakerCount;
+use crate::park::protocol::{ParkWord, WakerCount};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -146,7 +145,7 @@ fn idle_protocol_a_spinner_finds_the_work() {
     });
 }
 
-/// The remote wake of `unpark_fiber` against the fiber finishing and the scheduler being
+/// The remote wake of `protocol::unpark_fiber` against the fiber finishing and the scheduler being
 /// freed at once: the waker's touch of the worker after its push (the unpark) always happens
 /// before the free. Without the count, loom reports the touch racing the free.
 #[test]

@@ -1,6 +1,6 @@
 //! The N:M [`Scheduler`]: N worker threads run M fibers. Its design (run queues, idle
-//! protocol, shutdown) is described at the top of `worker.rs`; this file is the public face:
-//! the builder, `start`, `submit`, `block_on`, `stop`.
+//! protocol, shutdown) is described in `worker/mod.rs` and its children; this file is the
+//! public face: the builder, `start`, `submit`, `block_on`, `stop`.
 
 pub(crate) mod cell;
 mod idle;
@@ -16,8 +16,8 @@ pub(crate) mod worker;
 
 pub use watchdog::DEFAULT_WATCHDOG;
 
+pub(crate) use worker::cancel_started;
 pub use worker::current_worker;
-pub(crate) use worker::{cancel_started, unpark_fiber, unpark_fiber_alone, unpark_fiber_owned};
 
 use crate::error::{Error, SubmitError};
 use crate::fiber;
@@ -593,7 +593,7 @@ impl Scheduler {
         self.shutdown(Shutdown::Discard)
     }
 
-    /// The shutdown state machine's driver (the phases are described in `worker.rs`).
+    /// The shutdown state machine's driver (the phases are described in `worker/shutdown.rs`).
     fn shutdown(&self, how: Shutdown) -> usize {
         let sh = &self.shared;
         if sh.phase.advance_from(Phase::New, Phase::Stopping) {

@@ -1,6 +1,6 @@
 //! A scheduled task: the type-erased [`Job`] the run queues carry, its [`Header`] —
-//! identity, [`ParkWord`], completion state and joiners, and the fields only its home worker
-//! touches.
+//! identity, park word (the park protocol's `ParkWord`), completion state and joiners, and
+//! the fields only its home worker touches ([`HomeOnly`]).
 //!
 //! One allocation per submitted task holds the header, the closure and the result slot
 //! (`join::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by
@@ -9,6 +9,7 @@
 use crate::dump::WaitOn;
 use crate::fiber::{Coro, FiberId, FiberMeta};
 use crate::join::JoinError;
+use crate::park::protocol::ParkWord;
 use crate::sched::cell::{Inner, TaskArc};
 use crate::sched::timers::TimerId;
 use crate::sched::worker::Shared;
@@ -20,11 +21,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-
-#[cfg(loom)]
-use loom::sync::atomic::AtomicU64;
-#[cfg(not(loom))]
-use std::sync::atomic::AtomicU64;
 
 /// How a task's fiber starts: run the closure, or publish an error without running it
 /// (cancelled before it started, no stack of its size) — inside a fiber all the same, so
@@ -183,122 +179,6 @@ pub(crate) enum ScheduleTask {
     Dump(Arc<crate::dump::DumpRequest>),
 }
 
-/// The park word's state, in its low two bits.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum ParkState {
-    /// Running, ready to run, or finished: no `Unparker` of this generation can act.
-    Running,
-    /// Suspended in `park`, published to wakers.
-    Parked,
-    /// A waker (unparker, timer, canceller) won the wake and queues the fiber.
-    Notified,
-}
-
-/// A task's park word: `(generation << 2) | state`.
-///
-/// Every resumption starts a new generation, and an `Unparker` carries the generation of
-/// the park it was made for, so a stale one (from an earlier park) never wakes a later park.
-/// Of all the wakers racing for one park — unparkers, the timer, cancellation — exactly one
-/// wins [`notify`](ParkWord::notify) and must queue the fiber. Only the home worker moves
-/// the word out of `Notified` or `Running`.
-pub(crate) struct ParkWord(AtomicU64);
-
-use crate::park::word::STATE_BITS;
-const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
-const RUNNING: u64 = crate::park::word::RUNNING as u64;
-const PARKED: u64 = crate::park::word::PARKED as u64;
-const NOTIFIED: u64 = crate::park::word::NOTIFIED as u64;
-
-impl ParkWord {
-    pub(crate) fn new() -> ParkWord {
-        ParkWord(AtomicU64::new(RUNNING))
-    }
-
-    fn split(word: u64) -> (u64, ParkState) {
-        let state = match word & STATE_MASK {
-            RUNNING => ParkState::Running,
-            PARKED => ParkState::Parked,
-            NOTIFIED => ParkState::Notified,
-            other => unreachable!("park word in state {other}"),
-        };
-        (word >> STATE_BITS, state)
-    }
-
-    /// The home worker is about to resume the fiber: a new generation, `Running`. Every
-    /// `Unparker` made before is stale from now on.
-    #[inline]
-    pub(crate) fn begin_run(&self) {
-        // Relaxed: only the home worker writes the word outside `Parked`, and it got the
-        // fiber (from its own queue, or from a waker through the inbox's Release/Acquire)
-        // after the word left `Parked`.
-        let (gen, state) = Self::split(self.0.load(Ordering::Relaxed));
-        debug_assert_ne!(state, ParkState::Parked, "resuming a fiber still parked");
-        self.0
-            .store(((gen + 1) << STATE_BITS) | RUNNING, Ordering::Relaxed);
-    }
-
-    /// The home worker publishes a fiber that has just switched out in `park`. Returns the
-    /// generation its `Unparker` must carry.
-    #[inline]
-    pub(crate) fn publish_parked(&self) -> u64 {
-        let (gen, state) = Self::split(self.0.load(Ordering::Relaxed));
-        debug_assert_eq!(
-            state,
-            ParkState::Running,
-            "parking a fiber that is not running"
-        );
-        // Release: a waker that wins `notify` on this value sees everything the worker wrote
-        // before (the task's placement above all).
-        self.0
-            .store((gen << STATE_BITS) | PARKED, Ordering::Release);
-        gen
-    }
-
-    /// [`ParkWord::notify`] by the only waker that can act now: the home worker's thread,
-    /// holding a park's only unparker (`park::park_alone`), while every other waker of the
-    /// park runs on that thread too. A plain load and store: nothing else writes the word
-    /// meanwhile (a stale unparker's compare-and-swap fails without writing).
-    #[inline]
-    pub(crate) fn notify_alone(&self, gen: u64) -> bool {
-        let parked = (gen << STATE_BITS) | PARKED;
-        // Relaxed: the fiber resumes on this thread, after this store in program order.
-        if self.0.load(Ordering::Relaxed) != parked {
-            return false;
-        }
-        self.0
-            .store((gen << STATE_BITS) | NOTIFIED, Ordering::Relaxed);
-        true
-    }
-
-    /// A waker's move from "parked in generation `gen`" to `Notified`. True for exactly one
-    /// of the racing wakers, which must then queue the fiber on its home worker.
-    #[inline]
-    pub(crate) fn notify(&self, gen: u64) -> bool {
-        let parked = (gen << STATE_BITS) | PARKED;
-        let notified = (gen << STATE_BITS) | NOTIFIED;
-        // AcqRel: Acquire pairs with `publish_parked`'s Release (the winner sees the
-        // placement); Release publishes the waker's own writes to the fiber, which the home
-        // worker acquires through the queue it pops the fiber from.
-        self.0
-            .compare_exchange(parked, notified, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// The generation of the current park, if the fiber is parked and nobody won its wake.
-    pub(crate) fn parked(&self) -> Option<u64> {
-        // Acquire: as in `notify`, for a caller that goes on to notify.
-        match Self::split(self.0.load(Ordering::Acquire)) {
-            (gen, ParkState::Parked) => Some(gen),
-            _ => None,
-        }
-    }
-
-    /// The current state, for diagnostics.
-    pub(crate) fn state(&self) -> ParkState {
-        Self::split(self.0.load(Ordering::Relaxed)).1
-    }
-}
-
 /// Where a started fiber lives. Written once by the worker that starts it, before any
 /// `Unparker` exists; read by unparkers after they won `ParkWord::notify`, which orders the
 /// read after that write.
@@ -320,7 +200,8 @@ pub(crate) enum Cancel {
     Delivered,
 }
 
-/// State that only the home worker thread (and the fiber itself, on that thread) touches.
+/// A started fiber's home-only state: what only its home worker thread (and the fiber
+/// itself, on that thread) touches.
 ///
 /// `repr(C)`, in the order a resumption and a yield touch it: the coroutine, the park's
 /// timer and outcome, then `meta`, whose own hot fields come first; with `Header::park` just
@@ -328,7 +209,7 @@ pub(crate) enum Cancel {
 /// the compiler they spread over five cache lines, and a worker cycling through a hundred
 /// yielding fibers pays for the extra lines in misses.
 #[repr(C)]
-pub(crate) struct Home {
+pub(crate) struct HomeOnly {
     /// The coroutine; `None` before start and after the end.
     pub(crate) fiber: Option<Coro>,
     /// The timer of the current timed park, cancelled if something else wakes the fiber.
@@ -402,9 +283,9 @@ pub(crate) struct Header {
     has_joiners: AtomicBool,
     joiners: Lock<Joiners>,
     pub(crate) placement: UnsafeCell<Placement>,
-    /// Written at every resumption and park: kept next to `home` (see `Home`).
+    /// Written at every resumption and park: kept next to `home` (see `HomeOnly`).
     pub(crate) park: ParkWord,
-    pub(crate) home: UnsafeCell<Home>,
+    pub(crate) home: UnsafeCell<HomeOnly>,
 }
 
 // SAFETY: the shared fields are atomics or behind a lock. `placement` is written once by the
@@ -448,7 +329,7 @@ impl Header {
                 sched: std::ptr::null(),
                 worker: 0,
             }),
-            home: UnsafeCell::new(Home {
+            home: UnsafeCell::new(HomeOnly {
                 fiber: None,
                 meta: FiberMeta::new(id, name, None),
                 slot: 0,
@@ -592,12 +473,12 @@ mod layout {
 
     /// The fields a switch touches (`Header::park` up to `FiberMeta::suspended_at`, which
     /// every suspension writes) stay within 128 bytes, two or three cache lines however the
-    /// cell is placed (see `Home`).
+    /// cell is placed (see `HomeOnly`).
     #[test]
     fn a_switchs_fields_are_close_together() {
         let first = offset_of!(Header, park);
         let end = offset_of!(Header, home)
-            + offset_of!(Home, meta)
+            + offset_of!(HomeOnly, meta)
             + offset_of!(FiberMeta, suspended_at)
             + std::mem::size_of::<usize>();
         assert!(first < end, "park comes first");

@@ -12,21 +12,27 @@
 //! whose unparker is its only one, `fibra::sync`'s, is won with a plain store when it is
 //! used on the fiber's own worker, where no other waker can run at the same time: see
 //! `park_alone`.)
+//!
+//! This module is the API: `park`, `park_timeout`, `Unparker`. How a scheduled fiber parks
+//! and is woken — the park word, the request, the worker's publication, the wakers — is
+//! [`protocol`]; how a plain thread parks is `thread`.
+
+pub(crate) mod protocol;
+mod thread;
 
 use crate::dump::WaitOn;
-use crate::fiber::{current_meta, suspend, ParkRequest, Suspend};
+use crate::fiber::{current_meta, suspend, Suspend};
 use crate::sched::task::JobRef;
 use crate::sched::worker::Shared;
-use crate::sys::futex;
-use std::cell::RefCell;
+use protocol::ParkRequest;
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::RawWakerVTable;
 use std::time::Instant;
+use thread::{block_thread, ThreadSlot};
 
 /// How a [`park_timeout`] ended.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -193,7 +199,7 @@ impl Unparker {
     /// woken, timed out, or has moved on to another park.
     pub fn unpark(&self) {
         self.with_target(|t| match t {
-            Target::Fiber(job, gen, _) => crate::sched::unpark_fiber(job, *gen),
+            Target::Fiber(job, gen, _) => protocol::unpark_fiber(job, *gen),
             Target::Thread(slot, gen) => slot.unpark(*gen),
             Target::Worker(shared, index) => shared.workers[*index].sleep.wake(),
             Target::Waker(w) => wake_foreign(|| w.wake_by_ref()),
@@ -205,8 +211,8 @@ impl Unparker {
     #[inline]
     pub(crate) fn unpark_owned(self) {
         match self.into_target() {
-            Target::Fiber(job, gen, true) => crate::sched::unpark_fiber_alone(job, gen),
-            Target::Fiber(job, gen, false) => crate::sched::unpark_fiber_owned(job, gen),
+            Target::Fiber(job, gen, true) => protocol::unpark_fiber_alone(job, gen),
+            Target::Fiber(job, gen, false) => protocol::unpark_fiber_owned(job, gen),
             Target::Thread(slot, gen) => slot.unpark(gen),
             Target::Worker(shared, index) => shared.workers[index].sleep.wake(),
             Target::Waker(w) => wake_foreign(|| w.wake()),
@@ -318,7 +324,7 @@ pub(crate) fn park_until(
 /// which hand it to one waker under their own synchronization). A fiber's other wakers —
 /// its timer, a cancellation — all run on its home worker, so when the unparker is used
 /// there too, nothing else can race for the wake and it is won with a plain store
-/// (`ParkWord::notify_alone`) instead of a compare-and-swap.
+/// (`protocol::ParkWord::notify_alone`) instead of a compare-and-swap.
 // Under loom, `fibra::sync` parks with the model's `park` instead.
 #[cfg_attr(loom, allow(dead_code))]
 #[inline(always)]
@@ -367,131 +373,10 @@ fn park_with(
     }
 }
 
-/// The park word's encoding, shared by a task's `ParkWord` (64 bits) and a thread's
-/// `ThreadSlot` (32 bits, for the futex): `(generation << STATE_BITS) | state`.
-pub(crate) mod word {
-    /// Not parked: running, ready, or (a thread) between parks.
-    pub(crate) const RUNNING: u32 = 0;
-    /// Parked and published to wakers.
-    pub(crate) const PARKED: u32 = 1;
-    /// A waker won the wake of this park.
-    pub(crate) const NOTIFIED: u32 = 2;
-    /// How many low bits hold the state.
-    pub(crate) const STATE_BITS: u32 = 2;
-}
-
-use word::{NOTIFIED, PARKED, RUNNING as IDLE, STATE_BITS};
-const GEN_MASK: u32 = u32::MAX >> STATE_BITS;
-const STATE_MASK: u32 = (1 << STATE_BITS) - 1;
-
-/// A thread's park word: `(generation << 2) | state`, waited on with a futex.
-pub(crate) struct ThreadSlot {
-    word: AtomicU32,
-}
-
-impl ThreadSlot {
-    fn new() -> Arc<ThreadSlot> {
-        Arc::new(ThreadSlot {
-            word: AtomicU32::new(IDLE),
-        })
-    }
-
-    fn unpark(&self, gen: u32) {
-        let parked = (gen << STATE_BITS) | PARKED;
-        let notified = (gen << STATE_BITS) | NOTIFIED;
-        // Release: what the waker wrote before unparking is visible to the woken thread,
-        // which reads the word with Acquire.
-        if self
-            .word
-            .compare_exchange(parked, notified, Ordering::Release, Ordering::Relaxed)
-            .is_ok()
-        {
-            futex::wake(&self.word, 1);
-        }
-    }
-}
-
-thread_local! {
-    /// The thread's slot. Replaced by a fresh one once its generations run out, so that an
-    /// unparker kept from 2^30 parks ago (same generation) cannot wake the current park.
-    static SLOT: RefCell<Arc<ThreadSlot>> = RefCell::new(ThreadSlot::new());
-}
-
-/// Restores a thread slot to idle with the next generation, even if `register` panics; after
-/// the last generation, retires it.
-struct NextGeneration<'a> {
-    slot: &'a Arc<ThreadSlot>,
-    gen: u32,
-}
-
-impl Drop for NextGeneration<'_> {
-    fn drop(&mut self) {
-        let next = (self.gen.wrapping_add(1) & GEN_MASK) << STATE_BITS;
-        self.slot.word.store(next | IDLE, Ordering::Relaxed);
-        if self.gen == GEN_MASK {
-            // The unparkers of this slot's old parks keep it alive, but nothing parks on it
-            // again, so their compare-and-swap never matches.
-            let _ = SLOT.try_with(|s| {
-                if let Ok(mut s) = s.try_borrow_mut() {
-                    if Arc::ptr_eq(&s, self.slot) {
-                        *s = ThreadSlot::new();
-                    }
-                }
-            });
-        }
-    }
-}
-
-fn block_thread(deadline: Option<Instant>, register: impl FnOnce(Unparker)) -> ParkResult {
-    // The thread's slot, unless it is already parked: a wait inside `register` (or in a
-    // standalone fiber or a destructor run from there) must not take the outer park's
-    // generation, which the outer unparker would then wake. A thread-local destructor may
-    // also wait after this thread's slot is gone. Either gets a slot of its own for this
-    // one wait.
-    let slot = SLOT
-        .try_with(|s| s.borrow().clone())
-        .ok()
-        .filter(|s| s.word.load(Ordering::Relaxed) & STATE_MASK == IDLE)
-        .unwrap_or_else(ThreadSlot::new);
-    // Only this thread writes the word while it is IDLE, so a plain store is enough.
-    let gen = slot.word.load(Ordering::Relaxed) >> STATE_BITS;
-    let parked = (gen << STATE_BITS) | PARKED;
-    let notified = (gen << STATE_BITS) | NOTIFIED;
-    slot.word.store(parked, Ordering::Relaxed);
-    let _next = NextGeneration { slot: &slot, gen };
-    register(Unparker::for_thread(slot.clone(), gen));
-    loop {
-        let w = slot.word.load(Ordering::Acquire);
-        if w == notified {
-            return ParkResult::Unparked;
-        }
-        let timeout = match deadline {
-            None => None,
-            Some(d) => {
-                let now = Instant::now();
-                if now >= d {
-                    // Withdraw; if that fails, an unpark just won the race.
-                    match slot.word.compare_exchange(
-                        parked,
-                        (gen << STATE_BITS) | IDLE,
-                        Ordering::Acquire,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => return ParkResult::TimedOut,
-                        Err(_) => return ParkResult::Unparked,
-                    }
-                }
-                Some(d - now)
-            }
-        };
-        futex::wait(&slot.word, w, timeout);
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::{Wake, Waker};
     use std::time::Duration;
 
@@ -534,100 +419,6 @@ mod tests {
         let noop = Unparker::from_waker(Waker::noop().clone());
         noop.clone().unpark_owned();
         noop.unpark();
-    }
-
-    /// A thread's unparker (and its clones) hold the thread's slot; all of them released,
-    /// the slot is back to the thread's own reference, and a stale clone does nothing.
-    #[test]
-    fn a_thread_unparker_releases_its_slot() {
-        let before = SLOT.with(|s| Arc::strong_count(&s.borrow()));
-        let mut stale = None;
-        let mut waker = None;
-        park(|u| {
-            assert!(format!("{u:?}").contains("thread"));
-            stale = Some(u.clone());
-            let u2 = u.clone();
-            drop(u);
-            waker = Some(std::thread::spawn(move || u2.unpark_owned()));
-        });
-        // The waker releases its unparker just after the unpark.
-        waker.expect("registered").join().unwrap();
-        let stale = stale.expect("registered");
-        assert_eq!(SLOT.with(|s| Arc::strong_count(&s.borrow())), before + 1);
-        // A new park: the stale unparker cannot end it.
-        stale.unpark();
-        let r = park_timeout(Instant::now() + Duration::from_millis(20), |_| {});
-        assert_eq!(r, ParkResult::TimedOut);
-        drop(stale);
-        assert_eq!(SLOT.with(|s| Arc::strong_count(&s.borrow())), before);
-    }
-
-    /// The generation of a thread's slot has 30 bits: an unparker kept from a park 2^30
-    /// parks ago carries the generation of a current one. The slot is retired once its
-    /// generations run out, so that unparker wakes nothing. (The thread's generation is
-    /// moved on by hand here; parking 2^30 times takes over a minute.)
-    #[test]
-    fn an_unparker_from_before_the_generations_ran_out_wakes_nothing() {
-        let set_gen =
-            |g: u32| SLOT.with(|s| s.borrow().word.store(g << STATE_BITS, Ordering::Relaxed));
-        set_gen(5);
-        let mut stale = None;
-        park(|u| {
-            stale = Some(u.clone());
-            u.unpark();
-        });
-        let stale = stale.expect("registered");
-        // The last generation; then, on whatever slot the thread has now, generation 5 again.
-        set_gen(GEN_MASK);
-        assert_eq!(park_timeout(Instant::now(), |_| {}), ParkResult::TimedOut);
-        set_gen(5);
-        let r = park_timeout(Instant::now() + Duration::from_millis(300), |_| {
-            // Unparked from another thread while this one is parked.
-            let stale = stale.clone();
-            std::thread::spawn(move || stale.unpark());
-        });
-        assert_eq!(
-            r,
-            ParkResult::TimedOut,
-            "a stale unparker ended a later park"
-        );
-    }
-
-    /// A wait queue's waiter on a plain thread woken by an unpark that was not its own (a
-    /// bug elsewhere, simulated by flipping its slot's word by hand) must not leave its
-    /// node linked: it waits on, and the real wake still reaches it.
-    #[test]
-    fn a_stray_thread_wake_leaves_a_wait_queue_waiter_waiting() {
-        let barrier = Arc::new(crate::sync::Barrier::new(2));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let b = barrier.clone();
-        let t = std::thread::spawn(move || {
-            tx.send(SLOT.with(|s| s.borrow().clone())).unwrap();
-            b.wait().is_leader()
-        });
-        let slot = rx.recv().unwrap();
-        let until = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < until {
-            let w = slot.word.load(Ordering::Acquire);
-            if w & STATE_MASK == PARKED
-                && slot
-                    .word
-                    .compare_exchange(
-                        w,
-                        w - PARKED + NOTIFIED,
-                        Ordering::Release,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-            {
-                futex::wake(&slot.word, 1);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(!t.is_finished(), "the waiter left the barrier alone");
-        let leader = barrier.wait().is_leader();
-        let other = t.join().expect("the waiter");
-        assert!(leader != other, "exactly one leader");
     }
 
     /// A fiber's unparker holds one reference to its task, so clones outliving the task are
