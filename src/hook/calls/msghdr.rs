@@ -81,7 +81,7 @@ pub(super) fn iov_rest(iov: &[iovec], mut off: usize) -> Vec<iovec> {
         }
         rest.push(iovec {
             // SAFETY: `off` is below this buffer's length, so the pointer stays inside it.
-            iov_base: unsafe { v.iov_base.cast::<u8>().add(off).cast() },
+            iov_base: unsafe { v.iov_base.byte_add(off) },
             iov_len: v.iov_len - off,
         });
         off = 0;

@@ -80,7 +80,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
     recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
-        real::recv(fd, buf.cast::<u8>().add(off).cast(), n - off, flags)
+        real::recv(fd, buf.byte_add(off), n - off, flags)
     })
 }
 
@@ -95,14 +95,7 @@ pub unsafe extern "C" fn recvfrom(
 ) -> ssize_t {
     // SAFETY: the caller's arguments; `off` as in `recv`.
     recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
-        real::recvfrom(
-            fd,
-            buf.cast::<u8>().add(off).cast(),
-            n - off,
-            flags,
-            addr,
-            len,
-        )
+        real::recvfrom(fd, buf.byte_add(off), n - off, flags, addr, len)
     })
 }
 
@@ -169,7 +162,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
         fd,
         WRITE,
         || n,
-        |off| unsafe { real::write(fd, buf.cast::<u8>().add(off).cast(), n - off) },
+        |off| unsafe { real::write(fd, buf.byte_add(off), n - off) },
     )
 }
 
@@ -208,7 +201,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
         flags,
         WRITE,
         || n,
-        |off| unsafe { real::send(fd, buf.cast::<u8>().add(off).cast(), n - off, flags) },
+        |off| unsafe { real::send(fd, buf.byte_add(off), n - off, flags) },
     )
 }
 
@@ -227,16 +220,7 @@ pub unsafe extern "C" fn sendto(
         flags,
         WRITE,
         || n,
-        |off| unsafe {
-            real::sendto(
-                fd,
-                buf.cast::<u8>().add(off).cast(),
-                n - off,
-                flags,
-                addr,
-                len,
-            )
-        },
+        |off| unsafe { real::sendto(fd, buf.byte_add(off), n - off, flags, addr, len) },
     )
 }
 
