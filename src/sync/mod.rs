@@ -55,6 +55,89 @@ macro_rules! const_unless_loom {
     };
 }
 
+/// What std's `Mutex` and `RwLock` have alike, written once for fibra's two: the poisoning
+/// accessors (with the docs each type gives them here), `Debug` of the lock (through
+/// `$try_shared`, which takes shared access without waiting), `Default` and `From`; and for
+/// each guard type, `Sync` when `T` is, `Debug` and `Display`. Expanded inside the lock's
+/// module, whose lock has `poison` (a `poison::Flag`) and `data` fields, and where `fmt`,
+/// `LockResult` and `TryLockError` are in scope.
+macro_rules! lock_api {
+    (
+        $lock:ident, $try_shared:ident, [$($guard:ident),+];
+        $(#[$into_inner:meta])* fn into_inner;
+        $(#[$is_poisoned:meta])* fn is_poisoned;
+        $(#[$clear_poison:meta])* fn clear_poison;
+        $(#[$get_mut:meta])* fn get_mut;
+    ) => {
+        impl<T> $lock<T> {
+            $(#[$into_inner])*
+            pub fn into_inner(self) -> LockResult<T> {
+                let poison = self.poison;
+                poison.result(self.data.into_inner())
+            }
+        }
+
+        impl<T: ?Sized> $lock<T> {
+            $(#[$is_poisoned])*
+            pub fn is_poisoned(&self) -> bool {
+                self.poison.get()
+            }
+
+            $(#[$clear_poison])*
+            pub fn clear_poison(&self) {
+                self.poison.clear();
+            }
+
+            $(#[$get_mut])*
+            pub fn get_mut(&mut self) -> LockResult<&mut T> {
+                self.poison.result(self.data.exclusive())
+            }
+        }
+
+        impl<T: ?Sized + fmt::Debug> fmt::Debug for $lock<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let mut d = f.debug_struct(stringify!($lock));
+                match self.$try_shared() {
+                    Ok(guard) => d.field("data", &&*guard),
+                    Err(TryLockError::Poisoned(err)) => d.field("data", &&**err.get_ref()),
+                    Err(TryLockError::WouldBlock) => d.field("data", &format_args!("<locked>")),
+                };
+                d.field("poisoned", &self.poison.get());
+                d.finish_non_exhaustive()
+            }
+        }
+
+        impl<T: Default> Default for $lock<T> {
+            fn default() -> $lock<T> {
+                $lock::new(T::default())
+            }
+        }
+
+        impl<T> From<T> for $lock<T> {
+            fn from(value: T) -> $lock<T> {
+                $lock::new(value)
+            }
+        }
+
+        $(
+            // SAFETY: a shared guard only gives `&T`.
+            unsafe impl<T: ?Sized + Sync> Sync for $guard<'_, T> {}
+
+            impl<T: ?Sized + fmt::Debug> fmt::Debug for $guard<'_, T> {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    fmt::Debug::fmt(&**self, f)
+                }
+            }
+
+            impl<T: ?Sized + fmt::Display> fmt::Display for $guard<'_, T> {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    (**self).fmt(f)
+                }
+            }
+        )+
+    };
+}
+
 /// What the handles of the `mpsc` and `mpmc` channels have alike: senders counted on clone
 /// and drop, a select's offer of a send (see `select::Offers`), the receiver's iterators,
 /// and `Debug`. Expanded inside each module, where `Sender`, `SyncSender` and `Receiver`
