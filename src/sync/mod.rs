@@ -38,8 +38,9 @@
 //! # Implementation map
 //! `wait_queue` is the FIFO every primitive waits in (intrusive nodes on the waiters'
 //! stacks; its module docs give the handshake). `mutex` adds a one-byte lock word with
-//! atomic fast paths, `oneshot` a lock-free single-waiter slot. `shim` gathers the atomics,
-//! cells and park so that `RUSTFLAGS="--cfg loom"` can model-check them (`ci/loom.sh`).
+//! atomic fast paths, `oneshot` a lock-free single-waiter slot; `chan` is the channel core
+//! that `mpsc` and `mpmc` are built on. `shim` gathers the atomics, cells and park so that
+//! `RUSTFLAGS="--cfg loom"` can model-check them (`ci/loom.sh`).
 
 /// Declares a constructor `const` in normal builds. loom's instrumented types cannot be
 /// created in a const context, so under `cfg(loom)` it is a plain `fn`.
@@ -138,152 +139,11 @@ macro_rules! lock_api {
     };
 }
 
-/// What the handles of the `mpsc` and `mpmc` channels have alike: senders counted on clone
-/// and drop, a select's offer of a send (see `select::Offers`), the receiver's iterators,
-/// and `Debug`. Expanded inside each module, where `Sender`, `SyncSender` and `Receiver`
-/// (with `recv`, `try_recv` and `iter`) and the channel's `add_sender`/`drop_sender`/
-/// `offer`/`withdraw` are in scope.
-macro_rules! channel_handles {
-    () => {
-        channel_handles!(@offer Sender);
-        channel_handles!(@offer SyncSender);
-
-        impl<T> Clone for Sender<T> {
-            fn clone(&self) -> Sender<T> {
-                self.chan.add_sender();
-                Sender {
-                    chan: self.chan.clone(),
-                }
-            }
-        }
-
-        impl<T> Drop for Sender<T> {
-            fn drop(&mut self) {
-                self.chan.drop_sender();
-            }
-        }
-
-        impl<T> Clone for SyncSender<T> {
-            fn clone(&self) -> SyncSender<T> {
-                self.chan.add_sender();
-                SyncSender {
-                    chan: self.chan.clone(),
-                }
-            }
-        }
-
-        impl<T> Drop for SyncSender<T> {
-            fn drop(&mut self) {
-                self.chan.drop_sender();
-            }
-        }
-
-        /// Iterator from [`Receiver::iter`]: waits for each message, ends on disconnection.
-        #[derive(Debug)]
-        pub struct Iter<'a, T: 'a> {
-            rx: &'a Receiver<T>,
-        }
-
-        /// Iterator from [`Receiver::try_iter`]: yields what is there now, never waits.
-        #[derive(Debug)]
-        pub struct TryIter<'a, T: 'a> {
-            rx: &'a Receiver<T>,
-        }
-
-        /// Owning iterator from `Receiver::into_iter`: waits for each message, ends on disconnection.
-        #[derive(Debug)]
-        pub struct IntoIter<T> {
-            rx: Receiver<T>,
-        }
-
-        impl<T> Iterator for Iter<'_, T> {
-            type Item = T;
-
-            fn next(&mut self) -> Option<T> {
-                self.rx.recv().ok()
-            }
-        }
-
-        impl<T> Iterator for TryIter<'_, T> {
-            type Item = T;
-
-            fn next(&mut self) -> Option<T> {
-                self.rx.try_recv().ok()
-            }
-        }
-
-        impl<T> Iterator for IntoIter<T> {
-            type Item = T;
-
-            fn next(&mut self) -> Option<T> {
-                self.rx.recv().ok()
-            }
-        }
-
-        impl<'a, T> IntoIterator for &'a Receiver<T> {
-            type Item = T;
-            type IntoIter = Iter<'a, T>;
-
-            fn into_iter(self) -> Iter<'a, T> {
-                self.iter()
-            }
-        }
-
-        impl<T> IntoIterator for Receiver<T> {
-            type Item = T;
-            type IntoIter = IntoIter<T>;
-
-            fn into_iter(self) -> IntoIter<T> {
-                IntoIter { rx: self }
-            }
-        }
-
-        impl<T> fmt::Debug for Sender<T> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct("Sender").finish_non_exhaustive()
-            }
-        }
-
-        impl<T> fmt::Debug for SyncSender<T> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct("SyncSender").finish_non_exhaustive()
-            }
-        }
-
-        impl<T> fmt::Debug for Receiver<T> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct("Receiver").finish_non_exhaustive()
-            }
-        }
-    };
-    (@offer $sender:ident) => {
-        impl<T> $sender<T> {
-            /// A waiting select's offer of its send (see `Chan::offer`; never made on an
-            /// unbounded channel, which is no rendezvous).
-            pub(crate) fn select_offer(
-                &self,
-                msg: T,
-                s: &std::sync::Arc<super::select::Signal>,
-                arm: usize,
-            ) -> Result<(), T> {
-                self.chan.offer(msg, s, arm)
-            }
-
-            /// Takes a select's offer back: `None` if a receiver took it.
-            pub(crate) fn select_withdraw(
-                &self,
-                s: &std::sync::Arc<super::select::Signal>,
-                arm: usize,
-            ) -> Option<T> {
-                self.chan.withdraw(s, arm)
-            }
-        }
-    };
-}
-
 mod barrier;
 pub mod broadcast;
 mod cancel_token;
+#[macro_use]
+mod chan;
 mod condvar;
 pub mod mpmc;
 pub mod mpsc;
