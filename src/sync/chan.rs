@@ -52,12 +52,14 @@ impl<T> Copy for Slot<T> {}
 unsafe impl<T: Send> Send for Slot<T> {}
 
 impl<T> Slot<T> {
+    #[inline]
     pub(super) fn new(cell: &UnsafeCell<Option<T>>) -> Slot<T> {
         Slot(NonNull::from(cell))
     }
 
     /// # Safety
     /// The slot's node is linked (so the slot is alive) and the channel's lock is held.
+    #[inline]
     pub(super) unsafe fn put(self, msg: T) {
         // SAFETY: per the caller; the waiter reads its slot only after it was woken or
         // under the lock, so the lock makes this the only access.
@@ -66,6 +68,7 @@ impl<T> Slot<T> {
 
     /// # Safety
     /// As for [`Slot::put`].
+    #[inline]
     pub(super) unsafe fn take(self) -> T {
         // SAFETY: per the caller.
         let msg = unsafe { self.0.as_ref().with_mut(|s| (*s).take()) };
@@ -77,6 +80,7 @@ impl<T> Slot<T> {
 ///
 /// # Safety
 /// The slot's node is not linked (the wait ended): nobody else can reach the cell.
+#[inline]
 unsafe fn take_own<T>(slot: &UnsafeCell<Option<T>>) -> Option<T> {
     // SAFETY: per the caller, the cell is ours alone.
     slot.with_mut(|s| unsafe { (*s).take() })
@@ -126,6 +130,11 @@ impl<T> Chan<T> {
     /// Sends `msg`. `wait_for`: `None` never waits; `Some(deadline)` waits for room until the
     /// deadline (`Some(None)`: for ever), as `WaitOn::Channel(on)` in dumps. A send that would
     /// have to wait past its deadline (or at all, for `None`) fails as `Full`.
+    ///
+    /// `#[inline]`, like the rest of the hand-over here (the slots, `deliver`, `wait_message`,
+    /// the sender count): the handles that call it are in other modules, which rustc may
+    /// compile apart from this one, out of reach of the optimiser without the attribute.
+    #[inline]
     pub(super) fn send(
         &self,
         msg: T,
@@ -183,8 +192,18 @@ impl<T> Chan<T> {
         }
     }
 
-    /// The handles' `send`: waits for room (with bound 0, for a receiver) for ever.
-    #[inline]
+    /// An unbounded channel's `send`: there is always room, so it never waits (and carries
+    /// no code for waiting). Not `#[inline]`, nor is `send_blocking`: a send stays one call to
+    /// a function with the whole hand-over inlined, as when each channel had its own.
+    pub(super) fn send_unbounded(&self, msg: T) -> Result<(), SendError<T>> {
+        match self.send(msg, None, "") {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Disconnected(m)) => Err(SendError(m)),
+            Err(TrySendError::Full(_)) => unreachable!("an unbounded channel is never full"),
+        }
+    }
+
+    /// A bounded channel's `send`: waits for room (with bound 0, for a receiver) for ever.
     pub(super) fn send_blocking(&self, msg: T, on: &'static str) -> Result<(), SendError<T>> {
         match self.send(msg, Some(None), on) {
             Ok(()) => Ok(()),
@@ -193,11 +212,13 @@ impl<T> Chan<T> {
         }
     }
 
+    #[inline]
     pub(super) fn add_sender(&self) {
         // Relaxed: like `Arc::clone`, a new sender comes from a live one.
         self.senders.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[inline]
     pub(super) fn drop_sender(&self) {
         // AcqRel: exactly one drop sees the count reach zero (like `Arc`'s), after every other
         // sender's last send.
@@ -257,6 +278,7 @@ impl<T> Chan<T> {
 
 /// Puts `msg` into the slot of the first waiting receiver and wakes it; gives the message
 /// back if no receiver waits.
+#[inline]
 pub(super) fn deliver<T>(st: &mut Guard<'_, State<T>>, msg: T) -> Option<T> {
     let (st, wakes) = st.parts();
     let Some(slot) = st.receivers.front() else {
@@ -275,6 +297,7 @@ pub(super) fn deliver<T>(st: &mut Guard<'_, State<T>>, msg: T) -> Option<T> {
 /// first in line: to the next waiting receiver, else to `put_front` (which keeps it, or gives
 /// it back: `mpsc`'s batch of messages taken out of the buffer is ahead of the buffer), else
 /// to the front of the buffer; a waiting select or `recv_async` hears of it.
+#[inline]
 pub(super) fn wait_message<T>(
     st: Guard<'_, State<T>>,
     deadline: Option<Instant>,
@@ -344,7 +367,7 @@ macro_rules! channel_handles {
             /// # Errors
             #[doc = concat!("Gives the message back if ", $gone, " has been dropped.")]
             pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
-                self.chan.send_blocking(msg, SEND)
+                self.chan.send_unbounded(msg)
             }
 
             /// A send for `select!` (never full: the channel is unbounded).
