@@ -275,18 +275,26 @@ impl Metrics {
         d.uptime = self.uptime.saturating_sub(earlier.uptime);
         d.spawned = self.spawned.saturating_sub(earlier.spawned);
         for (w, e) in d.workers.iter_mut().zip(&earlier.workers) {
-            w.resumes = w.resumes.saturating_sub(e.resumes);
-            w.yields = w.yields.saturating_sub(e.yields);
-            w.parks = w.parks.saturating_sub(e.parks);
-            w.local_wakes = w.local_wakes.saturating_sub(e.local_wakes);
-            w.remote_wakes = w.remote_wakes.saturating_sub(e.remote_wakes);
-            w.steals = w.steals.saturating_sub(e.steals);
-            w.injected = w.injected.saturating_sub(e.injected);
-            w.cedes = w.cedes.saturating_sub(e.cedes);
-            w.sleeps = w.sleeps.saturating_sub(e.sleeps);
-            w.slept = w.slept.saturating_sub(e.slept);
-            w.busy = w.busy.saturating_sub(e.busy);
-            w.finished = w.finished.saturating_sub(e.finished);
+            // Each counter of `w`, less its value in `e`: one list of the workers' counters.
+            macro_rules! since {
+                ($($counter:ident),+) => {$(
+                    w.$counter = w.$counter.saturating_sub(e.$counter);
+                )+};
+            }
+            since!(
+                resumes,
+                yields,
+                parks,
+                local_wakes,
+                remote_wakes,
+                steals,
+                injected,
+                cedes,
+                sleeps,
+                slept,
+                busy,
+                finished
+            );
         }
         d
     }

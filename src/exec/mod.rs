@@ -106,35 +106,28 @@ pub trait Executor {
     }
 }
 
-// The forwarding impls for `&E` and `Arc<E>` are written out, like std's for its own traits:
-// a blanket impl over `Deref` would overlap the concrete executors' impls.
-impl<E: Executor> Executor for &E {
-    fn execute(&self, job: Box<dyn FnOnce() + Send>) {
-        (**self).execute(job)
-    }
+/// Forwards `Executor` from `E` to each pointer type named (`&E`, `Arc<E>`), like std's
+/// impls for its own traits: one impl per type, since a blanket impl over `Deref` would
+/// overlap the concrete executors' impls.
+macro_rules! forward_executor {
+    ($($ptr:ty),+) => {$(
+        impl<E: Executor> Executor for $ptr {
+            fn execute(&self, job: Box<dyn FnOnce() + Send>) {
+                (**self).execute(job)
+            }
 
-    fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
-    where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
-    {
-        (**self).spawn(f)
-    }
+            fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+            where
+                F: FnOnce() -> T + Send + 'static,
+                T: Send + 'static,
+            {
+                (**self).spawn(f)
+            }
+        }
+    )+};
 }
 
-impl<E: Executor> Executor for Arc<E> {
-    fn execute(&self, job: Box<dyn FnOnce() + Send>) {
-        (**self).execute(job)
-    }
-
-    fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
-    where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
-    {
-        (**self).spawn(f)
-    }
-}
+forward_executor!(&E, Arc<E>);
 
 /// A task cell that no scheduler owns: run by hand ([`RunOnce`]) or failed at once.
 #[track_caller]

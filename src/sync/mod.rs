@@ -38,8 +38,9 @@
 //! # Implementation map
 //! `wait_queue` is the FIFO every primitive waits in (intrusive nodes on the waiters'
 //! stacks; its module docs give the handshake). `mutex` adds a one-byte lock word with
-//! atomic fast paths, `oneshot` a lock-free single-waiter slot. `shim` gathers the atomics,
-//! cells and park so that `RUSTFLAGS="--cfg loom"` can model-check them (`ci/loom.sh`).
+//! atomic fast paths, `oneshot` a lock-free single-waiter slot; `chan` is the channel core
+//! that `mpsc` and `mpmc` are built on. `shim` gathers the atomics, cells and park so that
+//! `RUSTFLAGS="--cfg loom"` can model-check them (`ci/loom.sh`).
 
 /// Declares a constructor `const` in normal builds. loom's instrumented types cannot be
 /// created in a const context, so under `cfg(loom)` it is a plain `fn`.
@@ -55,152 +56,94 @@ macro_rules! const_unless_loom {
     };
 }
 
-/// What the handles of the `mpsc` and `mpmc` channels have alike: senders counted on clone
-/// and drop, a select's offer of a send (see `select::Offers`), the receiver's iterators,
-/// and `Debug`. Expanded inside each module, where `Sender`, `SyncSender` and `Receiver`
-/// (with `recv`, `try_recv` and `iter`) and the channel's `add_sender`/`drop_sender`/
-/// `offer`/`withdraw` are in scope.
-macro_rules! channel_handles {
-    () => {
-        channel_handles!(@offer Sender);
-        channel_handles!(@offer SyncSender);
+/// What std's `Mutex` and `RwLock` have alike, written once for fibra's two: the poisoning
+/// accessors (with the docs each type gives them here), `Debug` of the lock (through
+/// `$try_shared`, which takes shared access without waiting), `Default` and `From`; and for
+/// each guard type, `Sync` when `T` is, `Debug` and `Display`. Expanded inside the lock's
+/// module, whose lock has `poison` (a `poison::Flag`) and `data` fields, and where `fmt`,
+/// `LockResult` and `TryLockError` are in scope.
+macro_rules! lock_api {
+    (
+        $lock:ident, $try_shared:ident, [$($guard:ident),+];
+        $(#[$into_inner:meta])* fn into_inner;
+        $(#[$is_poisoned:meta])* fn is_poisoned;
+        $(#[$clear_poison:meta])* fn clear_poison;
+        $(#[$get_mut:meta])* fn get_mut;
+    ) => {
+        impl<T> $lock<T> {
+            $(#[$into_inner])*
+            pub fn into_inner(self) -> LockResult<T> {
+                let poison = self.poison;
+                poison.result(self.data.into_inner())
+            }
+        }
 
-        impl<T> Clone for Sender<T> {
-            fn clone(&self) -> Sender<T> {
-                self.chan.add_sender();
-                Sender {
-                    chan: self.chan.clone(),
+        impl<T: ?Sized> $lock<T> {
+            $(#[$is_poisoned])*
+            pub fn is_poisoned(&self) -> bool {
+                self.poison.get()
+            }
+
+            $(#[$clear_poison])*
+            pub fn clear_poison(&self) {
+                self.poison.clear();
+            }
+
+            $(#[$get_mut])*
+            pub fn get_mut(&mut self) -> LockResult<&mut T> {
+                self.poison.result(self.data.exclusive())
+            }
+        }
+
+        impl<T: ?Sized + fmt::Debug> fmt::Debug for $lock<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let mut d = f.debug_struct(stringify!($lock));
+                match self.$try_shared() {
+                    Ok(guard) => d.field("data", &&*guard),
+                    Err(TryLockError::Poisoned(err)) => d.field("data", &&**err.get_ref()),
+                    Err(TryLockError::WouldBlock) => d.field("data", &format_args!("<locked>")),
+                };
+                d.field("poisoned", &self.poison.get());
+                d.finish_non_exhaustive()
+            }
+        }
+
+        impl<T: Default> Default for $lock<T> {
+            fn default() -> $lock<T> {
+                $lock::new(T::default())
+            }
+        }
+
+        impl<T> From<T> for $lock<T> {
+            fn from(value: T) -> $lock<T> {
+                $lock::new(value)
+            }
+        }
+
+        $(
+            // SAFETY: a shared guard only gives `&T`.
+            unsafe impl<T: ?Sized + Sync> Sync for $guard<'_, T> {}
+
+            impl<T: ?Sized + fmt::Debug> fmt::Debug for $guard<'_, T> {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    fmt::Debug::fmt(&**self, f)
                 }
             }
-        }
 
-        impl<T> Drop for Sender<T> {
-            fn drop(&mut self) {
-                self.chan.drop_sender();
-            }
-        }
-
-        impl<T> Clone for SyncSender<T> {
-            fn clone(&self) -> SyncSender<T> {
-                self.chan.add_sender();
-                SyncSender {
-                    chan: self.chan.clone(),
+            impl<T: ?Sized + fmt::Display> fmt::Display for $guard<'_, T> {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    (**self).fmt(f)
                 }
             }
-        }
-
-        impl<T> Drop for SyncSender<T> {
-            fn drop(&mut self) {
-                self.chan.drop_sender();
-            }
-        }
-
-        /// Iterator from [`Receiver::iter`]: waits for each message, ends on disconnection.
-        #[derive(Debug)]
-        pub struct Iter<'a, T: 'a> {
-            rx: &'a Receiver<T>,
-        }
-
-        /// Iterator from [`Receiver::try_iter`]: yields what is there now, never waits.
-        #[derive(Debug)]
-        pub struct TryIter<'a, T: 'a> {
-            rx: &'a Receiver<T>,
-        }
-
-        /// Owning iterator from `Receiver::into_iter`: waits for each message, ends on disconnection.
-        #[derive(Debug)]
-        pub struct IntoIter<T> {
-            rx: Receiver<T>,
-        }
-
-        impl<T> Iterator for Iter<'_, T> {
-            type Item = T;
-
-            fn next(&mut self) -> Option<T> {
-                self.rx.recv().ok()
-            }
-        }
-
-        impl<T> Iterator for TryIter<'_, T> {
-            type Item = T;
-
-            fn next(&mut self) -> Option<T> {
-                self.rx.try_recv().ok()
-            }
-        }
-
-        impl<T> Iterator for IntoIter<T> {
-            type Item = T;
-
-            fn next(&mut self) -> Option<T> {
-                self.rx.recv().ok()
-            }
-        }
-
-        impl<'a, T> IntoIterator for &'a Receiver<T> {
-            type Item = T;
-            type IntoIter = Iter<'a, T>;
-
-            fn into_iter(self) -> Iter<'a, T> {
-                self.iter()
-            }
-        }
-
-        impl<T> IntoIterator for Receiver<T> {
-            type Item = T;
-            type IntoIter = IntoIter<T>;
-
-            fn into_iter(self) -> IntoIter<T> {
-                IntoIter { rx: self }
-            }
-        }
-
-        impl<T> fmt::Debug for Sender<T> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct("Sender").finish_non_exhaustive()
-            }
-        }
-
-        impl<T> fmt::Debug for SyncSender<T> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct("SyncSender").finish_non_exhaustive()
-            }
-        }
-
-        impl<T> fmt::Debug for Receiver<T> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.debug_struct("Receiver").finish_non_exhaustive()
-            }
-        }
-    };
-    (@offer $sender:ident) => {
-        impl<T> $sender<T> {
-            /// A waiting select's offer of its send (see `Chan::offer`; never made on an
-            /// unbounded channel, which is no rendezvous).
-            pub(crate) fn select_offer(
-                &self,
-                msg: T,
-                s: &std::sync::Arc<super::select::Signal>,
-                arm: usize,
-            ) -> Result<(), T> {
-                self.chan.offer(msg, s, arm)
-            }
-
-            /// Takes a select's offer back: `None` if a receiver took it.
-            pub(crate) fn select_withdraw(
-                &self,
-                s: &std::sync::Arc<super::select::Signal>,
-                arm: usize,
-            ) -> Option<T> {
-                self.chan.withdraw(s, arm)
-            }
-        }
+        )+
     };
 }
 
 mod barrier;
 pub mod broadcast;
 mod cancel_token;
+#[macro_use]
+mod chan;
 mod condvar;
 pub mod mpmc;
 pub mod mpsc;

@@ -6,15 +6,11 @@
 //! [`SendTimeoutError`] for [`SyncSender::send_timeout`].
 //!
 //! # Design
-//! The buffer, the flags and two wait lists share the internal lock, as in `mpsc`:
-//! - `receivers` — receivers waiting for a message, in arrival order. Each node points at a
-//!   slot on its receiver's stack; a sender that finds a receiver waiting puts the message
-//!   straight into the first one's slot and wakes it (receivers only wait while the buffer
-//!   is empty, so order is kept).
-//! - `senders` — senders of a full bounded channel, in arrival order, each node pointing at
-//!   a slot on its sender's stack that holds its message. A receiver that takes a message
-//!   and frees a place moves the first blocked sender's message into the buffer and wakes
-//!   that sender; with bound 0 it takes the message from the first blocked sender directly.
+//! The channel is the core in `chan`, shared with [`mpsc`](super::mpsc): the buffer, the
+//! flags and two wait lists (waiting receivers, blocked senders) under the internal lock;
+//! its docs give the hand-overs. A receiver that takes a message moves blocked senders'
+//! messages into the buffer while there is room. What `mpmc` adds is a count of receivers,
+//! and a receive that serves any number of them.
 //!
 //! Nothing is lost at the edges of a wait. A wake that races with a receiver's deadline wins
 //! (the wait queue's rule), so the receiver returns the message it was given. A receiving
@@ -22,27 +18,25 @@
 //! message was put into its slot passes the message on: to the next waiting receiver, or to
 //! the front of the buffer. A sender whose deadline passes gets its message back.
 //!
-//! Disconnection: the last sender (an atomic count, so cloning takes no lock) wakes every
-//! waiting receiver with `DISCONNECTED`; the last receiver drops the buffered messages and
-//! wakes every blocked sender with `DISCONNECTED`, each sender's message staying in its slot
-//! and coming back in the error. Messages are never dropped under the internal lock.
+//! Disconnection: the last sender wakes every waiting receiver; the last receiver (an
+//! atomic count, as the senders', so cloning takes no lock) drops the buffered messages and
+//! wakes every blocked sender, whose message comes back in the error.
 
+use super::chan::{self, wait_message, State, TAKEN};
 use super::deadline_after;
-use super::mpsc::Slot;
-use super::select::{Offers, Signal, Watchers};
-use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
-use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
-use crate::dump::WaitOn;
-use std::collections::VecDeque;
+use super::select::Signal;
+use super::shim::{Arc, AtomicUsize, Ordering};
+use super::wait_queue::Guard;
 use std::error::Error;
 use std::fmt;
+use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 pub use super::mpsc::{RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError};
 
-/// Tokens: a waiting receiver got a message in its slot; a blocked sender's message was
-/// taken; the other side is gone.
-use super::mpsc::{DELIVERED, DISCONNECTED, TAKEN};
+/// What a blocked send and a waiting receive wait on, as dumps show it (`WaitOn::Channel`).
+const SEND: &str = "mpmc::Sender::send";
+const RECV: &str = "mpmc::Receiver::recv";
 
 /// The error of [`SyncSender::send_timeout`]: the message comes back in either case. The
 /// same as crossbeam-channel's, and as std's `mpsc::SendTimeoutError`, which is not stable
@@ -90,52 +84,25 @@ impl<T> From<SendError<T>> for SendTimeoutError<T> {
     }
 }
 
-/// Takes the message out of the caller's own slot.
-///
-/// # Safety
-/// The slot's node is not linked (the wait ended): nobody else can reach the cell.
-unsafe fn take_own<T>(slot: &UnsafeCell<Option<T>>) -> Option<T> {
-    // SAFETY: per the caller, the cell is ours alone.
-    slot.with_mut(|s| unsafe { (*s).take() })
-}
-
+/// The channel core, and the count of live receivers that only an `mpmc` channel has.
 struct Chan<T> {
-    state: Lock<State<T>>,
-    /// Live `Sender`s and `SyncSender`s.
-    senders: AtomicUsize,
+    core: chan::Chan<T>,
     /// Live `Receiver`s.
     receivers: AtomicUsize,
 }
 
-struct State<T> {
-    buffer: VecDeque<T>,
-    /// `None`: unbounded.
-    bound: Option<usize>,
-    senders_gone: bool,
-    receivers_gone: bool,
-    receivers: WaitList<Slot<T>>,
-    senders: WaitList<Slot<T>>,
-    /// Selects waiting to receive, and to send (see `select`).
-    rx_watch: Watchers,
-    tx_watch: Watchers,
-    /// Sends that waiting selects offer on a rendezvous channel (see `select`).
-    offers: Offers<T>,
+impl<T> Deref for Chan<T> {
+    type Target = chan::Chan<T>;
+
+    #[inline]
+    fn deref(&self) -> &chan::Chan<T> {
+        &self.core
+    }
 }
 
 fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
     Arc::new(Chan {
-        state: Lock::new(State {
-            buffer: VecDeque::new(),
-            bound,
-            senders_gone: false,
-            receivers_gone: false,
-            receivers: WaitList::new(),
-            senders: WaitList::new(),
-            rx_watch: Watchers::default(),
-            tx_watch: Watchers::default(),
-            offers: Offers::default(),
-        }),
-        senders: AtomicUsize::new(1),
+        core: chan::Chan::new(bound),
         receivers: AtomicUsize::new(1),
     })
 }
@@ -209,16 +176,6 @@ pub fn sync_channel<T>(bound: usize) -> (SyncSender<T>, Receiver<T>) {
     (SyncSender { chan: chan.clone() }, Receiver { chan })
 }
 
-/// The sending half of a [`channel`]. Clone it for more producers.
-pub struct Sender<T> {
-    chan: Arc<Chan<T>>,
-}
-
-/// The sending half of a [`sync_channel`]. Clone it for more producers.
-pub struct SyncSender<T> {
-    chan: Arc<Chan<T>>,
-}
-
 /// The receiving half of a [`channel`] or [`sync_channel`]. Clone it (or share it: it is
 /// `Sync`) for more consumers; each message is received by exactly one of them, and waiting
 /// receivers are served in arrival order.
@@ -226,48 +183,7 @@ pub struct Receiver<T> {
     chan: Arc<Chan<T>>,
 }
 
-impl<T> Sender<T> {
-    /// Sends a message; never blocks.
-    ///
-    /// # Errors
-    /// Gives the message back if every receiver has been dropped.
-    pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
-        match self.chan.send(msg, Some(None)) {
-            Ok(()) => Ok(()),
-            Err(SendTimeoutError::Disconnected(m)) => Err(SendError(m)),
-            Err(SendTimeoutError::Timeout(_)) => unreachable!("an unbounded send never waits"),
-        }
-    }
-}
-
 impl<T> SyncSender<T> {
-    /// Sends a message, waiting (suspending a fiber, blocking a thread) while the channel is
-    /// full; with bound 0, until a receiver has taken it. Blocked senders go in arrival
-    /// order.
-    ///
-    /// # Errors
-    /// Gives the message back if every receiver has been (or gets) dropped.
-    pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
-        match self.chan.send(msg, Some(None)) {
-            Ok(()) => Ok(()),
-            Err(SendTimeoutError::Disconnected(m)) => Err(SendError(m)),
-            Err(SendTimeoutError::Timeout(_)) => unreachable!("a send without deadline"),
-        }
-    }
-
-    /// Sends a message only if that needs no waiting.
-    ///
-    /// # Errors
-    /// [`TrySendError::Full`] if there is no room (for bound 0: no receiver waiting),
-    /// [`TrySendError::Disconnected`] if every receiver is gone; both give the message back.
-    pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
-        match self.chan.send(msg, None) {
-            Ok(()) => Ok(()),
-            Err(SendTimeoutError::Disconnected(m)) => Err(TrySendError::Disconnected(m)),
-            Err(SendTimeoutError::Timeout(m)) => Err(TrySendError::Full(m)),
-        }
-    }
-
     /// Sends a message, waiting at most `timeout` for room (with bound 0: for a receiver).
     /// `Duration::MAX` waits for ever.
     ///
@@ -285,67 +201,15 @@ impl<T> SyncSender<T> {
     /// [`SendTimeoutError::Timeout`] if the time ran out, [`SendTimeoutError::Disconnected`]
     /// if every receiver is (or gets) dropped; both give the message back.
     pub fn send_timeout(&self, msg: T, timeout: Duration) -> Result<(), SendTimeoutError<T>> {
-        self.chan.send(msg, Some(deadline_after(timeout)))
+        match self.chan.send(msg, Some(deadline_after(timeout)), SEND) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Disconnected(m)) => Err(SendTimeoutError::Disconnected(m)),
+            Err(TrySendError::Full(m)) => Err(SendTimeoutError::Timeout(m)),
+        }
     }
 }
 
 impl<T> Chan<T> {
-    /// Sends `msg`. `wait`: `None` never waits; `Some(deadline)` waits for room until the
-    /// deadline (`Some(None)`: for ever). A send that would have to wait past its deadline
-    /// (or at all, for `None`) fails as `Timeout`.
-    fn send(&self, msg: T, wait_for: Option<Option<Instant>>) -> Result<(), SendTimeoutError<T>> {
-        crate::coop::spend();
-        let mut st = self.state.lock();
-        if st.receivers_gone {
-            return Err(SendTimeoutError::Disconnected(msg));
-        }
-        let msg = match deliver(&mut st, msg) {
-            None => return Ok(()),
-            Some(msg) => msg,
-        };
-        let room = match st.bound {
-            None => true,
-            Some(bound) => st.buffer.len() < bound && st.senders.is_empty(),
-        };
-        if room {
-            st.buffer.push_back(msg);
-            st.notify(|s| &s.rx_watch);
-            return Ok(());
-        }
-        let Some(deadline) = wait_for else {
-            return Err(SendTimeoutError::Timeout(msg));
-        };
-        // A blocked sender is a message a select can receive (for a rendezvous channel).
-        st.notify(|s| &s.rx_watch);
-        let slot = UnsafeCell::new(Some(msg));
-        let res = wait(
-            st,
-            |st| &mut st.senders,
-            Slot::new(&slot),
-            deadline,
-            WaitOn::Channel("mpmc::Sender::send"),
-            || {},
-            // A cancelled sender's message (if not taken) stays in its slot and is dropped
-            // with it, after the lock is released.
-            |_, _| {},
-        );
-        match res {
-            Wait::Woken(TAKEN) => Ok(()),
-            Wait::Woken(DISCONNECTED) => {
-                // SAFETY: woken, so unlinked: the slot is ours alone again.
-                let msg = unsafe { take_own(&slot) };
-                Err(SendTimeoutError::Disconnected(msg.expect("not taken")))
-            }
-            Wait::Woken(t) => unreachable!("sender woken with token {t}"),
-            Wait::TimedOut(st) => {
-                drop(st);
-                // SAFETY: timed out, so the node was removed: the slot is ours alone again.
-                let msg = unsafe { take_own(&slot) };
-                Err(SendTimeoutError::Timeout(msg.expect("not taken")))
-            }
-        }
-    }
-
     /// Takes the next message: from the buffer (refilling it from blocked senders while
     /// there is room), or, for a rendezvous channel, straight from the first blocked sender.
     fn take(st: &mut Guard<'_, State<T>>) -> Option<T> {
@@ -393,37 +257,8 @@ impl<T> Chan<T> {
         }
         // A waiting receiver takes a select's send on a rendezvous channel.
         st.notify(|s| &s.tx_watch);
-        let slot = UnsafeCell::new(None);
-        let res = wait(
-            st,
-            |st| &mut st.receivers,
-            Slot::new(&slot),
-            deadline,
-            WaitOn::Channel("mpmc::Receiver::recv"),
-            || {},
-            |st, token| {
-                if token == Some(DELIVERED) {
-                    // Cancelled with a message in hand: pass it on, first in line.
-                    // SAFETY: woken, so unlinked; the slot is ours alone.
-                    if let Some(msg) = unsafe { take_own(&slot) } {
-                        if let Some(msg) = deliver(st, msg) {
-                            st.buffer.push_front(msg);
-                            st.notify(|s| &s.rx_watch);
-                        }
-                    }
-                }
-            },
-        );
-        match res {
-            Wait::Woken(DELIVERED) => {
-                // SAFETY: woken, so unlinked: the slot is ours alone again.
-                let msg = unsafe { take_own(&slot) };
-                Ok(msg.expect("a delivered message"))
-            }
-            Wait::Woken(DISCONNECTED) => Err(RecvTimeoutError::Disconnected),
-            Wait::Woken(t) => unreachable!("receiver woken with token {t}"),
-            Wait::TimedOut(_) => Err(RecvTimeoutError::Timeout),
-        }
+        // A message given to a receiver cancelled meanwhile goes to the front of the buffer.
+        wait_message(st, deadline, RECV, Some)
     }
 
     fn try_recv(&self) -> Result<T, TryRecvError> {
@@ -435,29 +270,6 @@ impl<T> Chan<T> {
             None => Err(TryRecvError::Empty),
         }
     }
-
-    fn add_sender(&self) {
-        // Relaxed: like `Arc::clone`, a new handle comes from a live one.
-        self.senders.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn drop_sender(&self) {
-        // AcqRel: exactly one drop sees the count reach zero (like `Arc`'s), after every other
-        // sender's last send.
-        if self.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let mut st = self.state.lock();
-            st.senders_gone = true;
-            st.notify(|s| &s.rx_watch);
-            let (st, wakes) = st.parts();
-            st.receivers.wake_all(DISCONNECTED, wakes);
-        }
-    }
-}
-
-/// Puts `msg` into the slot of the first waiting receiver and wakes it; gives the message
-/// back if no receiver waits.
-fn deliver<T>(st: &mut Guard<'_, State<T>>, msg: T) -> Option<T> {
-    super::mpsc::deliver_to(st, |s| &mut s.receivers, msg)
 }
 
 impl<T> Receiver<T> {
@@ -518,84 +330,14 @@ impl<T> Clone for Receiver<T> {
     }
 }
 
-impl<T> Chan<T> {
-    /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
-    fn offer(&self, msg: T, s: &std::sync::Arc<Signal>, arm: usize) -> Result<(), T> {
-        let mut guard = self.state.lock();
-        let (st, wakes) = guard.parts();
-        let open = st.bound == Some(0) && !st.receivers_gone && st.receivers.is_empty();
-        st.offers.offer(open, &st.rx_watch, wakes, s, arm, msg)
-    }
-
-    fn withdraw(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
-        self.state.lock().offers.withdraw(s, arm)
-    }
-
-    fn watch(&self, recv: bool, s: &std::sync::Arc<Signal>, on: bool) {
-        let mut st = self.state.lock();
-        let list = if recv {
-            &mut st.rx_watch
-        } else {
-            &mut st.tx_watch
-        };
-        if on {
-            list.add(s);
-        } else {
-            list.remove(s);
-        }
-    }
-}
-
-impl<T> Receiver<T> {
-    /// Registers (or removes) a waiting select's signal.
-    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
-        self.chan.watch(true, s, on);
-    }
-}
-
-impl<T> Sender<T> {
-    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
-        self.chan.watch(false, s, on);
-    }
-
-    /// A send for `select!` (never full: the channel is unbounded).
-    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
-        self.chan.send(msg, None).map_err(|e| match e {
-            SendTimeoutError::Disconnected(m) => TrySendError::Disconnected(m),
-            SendTimeoutError::Timeout(m) => TrySendError::Full(m),
-        })
-    }
-}
-
-impl<T> SyncSender<T> {
-    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
-        self.chan.watch(false, s, on);
-    }
-
-    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
-        self.try_send(msg)
-    }
-}
-
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         // AcqRel: as for the senders' count.
         if self.chan.receivers.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let mut st = self.chan.state.lock();
-        st.receivers_gone = true;
-        st.notify(|s| &s.tx_watch);
-        let unread = std::mem::take(&mut st.buffer);
-        {
-            let (st, wakes) = st.parts();
-            st.senders.wake_all(DISCONNECTED, wakes);
-        }
-        drop(st);
-        // Dropped outside the lock: a message's destructor may use this very channel, or
-        // panic.
-        drop(unread);
+        self.chan.drop_receivers();
     }
 }
 
-channel_handles!();
+channel_handles!(gone: "every receiver", taker: "a receiver");

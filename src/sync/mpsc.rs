@@ -2,18 +2,13 @@
 //! [`sync_channel`] (bounded, or a rendezvous with bound 0). The error types *are* std's.
 //!
 //! # Design
-//! The buffer, the flags and two wait lists share the internal lock:
-//! - `receiver` — the receivers waiting for a message, in arrival order (usually one; more
-//!   only when threads share one [`Receiver`] by reference, which `Sync` allows so that the
-//!   future of [`Receiver::recv_async`] is `Send`). Each node points at a slot on its
-//!   receiver's stack; a sender that finds one there puts the message straight into that slot
-//!   and wakes it, bypassing the buffer (the buffer is empty whenever a receiver waits, so
-//!   order is kept).
-//! - `senders` — senders of a full bounded channel, in arrival order, each node pointing at a
-//!   slot on its sender's stack that holds its message. When the receiver takes a message
-//!   and frees a place, it moves the first blocked sender's message into the buffer and wakes
-//!   that sender: the message is sent when the sender wakes, nobody can overtake it. With
-//!   bound 0 the receiver takes the message from the first blocked sender directly.
+//! The channel is the core in `chan`, shared with [`mpmc`](super::mpmc): the buffer, the
+//! flags and two wait lists (waiting receivers, blocked senders) under the internal lock;
+//! its docs give the hand-overs. Here the receivers' list usually holds one receiver; more
+//! only when threads share one [`Receiver`] by reference, which `Sync` allows so that the
+//! future of [`Receiver::recv_async`] is `Send`. When the receiver takes a message and frees
+//! a place, it moves the first blocked sender's message into the buffer and wakes that
+//! sender: the message is sent when the sender wakes, nobody can overtake it.
 //!
 //! A sender that finds room pushes and returns; so uncontended `send`/`recv` are one short
 //! lock each, plus an unpark when the other side sleeps. Two refinements speed up channels
@@ -24,103 +19,26 @@
 //! takes no flag at all), and a receiving *thread* watches its queued node briefly before
 //! it parks (see `wait_queue`): a sender that comes meanwhile delivers straight into its
 //! slot and neither side makes a futex call (a fiber parks at once: that is only a context
-//! switch). Disconnection: the last sender (an atomic count, so cloning takes no lock)
-//! wakes the receiver with `DISCONNECTED`; a dropped receiver wakes every blocked sender
-//! with `DISCONNECTED` and its message stays in its slot, returned in the `SendError`.
-//! Messages are never dropped under the internal lock.
+//! switch). The receiver of an unbounded channel also skips what only bounded channels
+//! need (blocked senders, a select's sends and offers).
 
+use super::chan::{wait_message, Chan, State, TAKEN};
 use super::deadline_after;
-use super::select::{Offers, Signal, Watchers};
-use super::shim::{Arc, AtomicUsize, Ordering, UnsafeCell};
-use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
-use crate::dump::WaitOn;
+use super::select::Signal;
+use super::shim::Arc;
+use super::wait_queue::Guard;
 use std::collections::VecDeque;
 use std::fmt;
-use std::ptr::NonNull;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 pub use std::sync::mpsc::{RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError};
 
-/// Tokens: a waiting receiver got a message in its slot; a blocked sender's message was
-/// taken; the other side is gone. (`mpmc` uses the same ones.)
-pub(super) const DELIVERED: usize = 1;
-pub(super) const TAKEN: usize = 2;
-pub(super) const DISCONNECTED: usize = 3;
-
-/// A message slot on a waiter's stack, reachable from its wait-list node (`mpsc` and `mpmc`).
-pub(super) struct Slot<T>(NonNull<UnsafeCell<Option<T>>>);
-
-impl<T> Clone for Slot<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for Slot<T> {}
-
-// SAFETY: a slot carries a `T` from one thread to another, under the channel's lock; that
-// needs `T: Send` and nothing more (a slot is never shared, only handed over).
-unsafe impl<T: Send> Send for Slot<T> {}
-
-impl<T> Slot<T> {
-    pub(super) fn new(cell: &UnsafeCell<Option<T>>) -> Slot<T> {
-        Slot(NonNull::from(cell))
-    }
-
-    /// # Safety
-    /// The slot's node is linked (so the slot is alive) and the channel's lock is held.
-    pub(super) unsafe fn put(self, msg: T) {
-        // SAFETY: per the caller; the waiter reads its slot only after it was woken or
-        // under the lock, so the lock makes this the only access.
-        unsafe { self.0.as_ref().with_mut(|s| *s = Some(msg)) }
-    }
-
-    /// # Safety
-    /// As for [`Slot::put`].
-    pub(super) unsafe fn take(self) -> T {
-        // SAFETY: per the caller.
-        let msg = unsafe { self.0.as_ref().with_mut(|s| (*s).take()) };
-        msg.expect("a blocked sender's slot holds its message")
-    }
-}
-
-struct Chan<T> {
-    state: Lock<State<T>>,
-    /// Live `Sender`s and `SyncSender`s.
-    senders: AtomicUsize,
-}
-
-struct State<T> {
-    buffer: VecDeque<T>,
-    /// `None`: unbounded.
-    bound: Option<usize>,
-    senders_gone: bool,
-    receiver_gone: bool,
-    receiver: WaitList<Slot<T>>,
-    senders: WaitList<Slot<T>>,
-    /// Selects waiting to receive, and to send (see `select`).
-    rx_watch: Watchers,
-    tx_watch: Watchers,
-    /// Sends that waiting selects offer on a rendezvous channel (see `select`).
-    offers: Offers<T>,
-}
-
-fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
-    Arc::new(Chan {
-        state: Lock::new(State {
-            buffer: VecDeque::new(),
-            bound,
-            senders_gone: false,
-            receiver_gone: false,
-            receiver: WaitList::new(),
-            senders: WaitList::new(),
-            rx_watch: Watchers::default(),
-            tx_watch: Watchers::default(),
-            offers: Offers::default(),
-        }),
-        senders: AtomicUsize::new(1),
-    })
-}
+/// What a blocked send and a waiting receive wait on, as dumps show it (`WaitOn::Channel`).
+const SEND: &str = "mpsc::SyncSender::send";
+const RECV: &str = "mpsc::Receiver::recv";
 
 /// Creates an unbounded channel, like [`std::sync::mpsc::channel`]: `send` never blocks.
 ///
@@ -144,7 +62,7 @@ fn new_chan<T>(bound: Option<usize>) -> Arc<Chan<T>> {
 /// # Ok::<(), fibra::Error>(())
 /// ```
 pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
-    let chan = new_chan(None);
+    let chan = Arc::new(Chan::new(None));
     (Sender { chan: chan.clone() }, Receiver::new(chan))
 }
 
@@ -166,18 +84,8 @@ pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
 /// # Ok::<(), fibra::Error>(())
 /// ```
 pub fn sync_channel<T>(bound: usize) -> (SyncSender<T>, Receiver<T>) {
-    let chan = new_chan(Some(bound));
+    let chan = Arc::new(Chan::new(Some(bound)));
     (SyncSender { chan: chan.clone() }, Receiver::new(chan))
-}
-
-/// The sending half of a [`channel`]. Clone it for more producers.
-pub struct Sender<T> {
-    chan: Arc<Chan<T>>,
-}
-
-/// The sending half of a [`sync_channel`]. Clone it for more producers.
-pub struct SyncSender<T> {
-    chan: Arc<Chan<T>>,
 }
 
 /// The receiving half of a [`channel`] or [`sync_channel`]. `Send` and `Sync`: the
@@ -268,45 +176,6 @@ impl<T> Batch<T> {
     }
 }
 
-impl<T> Sender<T> {
-    /// Sends a message; never blocks.
-    ///
-    /// # Errors
-    /// Gives the message back if the receiver has been dropped.
-    pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
-        match self.chan.send(msg, false) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Disconnected(m)) => Err(SendError(m)),
-            Err(TrySendError::Full(_)) => unreachable!("an unbounded channel is never full"),
-        }
-    }
-}
-
-impl<T> SyncSender<T> {
-    /// Sends a message, waiting (suspending a fiber, blocking a thread) while the channel is
-    /// full; with bound 0, until the receiver has taken it. Blocked senders go in arrival
-    /// order.
-    ///
-    /// # Errors
-    /// Gives the message back if the receiver has been (or gets) dropped.
-    pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
-        match self.chan.send(msg, true) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Disconnected(m)) => Err(SendError(m)),
-            Err(TrySendError::Full(_)) => unreachable!("a blocking send does not fail as full"),
-        }
-    }
-
-    /// Sends a message only if that needs no waiting.
-    ///
-    /// # Errors
-    /// [`TrySendError::Full`] if there is no room (for bound 0: no receiver waiting),
-    /// [`TrySendError::Disconnected`] if the receiver is gone; both give the message back.
-    pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
-        self.chan.send(msg, false)
-    }
-}
-
 /// The future of [`Receiver::recv_async`].
 #[must_use = "futures do nothing unless polled"]
 pub struct RecvFuture<'a, T> {
@@ -323,18 +192,15 @@ impl<T> RecvFuture<'_, T> {
     }
 }
 
-impl<T> std::future::Future for RecvFuture<'_, T> {
+impl<T> Future for RecvFuture<'_, T> {
     type Output = Result<T, RecvError>;
 
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         loop {
             if let Some(r) = super::ready(this.rx.try_recv()) {
                 this.done();
-                return std::task::Poll::Ready(r);
+                return Poll::Ready(r);
             }
             match &this.signal {
                 Some(s) => {
@@ -342,7 +208,7 @@ impl<T> std::future::Future for RecvFuture<'_, T> {
                     // signal, which wakes the waker set here.
                     s.set_waker(cx.waker());
                     if !s.fired() {
-                        return std::task::Poll::Pending;
+                        return Poll::Pending;
                     }
                     s.reset();
                 }
@@ -368,71 +234,6 @@ impl<T> Drop for RecvFuture<'_, T> {
 impl<T> fmt::Debug for RecvFuture<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RecvFuture").finish_non_exhaustive()
-    }
-}
-
-impl<T> Chan<T> {
-    fn send(&self, msg: T, block: bool) -> Result<(), TrySendError<T>> {
-        crate::coop::spend();
-        let mut st = self.state.lock();
-        if st.receiver_gone {
-            return Err(TrySendError::Disconnected(msg));
-        }
-        let Some(msg) = deliver(&mut st, msg) else {
-            return Ok(());
-        };
-        let room = match st.bound {
-            None => true,
-            Some(bound) => st.buffer.len() < bound && st.senders.is_empty(),
-        };
-        if room {
-            st.buffer.push_back(msg);
-            st.notify(|s| &s.rx_watch);
-            return Ok(());
-        }
-        if !block {
-            return Err(TrySendError::Full(msg));
-        }
-        // A blocked sender is a message a select can receive (for a rendezvous channel).
-        st.notify(|s| &s.rx_watch);
-        let slot = UnsafeCell::new(Some(msg));
-        match wait(
-            st,
-            |st| &mut st.senders,
-            Slot::new(&slot),
-            None,
-            WaitOn::Channel("mpsc::SyncSender::send"),
-            || {},
-            // A cancelled sender's message stays in its slot and is dropped with it, after
-            // the lock is released.
-            |_, _| {},
-        ) {
-            Wait::Woken(TAKEN) => Ok(()),
-            Wait::Woken(DISCONNECTED) => {
-                // SAFETY: woken, so unlinked: the slot is ours alone again.
-                let msg = slot.with_mut(|s| unsafe { (*s).take() });
-                Err(TrySendError::Disconnected(msg.expect("not taken")))
-            }
-            Wait::Woken(t) => unreachable!("sender woken with token {t}"),
-            Wait::TimedOut(_) => unreachable!("sends have no deadline"),
-        }
-    }
-
-    fn add_sender(&self) {
-        // Relaxed: like `Arc::clone`, a new sender comes from a live one.
-        self.senders.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn drop_sender(&self) {
-        // AcqRel: exactly one drop sees the count reach zero (like `Arc`'s), after every other
-        // sender's last send.
-        if self.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let mut st = self.state.lock();
-            st.senders_gone = true;
-            st.notify(|s| &s.rx_watch);
-            let (st, wakes) = st.parts();
-            st.receiver.wake_all(DISCONNECTED, wakes);
-        }
     }
 }
 
@@ -571,65 +372,11 @@ impl<T> Receiver<T> {
         if st.bound == Some(0) {
             st.notify(|s| &s.tx_watch);
         }
-        let slot = UnsafeCell::new(None);
-        match wait(
-            st,
-            |st| &mut st.receiver,
-            Slot::new(&slot),
-            deadline,
-            WaitOn::Channel("mpsc::Receiver::recv"),
-            || {},
-            |st, token| {
-                if token == Some(DELIVERED) {
-                    // Cancelled with a message in hand: pass it on, first in line — to the
-                    // next receiver waiting on a shared `&Receiver`, else back in front of
-                    // what came after it: the batch another receiver sharing this one took
-                    // meanwhile, or the buffer. A waiting select or `recv_async` must hear
-                    // of it.
-                    // SAFETY: woken, so unlinked; we hold the lock.
-                    if let Some(msg) = slot.with_mut(|s| unsafe { (*s).take() }) {
-                        if let Some(msg) = deliver(st, msg) {
-                            if let Some(msg) = self.batch.put_front(msg) {
-                                st.buffer.push_front(msg);
-                            }
-                            st.notify(|s| &s.rx_watch);
-                        }
-                    }
-                }
-            },
-        ) {
-            Wait::Woken(DELIVERED) => {
-                // SAFETY: woken, so unlinked: the slot is ours alone again.
-                let msg = slot.with_mut(|s| unsafe { (*s).take() });
-                Ok(msg.expect("a delivered message"))
-            }
-            Wait::Woken(DISCONNECTED) => Err(RecvTimeoutError::Disconnected),
-            Wait::Woken(t) => unreachable!("receiver woken with token {t}"),
-            Wait::TimedOut(_) => Err(RecvTimeoutError::Timeout),
-        }
+        // A message given to a receiver cancelled meanwhile goes back in front of what came
+        // after it: the batch another receiver sharing this one took meanwhile, or the
+        // buffer.
+        wait_message(st, deadline, RECV, |msg| self.batch.put_front(msg))
     }
-}
-
-/// Puts `msg` into the slot of the first receiver waiting in `list` of the locked state `st`
-/// and wakes it; gives the message back if no receiver waits. (`mpmc` shares it.)
-pub(super) fn deliver_to<S, T>(
-    st: &mut Guard<'_, S>,
-    list: impl FnOnce(&mut S) -> &mut WaitList<Slot<T>>,
-    msg: T,
-) -> Option<T> {
-    let (st, wakes) = st.parts();
-    let receivers = list(st);
-    let Some(slot) = receivers.front() else {
-        return Some(msg);
-    };
-    // SAFETY: the receiver's node is linked and we hold the lock.
-    unsafe { slot.put(msg) };
-    receivers.wake_front(DELIVERED, wakes);
-    None
-}
-
-fn deliver<T>(st: &mut Guard<'_, State<T>>, msg: T) -> Option<T> {
-    deliver_to(st, |s| &mut s.receiver, msg)
 }
 
 impl<T> Receiver<T> {
@@ -657,76 +404,12 @@ impl<T> Receiver<T> {
             signal: None,
         }
     }
-
-    /// Registers (or removes) a waiting select's signal.
-    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
-        let mut st = self.chan.state.lock();
-        if on {
-            st.rx_watch.add(s);
-        } else {
-            st.rx_watch.remove(s);
-        }
-    }
-}
-
-impl<T> Chan<T> {
-    fn watch_send(&self, s: &std::sync::Arc<Signal>, on: bool) {
-        let mut st = self.state.lock();
-        if on {
-            st.tx_watch.add(s);
-        } else {
-            st.tx_watch.remove(s);
-        }
-    }
-
-    /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
-    fn offer(&self, msg: T, s: &std::sync::Arc<Signal>, arm: usize) -> Result<(), T> {
-        let mut guard = self.state.lock();
-        let (st, wakes) = guard.parts();
-        let open = st.bound == Some(0) && !st.receiver_gone && st.receiver.is_empty();
-        st.offers.offer(open, &st.rx_watch, wakes, s, arm, msg)
-    }
-
-    fn withdraw(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
-        self.state.lock().offers.withdraw(s, arm)
-    }
-}
-
-impl<T> Sender<T> {
-    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
-        self.chan.watch_send(s, on);
-    }
-
-    /// A send for `select!` (never full: the channel is unbounded).
-    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
-        self.chan.send(msg, false)
-    }
-}
-
-impl<T> SyncSender<T> {
-    pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
-        self.chan.watch_send(s, on);
-    }
-
-    pub(crate) fn select_try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
-        self.try_send(msg)
-    }
 }
 
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
-        let mut st = self.chan.state.lock();
-        st.receiver_gone = true;
-        st.notify(|s| &s.tx_watch);
-        let unread = std::mem::take(&mut st.buffer);
-        {
-            let (st, wakes) = st.parts();
-            st.senders.wake_all(DISCONNECTED, wakes);
-        }
-        drop(st);
-        // Dropped outside the lock: a message's destructor may use this very channel.
-        drop(unread);
+        self.chan.drop_receivers();
     }
 }
 
-channel_handles!();
+channel_handles!(gone: "the receiver", taker: "the receiver");

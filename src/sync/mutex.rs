@@ -18,7 +18,7 @@
 
 use super::poison;
 use super::shim::{AtomicU8, Ordering, UnsafeCell};
-use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use super::wait_queue::{wait_granted, Guard, Lock, WaitList};
 use crate::dump::WaitOn;
 use std::fmt;
 use std::marker::PhantomData;
@@ -106,9 +106,6 @@ pub struct MutexGuard<'a, T: ?Sized + 'a> {
     _not_send: PhantomData<*const ()>,
 }
 
-// SAFETY: a shared guard only gives `&T`.
-unsafe impl<T: ?Sized + Sync> Sync for MutexGuard<'_, T> {}
-
 impl<T> Mutex<T> {
     const_unless_loom! {
         /// Creates an unlocked mutex. `const`, so it can initialise a `static`.
@@ -127,12 +124,31 @@ impl<T> Mutex<T> {
             }
         }
     }
+}
 
+lock_api! {
+    Mutex, try_lock, [MutexGuard];
     /// Consumes the mutex and returns its data; `Err` (with the data) if it is poisoned.
-    pub fn into_inner(self) -> LockResult<T> {
-        let poison = self.poison;
-        poison.result(self.data.into_inner())
-    }
+    fn into_inner;
+    /// Whether the mutex is poisoned (a holder panicked). Another thread may poison it at any
+    /// moment, so a `false` is only a hint.
+    fn is_poisoned;
+    /// Clears the poison flag, for when the data has been checked or repaired.
+    ///
+    /// ```
+    /// use fibra::sync::Mutex;
+    /// let m = Mutex::new(1);
+    /// let _ = std::panic::catch_unwind(|| {
+    ///     let _g = m.lock().unwrap();
+    ///     panic!("while holding the lock");
+    /// });
+    /// assert!(m.is_poisoned());
+    /// m.clear_poison();
+    /// assert_eq!(*m.lock().unwrap(), 1);
+    /// ```
+    fn clear_poison;
+    /// The data, through `&mut self` (no locking needed); `Err` if poisoned.
+    fn get_mut;
 }
 
 impl<T: ?Sized> Mutex<T> {
@@ -168,41 +184,8 @@ impl<T: ?Sized> Mutex<T> {
         }
     }
 
-    /// Whether the mutex is poisoned (a holder panicked). Another thread may poison it at any
-    /// moment, so a `false` is only a hint.
-    pub fn is_poisoned(&self) -> bool {
-        self.poison.get()
-    }
-
-    /// Clears the poison flag, for when the data has been checked or repaired.
-    ///
-    /// ```
-    /// use fibra::sync::Mutex;
-    /// let m = Mutex::new(1);
-    /// let _ = std::panic::catch_unwind(|| {
-    ///     let _g = m.lock().unwrap();
-    ///     panic!("while holding the lock");
-    /// });
-    /// assert!(m.is_poisoned());
-    /// m.clear_poison();
-    /// assert_eq!(*m.lock().unwrap(), 1);
-    /// ```
-    pub fn clear_poison(&self) {
-        self.poison.clear();
-    }
-
-    /// The data, through `&mut self` (no locking needed); `Err` if poisoned.
-    pub fn get_mut(&mut self) -> LockResult<&mut T> {
-        self.poison.result(self.data.exclusive())
-    }
-
     fn guard(&self) -> LockResult<MutexGuard<'_, T>> {
-        let guard = MutexGuard {
-            lock: self,
-            poison: self.poison.enter(),
-            _not_send: PhantomData,
-        };
-        self.poison.result(guard)
+        MutexGuard::from_raw(self, self.poison.enter())
     }
 
     #[inline]
@@ -247,21 +230,15 @@ impl<T: ?Sized> Mutex<T> {
                 break;
             }
         }
-        match wait(
+        // Returns once the holder handed the mutex over to us; its writes happen before.
+        wait_granted(
             g,
             |list| list,
             (),
-            None,
             WaitOn::Lock("Mutex::lock"),
-            || {},
+            HANDED_OVER,
             |g, token| self.cancelled_waiter(g, token),
-        ) {
-            // The holder handed the mutex over to us; its writes happen before (see
-            // `WaitList::wake_front`).
-            Wait::Woken(HANDED_OVER) => {}
-            Wait::Woken(t) => unreachable!("mutex waiter woken with token {t}"),
-            Wait::TimedOut(_) => unreachable!("mutex waits have no deadline"),
-        }
+        );
     }
 
     /// Releases the mutex (the guard's drop, and Condvar before it parks).
@@ -363,42 +340,5 @@ impl<T: ?Sized> Drop for MutexGuard<'_, T> {
     fn drop(&mut self) {
         self.lock.poison.leave(self.poison);
         self.lock.raw_unlock();
-    }
-}
-
-impl<T: ?Sized + fmt::Debug> fmt::Debug for MutexGuard<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&**self, f)
-    }
-}
-
-impl<T: ?Sized + fmt::Display> fmt::Display for MutexGuard<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        (**self).fmt(f)
-    }
-}
-
-impl<T: ?Sized + fmt::Debug> fmt::Debug for Mutex<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("Mutex");
-        match self.try_lock() {
-            Ok(guard) => d.field("data", &&*guard),
-            Err(TryLockError::Poisoned(err)) => d.field("data", &&**err.get_ref()),
-            Err(TryLockError::WouldBlock) => d.field("data", &format_args!("<locked>")),
-        };
-        d.field("poisoned", &self.poison.get());
-        d.finish_non_exhaustive()
-    }
-}
-
-impl<T: Default> Default for Mutex<T> {
-    fn default() -> Mutex<T> {
-        Mutex::new(T::default())
-    }
-}
-
-impl<T> From<T> for Mutex<T> {
-    fn from(value: T) -> Mutex<T> {
-        Mutex::new(value)
     }
 }

@@ -11,7 +11,7 @@
 
 use super::poison;
 use super::shim::UnsafeCell;
-use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
+use super::wait_queue::{wait_granted, Guard, Lock, WaitList};
 use crate::dump::WaitOn;
 use std::fmt;
 use std::marker::PhantomData;
@@ -100,11 +100,6 @@ pub struct RwLockWriteGuard<'a, T: ?Sized + 'a> {
     _not_send: PhantomData<*const ()>,
 }
 
-// SAFETY: a shared guard only gives `&T`.
-unsafe impl<T: ?Sized + Sync> Sync for RwLockReadGuard<'_, T> {}
-// SAFETY: as above.
-unsafe impl<T: ?Sized + Sync> Sync for RwLockWriteGuard<'_, T> {}
-
 impl<T> RwLock<T> {
     const_unless_loom! {
         /// Creates an unlocked `RwLock`. `const`, so it can initialise a `static`.
@@ -120,12 +115,18 @@ impl<T> RwLock<T> {
             }
         }
     }
+}
 
+lock_api! {
+    RwLock, try_read, [RwLockReadGuard, RwLockWriteGuard];
     /// Consumes the lock and returns its data; `Err` (with the data) if poisoned.
-    pub fn into_inner(self) -> LockResult<T> {
-        let poison = self.poison;
-        poison.result(self.data.into_inner())
-    }
+    fn into_inner;
+    /// Whether a writer panicked while holding the lock.
+    fn is_poisoned;
+    /// Clears the poison flag.
+    fn clear_poison;
+    /// The data, through `&mut self` (no locking needed); `Err` if poisoned.
+    fn get_mut;
 }
 
 impl<T: ?Sized> RwLock<T> {
@@ -175,23 +176,6 @@ impl<T: ?Sized> RwLock<T> {
         }
     }
 
-    // The poisoning accessors below repeat `Mutex`'s on purpose: they are std's API on each
-    // type, with each type's own docs; the shared logic lives in `poison::Flag`.
-    /// Whether a writer panicked while holding the lock.
-    pub fn is_poisoned(&self) -> bool {
-        self.poison.get()
-    }
-
-    /// Clears the poison flag.
-    pub fn clear_poison(&self) {
-        self.poison.clear();
-    }
-
-    /// The data, through `&mut self` (no locking needed); `Err` if poisoned.
-    pub fn get_mut(&mut self) -> LockResult<&mut T> {
-        self.poison.result(self.data.exclusive())
-    }
-
     fn read_guard(&self) -> LockResult<RwLockReadGuard<'_, T>> {
         let guard = RwLockReadGuard {
             lock: self,
@@ -219,13 +203,13 @@ impl<T: ?Sized> RwLock<T> {
         if take_if_free(&mut st, access) {
             return;
         }
-        match wait(
+        // Returns once handed over: the releaser counted us in; its writes happen before.
+        wait_granted(
             st,
             |st| &mut st.waiters,
             access,
-            None,
             access.wait_on(),
-            || {},
+            GRANTED,
             |st, token| {
                 if token.is_some() {
                     // Granted, but the fiber is being cancelled: give the lock back.
@@ -235,12 +219,7 @@ impl<T: ?Sized> RwLock<T> {
                     grant(st);
                 }
             },
-        ) {
-            // Handed over: the releaser counted us in; its writes happen before.
-            Wait::Woken(GRANTED) => {}
-            Wait::Woken(t) => unreachable!("rwlock waiter woken with token {t}"),
-            Wait::TimedOut(_) => unreachable!("rwlock waits have no deadline"),
-        }
+        );
     }
 
     fn release(&self, access: Access) {
@@ -326,54 +305,5 @@ impl<T: ?Sized> Drop for RwLockWriteGuard<'_, T> {
     fn drop(&mut self) {
         self.lock.poison.leave(self.poison);
         self.lock.release(Access::Write);
-    }
-}
-
-impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLock<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("RwLock");
-        match self.try_read() {
-            Ok(guard) => d.field("data", &&*guard),
-            Err(TryLockError::Poisoned(err)) => d.field("data", &&**err.get_ref()),
-            Err(TryLockError::WouldBlock) => d.field("data", &format_args!("<locked>")),
-        };
-        d.field("poisoned", &self.poison.get());
-        d.finish_non_exhaustive()
-    }
-}
-
-impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLockReadGuard<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&**self, f)
-    }
-}
-
-impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLockWriteGuard<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&**self, f)
-    }
-}
-
-impl<T: ?Sized + fmt::Display> fmt::Display for RwLockReadGuard<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        (**self).fmt(f)
-    }
-}
-
-impl<T: ?Sized + fmt::Display> fmt::Display for RwLockWriteGuard<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        (**self).fmt(f)
-    }
-}
-
-impl<T: Default> Default for RwLock<T> {
-    fn default() -> RwLock<T> {
-        RwLock::new(T::default())
-    }
-}
-
-impl<T> From<T> for RwLock<T> {
-    fn from(value: T) -> RwLock<T> {
-        RwLock::new(value)
     }
 }

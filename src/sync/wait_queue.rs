@@ -516,6 +516,26 @@ pub(crate) fn wait<'a, S, D: Copy>(
     }
 }
 
+/// Waits with no deadline for a grant that a waker hands over with `token` (the lock, a
+/// share of it): the contended path of `Mutex` and `RwLock`, as [`wait`] with nothing to do
+/// before parking. It returns once the grant is the caller's; the granter's writes happen
+/// before (see [`WaitList::wake_front`]).
+#[inline(always)]
+pub(crate) fn wait_granted<'a, S, D: Copy>(
+    guard: Guard<'a, S>,
+    list: fn(&mut S) -> &mut WaitList<D>,
+    data: D,
+    on: WaitOn,
+    token: usize,
+    on_cancel: impl FnOnce(&mut Guard<'a, S>, Option<usize>),
+) {
+    match wait(guard, list, data, None, on, || {}, on_cancel) {
+        Wait::Woken(t) if t == token => {}
+        Wait::Woken(t) => unreachable!("{on} waiter woken with token {t}"),
+        Wait::TimedOut(_) => unreachable!("{on}: a wait without deadline timed out"),
+    }
+}
+
 /// Takes a waiter's node out of its list on every way out of [`wait`].
 struct Withdraw<'a, S, D: Copy, F: FnOnce(&mut Guard<'a, S>, Option<usize>)> {
     lock: &'a Lock<S>,

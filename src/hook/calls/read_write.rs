@@ -1,0 +1,237 @@
+//! Reads and writes: `read`, `readv`, `recv`, `recvfrom`, `recvmsg`, `write`, `writev`,
+//! `send`, `sendto` and `sendmsg`. Each is `hook::io` around the real call (a socket call
+//! with `MSG_DONTWAIT` is the real call alone); a blocking write, or a receive with
+//! `MSG_WAITALL`, goes on past a partial transfer as the kernel's would. The msghdr and
+//! iovec arithmetic they need is in `msghdr`; nothing here touches the fd table but the
+//! descriptors a `recvmsg` brings in.
+
+use super::msghdr::{iov_rest, iov_total, iovecs, msg_from, readable_msg, received_fds};
+use crate::hook::{self, io, peek_all, real, READ, WRITE};
+use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, READ, || 0, |_| unsafe { real::read(fd, buf, n) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on as they came.
+    io(fd, READ, || 0, |_| unsafe { real::readv(fd, iov, n) })
+}
+
+/// A socket call with `flags`: with `MSG_DONTWAIT` it never waits (the real call, as the
+/// kernel would make it), else as [`io`].
+#[inline(always)]
+fn sock_io(
+    fd: c_int,
+    flags: c_int,
+    dir: hook::Dir,
+    whole: impl FnOnce() -> usize,
+    mut op: impl FnMut(usize) -> isize,
+) -> isize {
+    if flags & libc::MSG_DONTWAIT != 0 {
+        return op(0);
+    }
+    io(fd, dir, whole, op)
+}
+
+/// The length a `MSG_WAITALL` receive of `n` bytes waits for, or 0. The kernel honours the
+/// flag on stream sockets only: a datagram socket's receive returns one datagram.
+fn wait_all(fd: c_int, flags: c_int, n: size_t) -> usize {
+    if flags & libc::MSG_WAITALL != 0 && is_stream(fd) {
+        n
+    } else {
+        0
+    }
+}
+
+/// Whether `fd` is a stream socket (asked only for the rare `MSG_WAITALL`).
+fn is_stream(fd: c_int) -> bool {
+    let mut kind: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: `kind` and `len` are live and sized for SO_TYPE's int.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&raw mut kind).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && kind == libc::SOCK_STREAM
+}
+
+/// A receive: `MSG_PEEK` with `MSG_WAITALL` on a stream socket waits for `whole` bytes to
+/// peek ([`peek_all`], `op(0)` each time), else as [`sock_io`].
+#[inline(always)]
+fn recv_io(fd: c_int, flags: c_int, whole: usize, op: impl FnMut(usize) -> isize) -> isize {
+    if whole > 0 && flags & (libc::MSG_PEEK | libc::MSG_DONTWAIT) == libc::MSG_PEEK {
+        let mut op = op;
+        return peek_all(fd, whole, || op(0));
+    }
+    sock_io(fd, flags, READ, move || whole, op)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
+    // stays below `n` and the pointer within the caller's buffer.
+    recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
+        real::recv(fd, buf.byte_add(off), n - off, flags)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: the caller's arguments; `off` as in `recv`.
+    recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
+        real::recvfrom(fd, buf.byte_add(off), n - off, flags, addr, len)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // A receive that waits for all of its buffers needs their total, and the caller's
+    // control buffer for the parts after the first: read only once the kernel would.
+    let whole = if flags & libc::MSG_WAITALL != 0 {
+        // SAFETY: what the caller passed as a msghdr.
+        if !unsafe { readable_msg(msg) } {
+            // SAFETY: the caller's arguments, for the kernel to refuse (EFAULT, EMSGSIZE).
+            return unsafe { real::recvmsg(fd, msg, flags) };
+        }
+        // SAFETY: the caller's msghdr and its iovec array, checked readable just above.
+        wait_all(fd, flags, unsafe { iov_total(msg) })
+    } else {
+        0
+    };
+    let control = if whole > 0 {
+        // SAFETY: the caller's msghdr, checked above.
+        unsafe { ((*msg).msg_control, (*msg).msg_controllen) }
+    } else {
+        // Not used: a receive that does not wait for all returns after its first part.
+        (std::ptr::null_mut(), 0)
+    };
+    let mut ended = false;
+    // The kernel filled in the caller's msghdr (its first part succeeded).
+    let mut filled = false;
+    // SAFETY: the caller's arguments; past `off` bytes the call goes on in the rest of the
+    // caller's buffers, with the caller's control buffer while no part filled it.
+    let r = recv_io(fd, flags, whole, |off| unsafe {
+        // The kernel's receive ends after a part that brought ancillary data (a Unix
+        // socket's fds): 0 ends the loop with what came.
+        if ended {
+            return 0;
+        }
+        msg_from(msg, off, Some(control), |part| {
+            let r = real::recvmsg(fd, part, flags);
+            filled |= r >= 0;
+            // A part that brought ancillary data, or had some and no room for it (its fds
+            // closed, MSG_CTRUNC), ends the kernel's receive.
+            if r > 0 && ((*part).msg_controllen > 0 || (*part).msg_flags & libc::MSG_CTRUNC != 0) {
+                ended = true;
+                if part != msg {
+                    (*msg).msg_controllen = (*part).msg_controllen;
+                    (*msg).msg_flags |= (*part).msg_flags;
+                }
+            }
+            r
+        })
+    });
+    if r >= 0 && filled {
+        // SAFETY: the caller's msghdr, whose control part the kernel wrote.
+        unsafe { received_fds(msg) };
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
+    // stays below `n` and the pointer within the caller's buffer.
+    io(
+        fd,
+        WRITE,
+        || n,
+        |off| unsafe { real::write(fd, buf.byte_add(off), n - off) },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: the caller's array, read only once the kernel took it in the first call
+    // (`io` asks for the total only then, and `off` > 0 follows bytes written).
+    let bufs = || unsafe { iovecs(iov, usize::try_from(n).unwrap_or(0)) };
+    // A blocking write writes everything, as `write`: past `off` bytes the rest goes on.
+    io(
+        fd,
+        WRITE,
+        || {
+            bufs()
+                .iter()
+                .fold(0usize, |t, v| t.saturating_add(v.iov_len))
+        },
+        |off| {
+            if off == 0 {
+                // SAFETY: the caller's arguments, passed on as they came.
+                return unsafe { real::writev(fd, iov, n) };
+            }
+            let rest = iov_rest(bufs(), off);
+            // SAFETY: buffers within the caller's, fewer than the caller's `n`.
+            unsafe { real::writev(fd, rest.as_ptr(), rest.len() as c_int) }
+        },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
+    // stays below `n` and the pointer within the caller's buffer.
+    sock_io(
+        fd,
+        flags,
+        WRITE,
+        || n,
+        |off| unsafe { real::send(fd, buf.byte_add(off), n - off, flags) },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on as they came.
+    sock_io(
+        fd,
+        flags,
+        WRITE,
+        || n,
+        |off| unsafe { real::sendto(fd, buf.byte_add(off), n - off, flags, addr, len) },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's msghdr and its iovec array, read only once the kernel took them
+    // in the first call (see `io`).
+    let whole = || unsafe { iov_total(msg) };
+    // SAFETY: the caller's arguments; a blocking send sends everything, as `send`: past
+    // `off` bytes the rest goes on, without the ancillary data the first part carried.
+    sock_io(fd, flags, WRITE, whole, |off| unsafe {
+        msg_from(msg.cast_mut(), off, None, |m| real::sendmsg(fd, m, flags))
+    })
+}
