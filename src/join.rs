@@ -1,6 +1,7 @@
 //! [`JoinHandle`] and [`JoinError`]: a task's result, its joiners and its continuations.
 
 use crate::fiber::{Cancelled, FiberId};
+use crate::report::drop_catching;
 use crate::sched::cell::{Inner, TaskArc};
 use crate::sched::task::{as_job, Ended, Header, Job, JobRef, Start};
 use crate::sys::spin::SpinLock;
@@ -173,14 +174,6 @@ impl<F, T> Drop for JoinCell<F, T> {
         drop_catching(self.func.get_mut().take());
         drop_catching(self.result.get_mut().take());
         drop_catching(self.callbacks.get_mut().take());
-    }
-}
-
-/// Drops `value`; a panic in its destructor is reported by the panic hook like any panic
-/// and goes no further. (The payload of that panic is leaked: its own destructor may panic.)
-pub(crate) fn drop_catching<V>(value: V) {
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
-        std::mem::forget(payload);
     }
 }
 

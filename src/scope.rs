@@ -164,7 +164,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                     crate::fiber::raise_cancelled(p);
                 } else {
                     running.lock().unjoined_panics += 1;
-                    crate::join::drop_catching(p);
+                    crate::report::drop_catching(p);
                 }
             }
         });

@@ -485,7 +485,7 @@ impl<F, T> Drop for AwaitCompletion<'_, F, T> {
         // only one touching it.
         let (func, result) =
             unsafe { ((*self.0.func.get()).take(), (*self.0.result.get()).take()) };
-        crate::join::drop_catching((func, result));
+        crate::report::drop_catching((func, result));
     }
 }
 

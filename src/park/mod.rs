@@ -230,7 +230,7 @@ fn wake_foreign(wake: impl FnOnce()) {
         return wake();
     }
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(wake)) {
-        crate::join::drop_catching(p);
+        crate::report::drop_catching(p);
     }
 }
 

@@ -520,7 +520,7 @@ impl Scheduler {
         {
             // Started before `f` is queued: a worker that did start must not run it (and a
             // later `start` neither) while the caller gets the refusal.
-            crate::join::drop_catching(f);
+            crate::report::drop_catching(f);
             std::panic::resume_unwind(refused);
         }
         let handle = match self.submit(f, None) {

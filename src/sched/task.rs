@@ -399,7 +399,7 @@ impl Header {
                 // A waker whose `wake` panics (reported by the panic hook) must not unwind
                 // into whoever completed the task: a worker, which would die, or the code
                 // that failed it, which would skip its own bookkeeping.
-                crate::join::drop_catching(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                crate::report::drop_catching(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
                     || w.wake(),
                 )));
             }

@@ -190,7 +190,7 @@ fn unpark_all(first: Option<Unparker>, rest: Vec<Unparker>) {
         {
             match panicked {
                 None => panicked = Some(p),
-                Some(_) => crate::join::drop_catching(p),
+                Some(_) => crate::report::drop_catching(p),
             }
         }
     }

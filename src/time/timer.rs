@@ -185,7 +185,7 @@ fn run(shared: &Shared) {
                 // The panic hook has reported it; the timer thread lives on.
                 // The panic hook reported it; the payload's own destructor may panic too.
                 if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(job)) {
-                    crate::join::drop_catching(payload);
+                    crate::report::drop_catching(payload);
                 }
                 st = shared.lock();
             }
