@@ -11,8 +11,8 @@
 
 use crate::fiber::FiberId;
 use crate::metrics::Grouped;
+pub use crate::park::WaitOn;
 use std::fmt;
-use std::os::fd::RawFd;
 use std::panic::Location;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,65 +52,6 @@ impl DumpRequest {
 /// whose loop does not move before it reports the worker as busy (stuck in one fiber); a
 /// worker whose loop moves is waited for until it has listed all its fibers.
 pub const DUMP_PATIENCE: Duration = Duration::from_millis(100);
-
-/// What a parked fiber waits for, recorded when it parks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WaitOn {
-    /// [`sleep`](crate::sleep) or [`sleep_until`](crate::sleep_until) (its end is the
-    /// entry's [`deadline`](Entry::deadline)).
-    Sleep,
-    /// Readiness of a file descriptor (fibra's sockets, [`crate::io`], hooked calls).
-    Io {
-        /// The descriptor.
-        fd: RawFd,
-        /// Waiting for it to be readable.
-        readable: bool,
-        /// Waiting for it to be writable.
-        writable: bool,
-    },
-    /// A lock: the call that waits, such as `"Mutex::lock"` or `"Semaphore::acquire"`.
-    Lock(&'static str),
-    /// A channel: the call that waits, such as `"mpsc::Receiver::recv"`.
-    Channel(&'static str),
-    /// The end of another task ([`JoinHandle::join`](crate::JoinHandle::join)).
-    Join(FiberId),
-    /// [`park`](crate::park) or [`park_timeout`](crate::park_timeout) called directly.
-    Park,
-    /// A future polled by [`future::block_on`](crate::future::block_on).
-    Future,
-    /// A call running on the blocking pool ([`unblock`](crate::unblock()), files).
-    Blocking,
-    /// Anything else: the call that waits, such as `"Condvar::wait"`.
-    Other(&'static str),
-}
-
-impl fmt::Display for WaitOn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WaitOn::Sleep => f.write_str("sleeping"),
-            WaitOn::Io {
-                fd,
-                readable,
-                writable,
-            } => {
-                let what = match (readable, writable) {
-                    (true, true) => "readable or writable",
-                    (false, true) => "writable",
-                    _ => "readable",
-                };
-                write!(f, "waiting for fd {fd} {what}")
-            }
-            WaitOn::Lock(call) => write!(f, "waiting for a lock ({call})"),
-            WaitOn::Channel(call) => write!(f, "waiting on a channel ({call})"),
-            WaitOn::Join(id) => write!(f, "joining fiber {id}"),
-            WaitOn::Park => f.write_str("parked (fibra::park)"),
-            WaitOn::Future => f.write_str("awaiting a future (future::block_on)"),
-            WaitOn::Blocking => f.write_str("waiting for the blocking pool (unblock)"),
-            WaitOn::Other(call) => write!(f, "waiting in {call}"),
-        }
-    }
-}
 
 /// A fiber's state in a [`Dump`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,19 +336,5 @@ mod tests {
         assert_eq!(Human(Duration::from_millis(4_050)).to_string(), "4.05 s");
         assert_eq!(Human(Duration::from_secs(192)).to_string(), "3 min 12 s");
         assert!(Human(Duration::MAX).to_string().ends_with(" s"));
-    }
-
-    #[test]
-    fn wait_on_reads_well() {
-        let io = WaitOn::Io {
-            fd: 5,
-            readable: true,
-            writable: false,
-        };
-        assert_eq!(io.to_string(), "waiting for fd 5 readable");
-        assert_eq!(
-            WaitOn::Lock("Mutex::lock").to_string(),
-            "waiting for a lock (Mutex::lock)"
-        );
     }
 }

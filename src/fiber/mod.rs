@@ -164,7 +164,7 @@ pub(crate) struct FiberMeta {
     /// Home worker index; `None` for a standalone fiber.
     pub(crate) worker: Option<usize>,
     /// What the fiber waits on, written as it parks (for `Scheduler::dump`).
-    pub(crate) wait: Cell<crate::dump::WaitOn>,
+    pub(crate) wait: Cell<crate::park::WaitOn>,
 }
 
 impl FiberMeta {
@@ -182,7 +182,7 @@ impl FiberMeta {
             budget: Cell::new(crate::coop::BUDGET),
             unconstrained: Cell::new(false),
             suspended_at: Cell::new(0),
-            wait: Cell::new(crate::dump::WaitOn::Park),
+            wait: Cell::new(crate::park::WaitOn::Park),
             #[cfg(feature = "hook")]
             hooks_off: Cell::new(false),
             #[cfg(feature = "hook")]

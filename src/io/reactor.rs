@@ -19,9 +19,9 @@
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
 //! wait is therefore never lost.
 
-use crate::dump::WaitOn;
 #[cfg(feature = "hook")]
 use crate::hook::real;
+use crate::park::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sched::worker::Shared;
 use crate::sys::spin::SpinLock;

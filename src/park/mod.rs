@@ -19,8 +19,10 @@
 
 pub(crate) mod protocol;
 mod thread;
+mod wait_on;
 
-use crate::dump::WaitOn;
+pub use wait_on::WaitOn;
+
 use crate::fiber::{current_meta, suspend, Suspend};
 use crate::sched::task::JobRef;
 use crate::sched::worker::Shared;

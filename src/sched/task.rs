@@ -6,10 +6,10 @@
 //! (`join::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by
 //! [`TaskArc`](crate::sched::cell::TaskArc), whose memory comes from per-thread block caches.
 
-use crate::dump::WaitOn;
 use crate::fiber::{Coro, FiberId, FiberMeta};
 use crate::join::JoinError;
 use crate::park::protocol::ParkWord;
+use crate::park::WaitOn;
 use crate::sched::cell::{Inner, TaskArc};
 use crate::sched::timers::TimerId;
 use crate::sched::worker::Shared;
@@ -399,9 +399,9 @@ impl Header {
                 // A waker whose `wake` panics (reported by the panic hook) must not unwind
                 // into whoever completed the task: a worker, which would die, or the code
                 // that failed it, which would skip its own bookkeeping.
-                crate::report::drop_catching(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                    || w.wake(),
-                )));
+                crate::report::drop_catching(std::panic::catch_unwind(
+                    std::panic::AssertUnwindSafe(|| w.wake()),
+                ));
             }
         }
         prev & (DONE | DETACHED) == DETACHED

@@ -25,7 +25,7 @@ mod imp {
     #[inline]
     pub(crate) fn park(
         deadline: Option<Instant>,
-        on: crate::dump::WaitOn,
+        on: crate::park::WaitOn,
         register: impl FnOnce(Unparker),
     ) -> ParkResult {
         crate::park::park_alone(deadline, on, register)
@@ -123,7 +123,7 @@ mod imp {
     /// the waiter races its wakers to withdraw, and loom explores both outcomes.
     pub(crate) fn park(
         deadline: Option<Instant>,
-        _on: crate::dump::WaitOn,
+        _on: crate::park::WaitOn,
         register: impl FnOnce(Unparker),
     ) -> ParkResult {
         let slot = Arc::new(Slot {

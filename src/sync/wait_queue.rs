@@ -50,7 +50,7 @@
 use super::shim::{
     may_spin, park, AtomicU8, Ordering, ParkResult, RawGuard, RawLock, Unparker, UnsafeCell,
 };
-use crate::dump::WaitOn;
+use crate::park::WaitOn;
 use std::marker::PhantomPinned;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};

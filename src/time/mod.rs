@@ -60,7 +60,7 @@ pub fn sleep_until(deadline: Instant) {
     }
     // Nobody else holds the Unparker, so only the deadline ends the park.
     while Instant::now() < deadline {
-        crate::park::park_until(Some(deadline), crate::dump::WaitOn::Sleep, drop);
+        crate::park::park_until(Some(deadline), crate::park::WaitOn::Sleep, drop);
     }
 }
 

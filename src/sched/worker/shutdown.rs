@@ -25,9 +25,9 @@
 //! started), so `catching` and `finally` continuations may wait like any fiber code.
 
 use super::{Shared, Worker};
-use crate::dump::WaitOn;
 use crate::join::JoinError;
 use crate::park::protocol::{wake_at_home, ParkState};
+use crate::park::WaitOn;
 use crate::sched::task::{Cancel, JobRef, ScheduleTask};
 use crate::sync::wait_queue::{wait, Wait};
 use std::sync::atomic::{AtomicU8, Ordering};
