@@ -60,6 +60,7 @@ mod join;
 mod join_set;
 mod metrics;
 pub mod net;
+#[macro_use]
 mod park;
 mod report;
 mod sched;

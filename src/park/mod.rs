@@ -13,13 +13,21 @@
 //! used on the fiber's own worker, where no other waker can run at the same time: see
 //! `park_alone`.)
 //!
-//! This module is the API: `park`, `park_timeout`, `Unparker`. How a scheduled fiber parks
-//! and is woken — the park word, the request, the worker's publication, the wakers — is
-//! [`protocol`]; how a plain thread parks is `thread`.
+//! This module is the API: `park`, `park_timeout`, `Unparker`, and [`WaitOn`] (what a parked
+//! fiber waits for). How a scheduled fiber parks and is woken — the park word, the request,
+//! the worker's publication, the wakers — is [`protocol`]; how a plain thread parks is
+//! `thread`. Built on it: [`wait_queue`], the FIFO that every waiter who queues for
+//! something (a lock, a message, a task's end) waits in, with `shim`, the seam where the
+//! loom model checker replaces park and the atomics.
 
+// The shim first: its `const_unless_loom!` is used by the wait queue, and (through
+// `#[macro_use] mod park` in lib.rs) by `fibra::sync`.
+#[macro_use]
+pub(crate) mod shim;
 pub(crate) mod protocol;
 mod thread;
 mod wait_on;
+pub(crate) mod wait_queue;
 
 pub use wait_on::WaitOn;
 

@@ -197,12 +197,19 @@ mod tests {
     /// node linked: it waits on, and the real wake still reaches it.
     #[test]
     fn a_stray_thread_wake_leaves_a_wait_queue_waiter_waiting() {
-        let barrier = Arc::new(crate::sync::Barrier::new(2));
+        use crate::park::wait_queue::{wait, Lock, Wait, WaitList};
+        use crate::park::WaitOn;
+        const TOKEN: usize = 7;
+        let queue = Arc::new(Lock::new(WaitList::<()>::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        let b = barrier.clone();
+        let q = queue.clone();
         let t = std::thread::spawn(move || {
             tx.send(SLOT.with(|s| s.borrow().clone())).unwrap();
-            b.wait().is_leader()
+            let on = WaitOn::Other("test");
+            match wait(q.lock(), |l| l, (), None, on, || {}, |_, _| {}) {
+                Wait::Woken(token) => token,
+                Wait::TimedOut(_) => unreachable!("no deadline"),
+            }
         });
         let slot = rx.recv().unwrap();
         let until = Instant::now() + Duration::from_millis(300);
@@ -223,9 +230,21 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert!(!t.is_finished(), "the waiter left the barrier alone");
-        let leader = barrier.wait().is_leader();
-        let other = t.join().expect("the waiter");
-        assert!(leader != other, "exactly one leader");
+        assert!(!t.is_finished(), "the waiter left the queue");
+        // The waiter is in the queue (or, on a slow machine, about to join it): wake it there.
+        loop {
+            let mut g = queue.lock();
+            let (list, wakes) = g.parts();
+            if list.wake_all(TOKEN, wakes) == 1 {
+                break;
+            }
+            drop(g);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            t.join().expect("the waiter"),
+            TOKEN,
+            "the real wake's token"
+        );
     }
 }

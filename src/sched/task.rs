@@ -9,11 +9,11 @@
 use crate::fiber::{Coro, FiberId, FiberMeta};
 use crate::join::JoinError;
 use crate::park::protocol::ParkWord;
+use crate::park::wait_queue::{wait, Lock, Wait, WaitList};
 use crate::park::WaitOn;
 use crate::sched::cell::{Inner, TaskArc};
 use crate::sched::timers::TimerId;
 use crate::sched::worker::Shared;
-use crate::sync::wait_queue::{wait, Lock, Wait, WaitList};
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::Location;

@@ -37,24 +37,11 @@
 //!
 //! # Implementation map
 //! `wait_queue` is the FIFO every primitive waits in (intrusive nodes on the waiters'
-//! stacks; its module docs give the handshake). `mutex` adds a one-byte lock word with
+//! stacks; its module docs give the handshake), part of the core's waiting machinery in
+//! `crate::park` and used here by that name. `mutex` adds a one-byte lock word with
 //! atomic fast paths, `oneshot` a lock-free single-waiter slot; `chan` is the channel core
-//! that `mpsc` and `mpmc` are built on. `shim` gathers the atomics, cells and park so that
-//! `RUSTFLAGS="--cfg loom"` can model-check them (`ci/loom.sh`).
-
-/// Declares a constructor `const` in normal builds. loom's instrumented types cannot be
-/// created in a const context, so under `cfg(loom)` it is a plain `fn`.
-macro_rules! const_unless_loom {
-    ($(#[$attr:meta])* $vis:vis fn $name:ident $($rest:tt)*) => {
-        #[cfg(not(loom))]
-        $(#[$attr])*
-        $vis const fn $name $($rest)*
-
-        #[cfg(loom)]
-        $(#[$attr])*
-        $vis fn $name $($rest)*
-    };
-}
+//! that `mpsc` and `mpmc` are built on. `shim` (also `crate::park`'s) gathers the atomics,
+//! cells and park so that `RUSTFLAGS="--cfg loom"` can model-check them (`ci/loom.sh`).
 
 /// What std's `Mutex` and `RwLock` have alike, written once for fibra's two: the poisoning
 /// accessors (with the docs each type gives them here), `Debug` of the lock (through
@@ -154,8 +141,6 @@ mod poison;
 mod rwlock;
 pub mod select;
 mod semaphore;
-mod shim;
-pub(crate) mod wait_queue;
 mod waitgroup;
 
 #[cfg(all(test, loom))]
@@ -170,6 +155,11 @@ pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use select::Select;
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use waitgroup::WaitGroup;
+
+// The wait queue every primitive here waits in, and the loom shim under it, are the core's
+// (`crate::park`): the scheduler's joiners and drain waiters queue in the same lists.
+use crate::park::shim;
+pub(crate) use crate::park::wait_queue;
 
 use std::time::{Duration, Instant};
 

@@ -17,7 +17,7 @@
 use crate::dump::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sync::mpsc::{RecvError, SendError, TryRecvError, TrySendError};
-use crate::sync::wait_queue::Wakeups;
+use crate::sync::wait_queue::{Guard, Wakeups};
 use crate::sync::{mpmc, mpsc, CancellationToken};
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -186,6 +186,18 @@ impl Watchers {
         if let Some(i) = self.0.iter().position(|w| Arc::ptr_eq(w, s)) {
             self.0.swap_remove(i);
         }
+    }
+}
+
+// The guard is the wait queue's (`crate::park::wait_queue`), which knows nothing of selects:
+// this is the one place where its state meets them.
+impl<S> Guard<'_, S> {
+    /// Fires the select watchers that `of` picks out of the state; they are woken with the
+    /// other wake-ups, after the lock is released.
+    #[inline]
+    pub(crate) fn notify(&mut self, of: impl FnOnce(&S) -> &Watchers) {
+        let (st, wakes) = self.parts();
+        of(st).notify(wakes);
     }
 }
 

@@ -27,9 +27,9 @@
 use super::{Shared, Worker};
 use crate::join::JoinError;
 use crate::park::protocol::{wake_at_home, ParkState};
+use crate::park::wait_queue::{wait, Wait};
 use crate::park::WaitOn;
 use crate::sched::task::{Cancel, JobRef, ScheduleTask};
-use crate::sync::wait_queue::{wait, Wait};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 

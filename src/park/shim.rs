@@ -1,13 +1,28 @@
-//! The few building blocks `fibra::sync` is made of, gathered here so the model checker can
-//! swap them (tokio's `loom` shim, in small).
+//! The few building blocks the wait queue (`wait_queue`) and `fibra::sync` are made of,
+//! gathered here so the model checker can swap them (tokio's `loom` shim, in small).
 //!
 //! In a normal build these are std's atomics and `Arc`, a spin lock (`RawLock`) for the short
 //! internal critical sections, a thin `UnsafeCell`, and the crate's one waiting primitive
 //! ([`crate::park`]). Under `RUSTFLAGS="--cfg loom"` (see `ci/loom.sh`) they are loom's
 //! instrumented equivalents, and `park` is modelled on `loom::thread::park` with the same
 //! contract: `register` runs after the waiter is committed to waiting, an `Unparker` wakes
-//! exactly its own park once, and a deadline may pass at any moment. Nothing outside
-//! `src/sync` uses this module, and nothing in `src/sync` reaches past it for these things.
+//! exactly its own park once, and a deadline may pass at any moment. Nothing but the wait
+//! queue and `src/sync` uses this module, and neither reaches past it for these things.
+//! It also declares `const_unless_loom!`, for their constructors.
+
+/// Declares a constructor `const` in normal builds. loom's instrumented types cannot be
+/// created in a const context, so under `cfg(loom)` it is a plain `fn`.
+macro_rules! const_unless_loom {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident $($rest:tt)*) => {
+        #[cfg(not(loom))]
+        $(#[$attr])*
+        $vis const fn $name $($rest)*
+
+        #[cfg(loom)]
+        $(#[$attr])*
+        $vis fn $name $($rest)*
+    };
+}
 
 pub(crate) use imp::*;
 

@@ -1,4 +1,7 @@
-//! The FIFO wait queue that every blocking primitive of `fibra::sync` waits in.
+//! The FIFO wait queue that every blocking primitive of `fibra::sync` waits in, and with
+//! them the joiners of a task and the threads waiting for a scheduler to drain. Built on
+//! [`park`](crate::park) alone; it knows nothing of the primitives (a select's watchers
+//! are fired through [`Guard::parts`], from `sync::select`).
 //!
 //! # Pieces
 //! - [`Lock<S>`] holds a primitive's state `S` behind the internal lock (a spin lock,
@@ -99,14 +102,6 @@ impl<S> Guard<'_, S> {
     #[inline]
     pub(crate) fn parts(&mut self) -> (&mut S, &mut Wakeups) {
         (&mut self.raw, &mut self.wakes)
-    }
-
-    /// Fires the select watchers that `of` picks out of the state; they are woken with the
-    /// other wake-ups, after the lock is released.
-    #[inline]
-    pub(crate) fn notify(&mut self, of: impl FnOnce(&S) -> &super::select::Watchers) {
-        let (st, wakes) = self.parts();
-        of(st).notify(wakes);
     }
 }
 
