@@ -49,8 +49,9 @@ pub use looper::Looper;
 pub use new_thread::NewThread;
 pub use thread_pool::ThreadPool;
 
-use crate::join::{JoinCell, JoinError, JoinHandle};
+use crate::join::{JoinError, JoinHandle};
 use crate::sched::cell::TaskArc;
+use crate::sched::join_cell::JoinCell;
 use crate::sched::task::{Header, Job, Start};
 use crate::stack::DEFAULT_STACK_SIZE;
 use std::sync::Arc;

@@ -92,7 +92,7 @@ impl Injector {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::join::JoinCell;
+    use crate::sched::join_cell::JoinCell;
     use crate::sched::task::Header;
     use std::collections::HashSet;
     use std::panic::Location;

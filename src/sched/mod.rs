@@ -5,6 +5,7 @@
 pub(crate) mod cell;
 mod idle;
 mod injector;
+pub(crate) mod join_cell;
 mod live;
 #[cfg(all(test, loom))]
 mod loom_model;
@@ -21,9 +22,10 @@ pub use worker::current_worker;
 
 use crate::error::{Error, SubmitError};
 use crate::fiber;
-use crate::join::{JoinCell, JoinHandle};
+use crate::join::JoinHandle;
 use crate::park::Unparker;
 use crate::stack::{round_size, DEFAULT_STACK_SIZE, MIN_STACK_SIZE};
+use join_cell::JoinCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

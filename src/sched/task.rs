@@ -3,7 +3,7 @@
 //! the fields only its home worker touches ([`HomeOnly`]).
 //!
 //! One allocation per submitted task holds the header, the closure and the result slot
-//! (`join::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by
+//! (`join_cell::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by
 //! [`TaskArc`](crate::sched::cell::TaskArc), whose memory comes from per-thread block caches.
 
 use crate::fiber::{Coro, FiberId, FiberMeta};
@@ -493,7 +493,7 @@ mod layout {
 #[cfg(all(test, not(loom)))]
 mod slot {
     use super::*;
-    use crate::join::JoinCell;
+    use crate::sched::join_cell::JoinCell;
     use std::collections::HashSet;
     use std::sync::atomic::AtomicBool;
 
