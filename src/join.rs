@@ -5,7 +5,8 @@
 
 use crate::fiber::FiberId;
 use crate::sched::cell::{Inner, TaskArc};
-use crate::sched::join_cell::{JoinCell, Output};
+use crate::sched::join_cell::{detached_cell, JoinCell, Output};
+use crate::sched::task::Job;
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
@@ -250,6 +251,19 @@ impl<T> fmt::Debug for JoinHandle<T> {
             .field("finished", &h.is_done())
             .finish()
     }
+}
+
+/// A handle whose task was refused (its scheduler or executor has shut down): reports
+/// cancelled.
+#[track_caller]
+pub(crate) fn cancelled<F, T>(f: F) -> JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let cell = detached_cell(f);
+    cell.fail(JoinError::cancelled());
+    JoinHandle::new(cell)
 }
 
 /// Why a task produced no value: it panicked, it was cancelled, or it could not start.

@@ -161,7 +161,7 @@ impl Executor for Looper {
         self.owned
             .sched
             .submit(f, Some(0))
-            .unwrap_or_else(|refused| super::cancelled(refused.into_inner()))
+            .unwrap_or_else(|refused| crate::join::cancelled(refused.into_inner()))
     }
 }
 

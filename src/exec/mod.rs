@@ -51,9 +51,8 @@ pub use thread_pool::ThreadPool;
 
 use crate::join::{JoinError, JoinHandle};
 use crate::sched::cell::TaskArc;
-use crate::sched::join_cell::JoinCell;
-use crate::sched::task::{Header, Job, Start};
-use crate::stack::DEFAULT_STACK_SIZE;
+use crate::sched::join_cell::{detached_cell, JoinCell};
+use crate::sched::task::{Job, Start};
 use std::sync::Arc;
 
 /// Something that runs jobs: a thread, a pool, an event loop, or a scheduler.
@@ -129,29 +128,6 @@ macro_rules! forward_executor {
 }
 
 forward_executor!(&E, Arc<E>);
-
-/// A task cell that no scheduler owns: run by hand ([`RunOnce`]) or failed at once.
-#[track_caller]
-fn detached_cell<F, T>(f: F) -> TaskArc<JoinCell<F, T>>
-where
-    F: FnOnce() -> T + Send + 'static,
-    T: Send + 'static,
-{
-    let location = std::panic::Location::caller();
-    JoinCell::new(f, || Header::new(None, DEFAULT_STACK_SIZE, None, location))
-}
-
-/// A handle whose task was refused (its executor has shut down): reports cancelled.
-#[track_caller]
-pub(crate) fn cancelled<F, T>(f: F) -> JoinHandle<T>
-where
-    F: FnOnce() -> T + Send + 'static,
-    T: Send + 'static,
-{
-    let cell = detached_cell(f);
-    cell.fail(JoinError::cancelled());
-    JoinHandle::new(cell)
-}
 
 /// Runs a detached task once, outside any fiber; dropped unrun (its executor refused or
 /// discarded the job), it fails the task as cancelled so that nobody waits for ever.

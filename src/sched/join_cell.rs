@@ -278,3 +278,17 @@ where
         }
     }
 }
+
+/// A task cell that no scheduler owns: run by hand (the executors' `RunOnce`) or failed at
+/// once ([`crate::join::cancelled`]).
+#[track_caller]
+pub(crate) fn detached_cell<F, T>(f: F) -> TaskArc<JoinCell<F, T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let location = std::panic::Location::caller();
+    JoinCell::new(f, || {
+        Header::new(None, crate::stack::DEFAULT_STACK_SIZE, None, location)
+    })
+}

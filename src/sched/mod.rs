@@ -848,7 +848,7 @@ where
     T: Send + 'static,
 {
     submit_to(shared, f, None, None, shared.config.stack_size)
-        .unwrap_or_else(|refused| crate::exec::cancelled(refused.into_inner()))
+        .unwrap_or_else(|refused| crate::join::cancelled(refused.into_inner()))
 }
 
 /// Runs `f` (one poll: it must not park) inside the context of the tokio runtime of the
