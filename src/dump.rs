@@ -11,118 +11,20 @@
 
 use crate::fiber::FiberId;
 use crate::metrics::Grouped;
-pub use crate::park::WaitOn;
+use crate::sched::worker::{DumpRequest, Phase, WorkerShared};
+use crate::sched::Scheduler;
 use std::fmt;
-use std::panic::Location;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A dump in progress: what the workers answer to.
-pub(crate) struct DumpRequest {
-    /// The fiber taking the dump, if it is one (it is listed as running).
-    pub(crate) requester: Option<FiberId>,
-    answers: crate::sync::mpsc::Sender<Answer>,
-}
-
-/// A worker's answer: its index, its fibers, its longest pause and its total time.
-pub(crate) type Answer = (usize, Vec<Entry>, Duration, Duration);
-
-impl DumpRequest {
-    pub(crate) fn new(
-        requester: Option<FiberId>,
-    ) -> (DumpRequest, crate::sync::mpsc::Receiver<Answer>) {
-        let (answers, rx) = crate::sync::mpsc::channel();
-        (DumpRequest { requester, answers }, rx)
-    }
-
-    /// Worker `index`'s fibers, listed in pauses of at most `pause`, `work` in all. A late
-    /// answer, after the dump gave up waiting, is dropped.
-    pub(crate) fn answer(
-        &self,
-        index: usize,
-        entries: Vec<Entry>,
-        pause: Duration,
-        work: Duration,
-    ) {
-        let _ = self.answers.send((index, entries, pause, work));
-    }
-}
+pub use crate::park::WaitOn;
+pub use crate::sched::worker::{Entry, Status};
 
 /// How long [`Scheduler::dump`](crate::Scheduler::dump) waits for the answer of a worker
 /// whose loop does not move before it reports the worker as busy (stuck in one fiber); a
 /// worker whose loop moves is waited for until it has listed all its fibers.
 pub const DUMP_PATIENCE: Duration = Duration::from_millis(100);
-
-/// A fiber's state in a [`Dump`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Running on its worker: the fiber that took the dump, or one its worker is stuck in.
-    Running,
-    /// Ready to run (yielded, or woken and not resumed yet).
-    Ready,
-    /// Suspended until something wakes it.
-    Parked(WaitOn),
-}
-
-/// One live fiber in a [`Dump`].
-#[derive(Clone, Debug)]
-pub struct Entry {
-    pub(crate) id: FiberId,
-    pub(crate) name: Option<Arc<str>>,
-    pub(crate) worker: usize,
-    pub(crate) status: Status,
-    pub(crate) for_: Option<Duration>,
-    pub(crate) deadline: Option<Instant>,
-    pub(crate) location: &'static Location<'static>,
-    pub(crate) cancelled: bool,
-}
-
-impl Entry {
-    /// The fiber's id.
-    pub fn id(&self) -> FiberId {
-        self.id
-    }
-
-    /// Its name, if it was given one.
-    pub fn name(&self) -> Option<&str> {
-        self.name.as_deref()
-    }
-
-    /// The worker it lives on.
-    pub fn worker(&self) -> usize {
-        self.worker
-    }
-
-    /// Running, ready, or parked on what.
-    pub fn status(&self) -> Status {
-        self.status
-    }
-
-    /// How long it has been in its status: parked since it parked; running for at least
-    /// this long (known only when the watchdog watches its worker); `None` for a ready
-    /// fiber. Read from a coarse clock that its worker refreshes every 64 fibers it runs:
-    /// accurate to a few milliseconds, unless the fiber parked right after a fiber that ran
-    /// long without suspending on a scheduler without a watchdog (with one, the worker
-    /// refreshes its clock after such a fiber).
-    pub fn duration(&self) -> Option<Duration> {
-        self.for_
-    }
-
-    /// When its park times out (a sleep's end, a timed wait's deadline), if it does.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
-
-    /// Where the task was submitted (the caller of `submit`, `spawn`, …).
-    pub fn location(&self) -> &'static Location<'static> {
-        self.location
-    }
-
-    /// Whether it has been cancelled (it is unwinding, or will at its next resumption).
-    pub fn is_cancelled(&self) -> bool {
-        self.cancelled
-    }
-}
 
 /// How one worker answered a [`Dump`].
 #[derive(Clone, Debug)]
@@ -218,6 +120,151 @@ impl Dump {
     pub fn took(&self) -> Duration {
         self.taken
     }
+}
+
+impl Scheduler {
+    /// Every live fiber of this scheduler: id, name, worker, state — running, ready, or
+    /// parked and on what (a sleep and until when, fd N readable or writable, a lock, a
+    /// channel, the join of another task, a plain `park`) — for how long, and where it was
+    /// submitted. `Display` prints it like Go's goroutine dump. See [`Dump`].
+    ///
+    /// Each worker lists its own fibers, 1 024 at a time between two fibers it runs, so the
+    /// scheduler never stops as a whole and no worker stops for long (about 0.1 ms per
+    /// chunk; the dump reports each worker's longest pause). The dump waits for a worker as
+    /// long as its loop moves, so a worker with a million fibers, or one whose fibers each
+    /// run a while before they suspend, is listed in full, in as many passes as it takes. A
+    /// worker stuck in a fiber that never suspends cannot answer: once its loop has not
+    /// moved for [`DUMP_PATIENCE`] (100 ms) it is reported with that fiber, and its other
+    /// fibers are missing from the dump.
+    ///
+    /// Callable from any thread and from a fiber (of this scheduler too: the fiber waits for
+    /// the answers, and is listed as running). On a scheduler that is not running (not
+    /// started, or stopped) no fiber is alive to list.
+    pub fn dump(&self) -> Dump {
+        let sh = self.shared();
+        let start = Instant::now();
+        let live_tasks = sh.live();
+        let phase = sh.phase.get();
+        let mut dump = Dump {
+            name: sh.config.name.clone(),
+            live_tasks,
+            continuations: sh.continuations.load(Ordering::SeqCst),
+            fibers: Vec::new(),
+            workers: Vec::new(),
+            taken: Duration::ZERO,
+        };
+        if phase == Phase::New || phase == Phase::Done {
+            dump.taken = start.elapsed();
+            return dump;
+        }
+        let requester = crate::fiber::current_meta()
+            .filter(|m| m.worker.is_some())
+            .map(|m| m.id);
+        // A fibra channel: a fiber taking the dump parks, and its worker goes on answering.
+        let (tx, answers) = crate::sync::mpsc::channel();
+        let req = DumpRequest::new(requester, move |answer| {
+            // A late answer, after the dump gave up waiting, is dropped.
+            let _ = tx.send(answer);
+        });
+        let progress: Vec<u32> = sh.workers.iter().map(|w| w.progress()).collect();
+        let n = sh.workers.len();
+        let mut got: Vec<Option<(Vec<Entry>, Duration, Duration)>> = (0..n).map(|_| None).collect();
+        let mut pending = n;
+        // The last worker to answer drops the request, and its sender with it.
+        self.ask_workers(Arc::new(req));
+        // A worker is waited for as long as its loop moves (listing many fibers, a chunk per
+        // pass, between fibers that each run a while, takes as long as it takes); one whose
+        // loop has not moved for `DUMP_PATIENCE` is stuck in a fiber, and given up on.
+        let mut seen: Vec<(u32, Instant)> = progress.iter().map(|&p| (p, start)).collect();
+        while pending > 0 {
+            match answers.recv_timeout(DUMP_PATIENCE / 10) {
+                Ok((i, entries, pause, work)) => {
+                    if got[i].is_none() {
+                        pending -= 1;
+                    }
+                    got[i] = Some((entries, pause, work));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let now = Instant::now();
+                    let mut waiting = false;
+                    for (i, w) in sh.workers.iter().enumerate() {
+                        if got[i].is_some() {
+                            continue;
+                        }
+                        let p = w.progress();
+                        if p != seen[i].0 {
+                            seen[i] = (p, now);
+                        }
+                        waiting |= now.duration_since(seen[i].1) < DUMP_PATIENCE;
+                    }
+                    if !waiting {
+                        break;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        for (i, answer) in got.into_iter().enumerate() {
+            let w = &sh.workers[i];
+            match answer {
+                Some((mut entries, pause, work)) => {
+                    // A fiber moved within the worker's registry while it answered may be
+                    // listed twice (see `Worker::dump_step`).
+                    entries.sort_unstable_by_key(|e| e.id);
+                    entries.dedup_by_key(|e| e.id);
+                    dump.workers.push(WorkerAnswer {
+                        index: i,
+                        fibers: entries.len(),
+                        pause: Some(pause),
+                        work,
+                        stuck_in: None,
+                    });
+                    dump.fibers.extend(entries);
+                }
+                None => {
+                    let stuck = stuck_fiber(w, i, seen[i].0);
+                    dump.workers.push(WorkerAnswer {
+                        index: i,
+                        fibers: usize::from(stuck.is_some()),
+                        pause: None,
+                        work: Duration::ZERO,
+                        stuck_in: stuck.as_ref().map(|e| e.id),
+                    });
+                    dump.fibers.extend(stuck);
+                }
+            }
+        }
+        dump.fibers.sort_unstable_by_key(|e| e.id);
+        dump.taken = start.elapsed();
+        dump
+    }
+}
+
+/// The fiber a worker that did not answer a dump is running, if it runs one.
+/// It is stuck if its loop has not moved since before the request (`progress`) and it is
+/// awake: then it is inside the fiber it switched to last.
+fn stuck_fiber(w: &WorkerShared, index: usize, progress: u32) -> Option<Entry> {
+    if w.progress() != progress || w.is_quiet() {
+        return None;
+    }
+    let (id, name, location) = w.peek()?;
+    let since = w
+        .stats
+        .0
+        .stuck_since
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let for_ =
+        (since != 0).then(|| Duration::from_nanos(crate::sys::mono_ns().saturating_sub(since)));
+    Some(Entry {
+        id,
+        name,
+        worker: index,
+        status: Status::Running,
+        for_,
+        deadline: None,
+        location,
+        cancelled: false,
+    })
 }
 
 /// `d` in the unit that suits it: `850 µs`, `12.3 ms`, `4.05 s`, `3 min 12 s`.

@@ -176,7 +176,7 @@ pub(crate) enum ScheduleTask {
     /// `JoinHandle::cancel` of a started fiber, for its home worker to deliver.
     Cancel(JobRef),
     /// `Scheduler::dump`: list this worker's fibers.
-    Dump(Arc<crate::dump::DumpRequest>),
+    Dump(Arc<crate::sched::worker::DumpRequest>),
 }
 
 /// Where a started fiber lives. Written once by the worker that starts it, before any

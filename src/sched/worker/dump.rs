@@ -1,14 +1,128 @@
 //! Answering `Scheduler::dump`: a worker lists its live fibers for a `DumpRequest`, a chunk
 //! of them per pass of its loop, and sends the list when it is complete. It reads this
 //! worker's registry and its fibers' home-only state, and touches nothing else.
+//!
+//! Here is what the workers produce — the request they answer, the [`Entry`] of each fiber
+//! and its [`Status`] — and nothing of the dump itself: the public `Dump`, its `Display` and
+//! `Scheduler::dump`, which asks the workers and waits for their answers, are
+//! `crate::dump`'s, built on this.
 
 use super::Worker;
-use crate::dump::{DumpRequest, Entry, Status};
+use crate::fiber::FiberId;
 use crate::park::protocol::ParkState;
+use crate::park::WaitOn;
 use crate::sched::task::Cancel;
 use std::cell::{Cell, RefCell};
+use std::panic::Location;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A dump in progress: what the workers answer to.
+pub(crate) struct DumpRequest {
+    /// The fiber taking the dump, if it is one (it is listed as running).
+    pub(crate) requester: Option<FiberId>,
+    /// Takes each worker's answer to the dump taking it (`Scheduler::dump`, in
+    /// `crate::dump`, gives a channel's sender).
+    answers: Box<dyn Fn(Answer) + Send + Sync>,
+}
+
+/// A worker's answer: its index, its fibers, its longest pause and its total time.
+pub(crate) type Answer = (usize, Vec<Entry>, Duration, Duration);
+
+impl DumpRequest {
+    pub(crate) fn new(
+        requester: Option<FiberId>,
+        answers: impl Fn(Answer) + Send + Sync + 'static,
+    ) -> DumpRequest {
+        DumpRequest {
+            requester,
+            answers: Box::new(answers),
+        }
+    }
+
+    /// Worker `index`'s fibers, listed in pauses of at most `pause`, `work` in all. A late
+    /// answer, after the dump gave up waiting, is dropped.
+    pub(crate) fn answer(
+        &self,
+        index: usize,
+        entries: Vec<Entry>,
+        pause: Duration,
+        work: Duration,
+    ) {
+        (self.answers)((index, entries, pause, work));
+    }
+}
+
+/// A fiber's state in a [`Dump`](crate::dump::Dump).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Running on its worker: the fiber that took the dump, or one its worker is stuck in.
+    Running,
+    /// Ready to run (yielded, or woken and not resumed yet).
+    Ready,
+    /// Suspended until something wakes it.
+    Parked(WaitOn),
+}
+
+/// One live fiber in a [`Dump`](crate::dump::Dump).
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub(crate) id: FiberId,
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) worker: usize,
+    pub(crate) status: Status,
+    pub(crate) for_: Option<Duration>,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) location: &'static Location<'static>,
+    pub(crate) cancelled: bool,
+}
+
+impl Entry {
+    /// The fiber's id.
+    pub fn id(&self) -> FiberId {
+        self.id
+    }
+
+    /// Its name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The worker it lives on.
+    pub fn worker(&self) -> usize {
+        self.worker
+    }
+
+    /// Running, ready, or parked on what.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// How long it has been in its status: parked since it parked; running for at least
+    /// this long (known only when the watchdog watches its worker); `None` for a ready
+    /// fiber. Read from a coarse clock that its worker refreshes every 64 fibers it runs:
+    /// accurate to a few milliseconds, unless the fiber parked right after a fiber that ran
+    /// long without suspending on a scheduler without a watchdog (with one, the worker
+    /// refreshes its clock after such a fiber).
+    pub fn duration(&self) -> Option<Duration> {
+        self.for_
+    }
+
+    /// When its park times out (a sleep's end, a timed wait's deadline), if it does.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Where the task was submitted (the caller of `submit`, `spawn`, …).
+    pub fn location(&self) -> &'static Location<'static> {
+        self.location
+    }
+
+    /// Whether it has been cancelled (it is unwinding, or will at its next resumption).
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled
+    }
+}
 
 /// How many fibers a worker lists for a dump per chunk (one chunk every `TIMER_INTERVAL`
 /// passes, or whenever it is idle): about 0.1 ms of work.

@@ -38,6 +38,9 @@ mod run;
 mod shared;
 mod shutdown;
 
+pub(crate) use dump::DumpRequest;
+// Public as `fibra::dump::{Entry, Status}`.
+pub use dump::{Entry, Status};
 pub(crate) use lifecycle::cancel_started;
 pub(super) use queues::pop;
 pub(crate) use shared::Shared;
