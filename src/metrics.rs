@@ -7,78 +7,11 @@
 //! into rates. The figures of one snapshot are read one after the other while the workers
 //! run, so they are consistent only to within the events of those few microseconds.
 
+use crate::sched::worker::Shared;
+use crate::sched::Scheduler;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-/// A figure only its worker writes: a load and a store, no read-modify-write.
-#[derive(Default)]
-pub(crate) struct Counter(AtomicU64);
-
-impl Counter {
-    /// Adds `n`. Only the owning worker calls this (and `set`), so no update is lost.
-    #[inline(always)]
-    pub(crate) fn add(&self, n: u64) {
-        self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_add(n),
-            Ordering::Relaxed,
-        );
-    }
-
-    #[inline(always)]
-    pub(crate) fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-
-    pub(crate) fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    /// A store in the SeqCst order, for the watchdog's handshake (see `MonitorCtl::nudge`).
-    pub(crate) fn set_seqcst(&self, v: u64) {
-        self.0.store(v, Ordering::SeqCst);
-    }
-
-    pub(crate) fn get_seqcst(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// One worker's counters and gauges, written by that worker only (see the module docs).
-#[derive(Default)]
-pub(crate) struct WorkerStats {
-    /// Fibers that returned to the worker: with `yields` and `parks`, every resumption
-    /// (each ends in exactly one of the three), so resumptions need no counter of their own.
-    pub(crate) returned: Counter,
-    pub(crate) yields: Counter,
-    pub(crate) parks: Counter,
-    pub(crate) local_wakes: Counter,
-    pub(crate) remote_wakes: Counter,
-    pub(crate) steals: Counter,
-    pub(crate) injected: Counter,
-    pub(crate) cedes: Counter,
-    pub(crate) sleeps: Counter,
-    pub(crate) slept_ns: Counter,
-    pub(crate) finished: Counter,
-    /// Gauges, as of the worker's last pass or change.
-    pub(crate) ready: Counter,
-    pub(crate) fibers: Counter,
-    pub(crate) stacks_cached: Counter,
-    pub(crate) timers: Counter,
-    /// Time spent in the worker loop, closed drives only, and when the current drive began
-    /// (`CLOCK_MONOTONIC` ns; 0 when the loop is not running).
-    pub(crate) run_ns: Counter,
-    pub(crate) run_since: Counter,
-    /// When the current sleep began (ns), 0 while awake.
-    pub(crate) asleep_since: Counter,
-    /// Written by the watchdog's monitor (only when it changes): since when
-    /// (`CLOCK_MONOTONIC` ns) the worker has run its current fiber without a pass of its
-    /// loop; 0 when it is not known to. The worker reads it at every park.
-    pub(crate) stuck_since: std::sync::atomic::AtomicU64,
-    /// The header of the fiber the worker runs or ran last (see `sched::watchdog::Watch`):
-    /// here, on the line only the worker writes, because it is stored at every switch.
-    pub(crate) current: std::sync::atomic::AtomicPtr<crate::sched::task::Header>,
-}
 
 /// A snapshot of a scheduler's figures, from [`Scheduler::metrics`](crate::Scheduler::metrics).
 ///
@@ -150,6 +83,97 @@ pub struct WorkerMetrics {
     pub(crate) next: usize,
     pub(crate) timers: usize,
     pub(crate) stacks_cached: usize,
+}
+
+impl Scheduler {
+    /// A snapshot of the scheduler's figures: tasks, stacks, I/O, timers, the blocking pool,
+    /// and per worker its counters (resumes, yields, parks, wakes, steals, sleeps, busy time)
+    /// and queue depths. See [`Metrics`].
+    ///
+    /// Cheap (a few hundred nanoseconds per worker) and callable from anywhere, a fiber of
+    /// this scheduler included; the workers count in memory of their own, so watching costs
+    /// them nothing.
+    pub fn metrics(&self) -> Metrics {
+        metrics(self.shared())
+    }
+}
+
+/// Reads the figures of the scheduler behind `sh`.
+fn metrics(sh: &Shared) -> Metrics {
+    let now = crate::sys::mono_ns();
+    let workers: Vec<WorkerMetrics> = sh
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(index, w)| {
+            let st = &w.stats.0;
+            // Closed intervals plus the one in progress (a start of 0: none).
+            let open = |since: u64| {
+                if since == 0 {
+                    0
+                } else {
+                    now.saturating_sub(since)
+                }
+            };
+            let run = st.run_ns.get() + open(st.run_since.get());
+            let slept = st.slept_ns.get() + open(st.asleep_since.get());
+            WorkerMetrics {
+                index,
+                resumes: st.returned.get() + st.yields.get() + st.parks.get(),
+                yields: st.yields.get(),
+                parks: st.parks.get(),
+                local_wakes: st.local_wakes.get(),
+                remote_wakes: st.remote_wakes.get(),
+                steals: st.steals.get(),
+                injected: st.injected.get(),
+                cedes: st.cedes.get(),
+                sleeps: st.sleeps.get(),
+                slept: Duration::from_nanos(slept),
+                busy: Duration::from_nanos(run.saturating_sub(slept)),
+                finished: st.finished.get(),
+                fibers: st.fibers.get() as usize,
+                ready: st.ready.get() as usize,
+                inbox: w.inbox.len(),
+                local: w.local.len(),
+                next: w.next.0.len(),
+                timers: st.timers.get() as usize,
+                stacks_cached: st.stacks_cached.get() as usize,
+            }
+        })
+        .collect();
+    let finished: u64 = workers.iter().map(|w| w.finished).sum();
+    let live_tasks = sh.live();
+    let continuations = sh.continuations.load(Ordering::SeqCst).min(live_tasks);
+    let stacks = crate::stack_stats();
+    let stack_mappings = if stacks.guard.starts_with("madvise") {
+        stacks.slabs
+    } else {
+        stacks.slabs + 2 * stacks.stacks_carved
+    };
+    let (io_registrations, io_waiting) = crate::io::reactor::counts();
+    let (blocking_threads, blocking_busy, blocking_queued) = crate::unblock::pool_stats();
+    Metrics {
+        name: sh.config.name.clone(),
+        uptime: sh.epoch.elapsed(),
+        live_tasks,
+        continuations,
+        // A pending continuation has not become a task yet.
+        spawned: finished + (live_tasks - continuations) as u64,
+        injector: sh.injector.len(),
+        stack_size: sh.config.stack_size,
+        stacks_free: stacks.stacks_free,
+        stacks_spare: crate::stack::spare_count(),
+        stacks_carved: stacks.stacks_carved,
+        stack_slabs: stacks.slabs,
+        stack_reserved_bytes: stacks.reserved_bytes,
+        stack_mappings,
+        io_registrations,
+        io_waiting,
+        blocking_threads,
+        blocking_busy,
+        blocking_queued,
+        workers,
+    }
 }
 
 impl Metrics {

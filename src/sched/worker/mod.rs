@@ -37,6 +37,7 @@ mod queues;
 mod run;
 mod shared;
 mod shutdown;
+mod stats;
 
 pub(crate) use dump::DumpRequest;
 // Public as `fibra::dump::{Entry, Status}`.
@@ -45,8 +46,8 @@ pub(crate) use lifecycle::cancel_started;
 pub(super) use queues::pop;
 pub(crate) use shared::Shared;
 pub(crate) use shutdown::{fail_injected, fail_queued_of_absent, Phase};
+pub(crate) use stats::WorkerStats;
 
-use crate::metrics::WorkerStats;
 use crate::park::protocol::WakerCount;
 use crate::sched::idle::WorkerSleep;
 use crate::sched::task::{HomeOnly, Job, JobRef, ScheduleTask, TaskSlot};
