@@ -71,6 +71,15 @@ mod sys;
 pub mod time;
 pub mod unblock;
 
+/// What a program that builds a scheduler must have linked from the modules above the core,
+/// which the core does not name (its imports go one way: docs/design.md, "Layers"):
+/// `Builder::build` calls this. Only the hooks need it (see `hook::link`).
+#[inline(always)]
+pub(crate) fn link_above_core() {
+    #[cfg(feature = "hook")]
+    hook::link();
+}
+
 /// Internals exposed only so `benches/` can measure them. Not part of the API: no stability
 /// promise, hidden from the documentation.
 #[doc(hidden)]

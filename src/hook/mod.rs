@@ -115,7 +115,9 @@
 
 mod calls;
 pub(crate) mod fd;
-pub(crate) mod real;
+// The C library's own functions, which the hooks and fibra's internals call: low-level
+// plumbing, in `sys` so that the reactor reaches it without the hooks.
+pub(crate) use crate::sys::real;
 mod wait;
 
 use crate::fiber::{current_meta, Cancelled, FiberMeta};

@@ -19,11 +19,11 @@
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
 //! wait is therefore never lost.
 
-#[cfg(feature = "hook")]
-use crate::hook::real;
 use crate::park::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sched::worker::Shared;
+#[cfg(feature = "hook")]
+use crate::sys::real;
 use crate::sys::spin::SpinLock;
 #[cfg(not(feature = "hook"))]
 use libc as real;

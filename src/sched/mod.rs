@@ -200,8 +200,7 @@ impl Builder {
 
     /// Checks the configuration and creates the scheduler (not started).
     pub fn build(self) -> Result<Scheduler, Error> {
-        #[cfg(feature = "hook")]
-        crate::hook::link();
+        crate::link_above_core();
         let threads = match self.threads {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -1,8 +1,10 @@
 //! Thin wrappers over the Linux system calls fibra needs (futex, page size, clocks, CPU
-//! affinity).
-//! Everything here is safe to call; the `unsafe` stays inside.
+//! affinity), and with the `hook` feature the C library's own functions behind the hooks
+//! (`real`). Everything here but `real` is safe to call; the `unsafe` stays inside.
 
 pub(crate) mod futex;
+#[cfg(feature = "hook")]
+pub(crate) mod real;
 pub(crate) mod spin;
 
 /// Starts loading the cache lines of `len` bytes at `addr` (at most `max_lines` of them),
