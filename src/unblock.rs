@@ -537,8 +537,14 @@ thread_local! {
 /// The pool's first queue, `Pool::queue` until a `fork`.
 static FIRST_QUEUE: SegQueue<Entry> = SegQueue::new();
 
+/// The pool's `fork` handlers (`crate::fork::Slot::Pool`).
+static FORK: crate::fork::Handlers = crate::fork::Handlers {
+    prepare: fork_hold,
+    release: fork_release,
+};
+
 /// Takes the pool's idle lock before a `fork` (see `crate::fork`).
-pub(crate) fn fork_hold() {
+fn fork_hold() {
     POOL.idle.fork_hold();
 }
 
@@ -547,7 +553,7 @@ pub(crate) fn fork_hold() {
 /// a fresh queue: the calls queued are the parent's (their callers are frames of parent
 /// fibers or threads, which do not run here, and running them would repeat their effects),
 /// and a push a parent thread was in the middle of would keep every later pop waiting.
-pub(crate) fn fork_release(in_child: bool) {
+fn fork_release(in_child: bool) {
     if in_child {
         // SAFETY: `fork_hold` locked `idle` on this thread, the only one here.
         let idle = unsafe { POOL.idle.fork_held() };
@@ -705,7 +711,7 @@ impl Pool {
         self.searching.fetch_add(1, Ordering::SeqCst);
         drop(idle);
         // Outside the lock (see `crate::fork::register`); the pool has no threads before.
-        crate::fork::register();
+        crate::fork::register(crate::fork::Slot::Pool, &FORK);
         let n = self.names.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name(format!("{THREAD_NAME}-{n}"))

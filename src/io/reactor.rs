@@ -442,9 +442,14 @@ const REGISTERED_EVENTS: u32 =
 
 /// Held while the reactor is created, and by a `fork` from its `prepare` handler to its
 /// `parent` or `child` one (see `fork_hold`): a reactor is never made during a fork, so the
-/// child handler makes the child's own every reactor the parent had. Concurrent forks, whose
-/// `prepare` handlers the C library may run at once, take their turns here.
+/// child handler makes the child's own every reactor the parent had.
 static CREATING: SpinLock<()> = SpinLock::new(());
+
+/// The reactor's `fork` handlers, first of the subsystems' (`crate::fork::Slot::Reactor`).
+static FORK: crate::fork::Handlers = crate::fork::Handlers {
+    prepare: fork_hold,
+    release: fork_release,
+};
 
 /// Whether `fork_hold` took the reactor's locks (changed only under `CREATING`).
 static FORK_HELD: AtomicBool = AtomicBool::new(false);
@@ -452,7 +457,7 @@ static FORK_HELD: AtomicBool = AtomicBool::new(false);
 /// Takes the reactor's locks before a `fork` (see `crate::fork`): the creation lock, then,
 /// if there is a reactor, the registrations', each registration's waiters, and the standby
 /// list.
-pub(crate) fn fork_hold() {
+fn fork_hold() {
     CREATING.fork_hold();
     let Some(r) = REACTOR.get() else { return };
     r.records.fork_hold();
@@ -467,7 +472,7 @@ pub(crate) fn fork_hold() {
 
 /// Releases what [`fork_hold`] took. In the child, first makes the reactor the child's own
 /// (see `Reactor::after_fork_in_child`).
-pub(crate) fn fork_release(in_child: bool) {
+fn fork_release(in_child: bool) {
     if FORK_HELD.swap(false, Ordering::Relaxed) {
         let r = REACTOR.get().expect("held, so made before the fork");
         // SAFETY: `fork_hold` took these locks on this thread; nothing released them since,
@@ -514,7 +519,7 @@ pub(crate) fn registering() -> io::Result<&'static Reactor> {
         return Ok(r);
     }
     // Before the lock (see `crate::fork::register`).
-    crate::fork::register();
+    crate::fork::register(crate::fork::Slot::Reactor, &FORK);
     let _creating = CREATING.lock();
     if let Some(r) = REACTOR.get() {
         return Ok(r);

@@ -260,14 +260,21 @@ mod slabs;
 
 pub(crate) use slabs::trim as trim_slabs;
 
+/// The task cells' `fork` handlers (`crate::fork::Slot::Cells`), registered where blocks
+/// are first taken (`slabs::take`).
+static FORK: crate::fork::Handlers = crate::fork::Handlers {
+    prepare: fork_hold,
+    release: |_| fork_release(),
+};
+
 /// Takes the locks of the depot and the slabs before a `fork` (see `crate::fork`).
-pub(crate) fn fork_hold() {
+fn fork_hold() {
     blocks::fork_hold();
     slabs::fork_hold();
 }
 
 /// Releases what [`fork_hold`] took, in the parent or the child of the `fork`.
-pub(crate) fn fork_release() {
+fn fork_release() {
     slabs::fork_release();
     blocks::fork_release();
 }

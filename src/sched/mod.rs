@@ -221,6 +221,8 @@ impl Builder {
         if self.use_caller && fiber::in_scheduled_fiber() {
             return Err(Error::UseCallerInFiber);
         }
+        // Outside every lock (see `crate::fork::register`).
+        crate::fork::register(crate::fork::Slot::Workers, &worker::FORK);
         fiber::install_panic_hook();
         crate::stack::overflow::install_handler();
         watchdog::init();

@@ -22,7 +22,6 @@
 pub(crate) mod overflow;
 mod slab;
 
-pub(crate) use slab::{fork_hold, fork_release};
 pub use slab::{guard_kind, stack_stats, StackStats};
 
 use crate::sys::page_size;

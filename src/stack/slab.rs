@@ -68,15 +68,21 @@ fn class_of(classes: &mut Vec<Class>, size: usize, stride: usize) -> &mut Class 
     &mut classes[i]
 }
 
+/// The stack slabs' `fork` handlers (`crate::fork::Slot::Stacks`).
+static FORK: crate::fork::Handlers = crate::fork::Handlers {
+    prepare: fork_hold,
+    release: |_| fork_release(),
+};
+
 /// Locks the stack classes and then the pidfd, for a `fork` (see `crate::fork`):
 /// code that advises under `CLASSES` takes the pidfd after it.
-pub(crate) fn fork_hold() {
+fn fork_hold() {
     CLASSES.fork_hold();
     SELF_PIDFD.fork_hold();
 }
 
-/// Unlocks what `fork_hold` locked.
-pub(crate) fn fork_release() {
+/// Unlocks what `fork_hold` locked, in the parent or the child alike.
+fn fork_release() {
     // SAFETY: `fork_hold` locked both on this thread; nothing released them since.
     unsafe {
         SELF_PIDFD.fork_release();
@@ -93,7 +99,7 @@ pub(super) fn alloc(size: usize, n: usize, out: &mut Vec<FiberStack>) -> io::Res
         .checked_add(guard)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
     // Stacks are allocated here before any is handed back.
-    crate::fork::register();
+    crate::fork::register(crate::fork::Slot::Stacks, &FORK);
     mprotect_forced();
     let mut classes = CLASSES.lock();
     let class = class_of(&mut classes, size, stride);

@@ -176,7 +176,7 @@ pub(super) fn take(class: usize, n: usize, out: &mut Vec<Block>) {
     let layout = class_layout(class);
     let n = n.max(1);
     // Blocks are taken here before any is cached or given back.
-    crate::fork::register();
+    crate::fork::register(crate::fork::Slot::Cells, &super::FORK);
     let mut guard = SLABS[class].lock();
     let cs = guard.get_or_insert_with(|| ClassSlabs {
         slabs: HashMap::default(),

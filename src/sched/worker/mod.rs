@@ -154,6 +154,17 @@ thread_local! {
     static FORKED: Cell<bool> = const { Cell::new(false) };
 }
 
+/// The workers' `fork` handlers (`crate::fork::Slot::Workers`): nothing to lock; in the
+/// child, `forked_in_child`. Registered when a scheduler is built.
+pub(crate) static FORK: crate::fork::Handlers = crate::fork::Handlers {
+    prepare: || {},
+    release: |in_child| {
+        if in_child {
+            forked_in_child();
+        }
+    },
+};
+
 /// In the child of a `fork`, on the forking thread. If it is a worker thread, it is the copy
 /// of one worker of a scheduler whose other threads the child does not have, with copies of
 /// that scheduler's fibers in its queues: running them would repeat their effects (a copied
@@ -161,7 +172,7 @@ thread_local! {
 /// a plain thread would (no fiber is current: its waits block the thread, `spawn` panics),
 /// and the worker loop never runs again: when that fiber ends, the child exits (`_exit`,
 /// status 0, or 101 if it panicked).
-pub(crate) fn forked_in_child() {
+fn forked_in_child() {
     if !CURRENT_WORKER.with(Cell::get).is_null() {
         FORKED.with(|f| f.set(true));
         crate::fiber::leave_all();
