@@ -13,7 +13,7 @@
 
 mod panic;
 
-pub(crate) use panic::install_panic_hook;
+pub(crate) use panic::{install_overflow_handler, install_panic_hook};
 
 use crate::park::protocol::ParkRequest;
 use crate::stack::{FiberStack, StackPool, DEFAULT_STACK_SIZE};
@@ -565,9 +565,9 @@ impl Fiber {
         stack_size: usize,
     ) -> std::io::Result<Fiber> {
         install_panic_hook();
-        crate::stack::overflow::install_handler();
+        install_overflow_handler();
         crate::stack::overflow::ensure_alt_stack(true);
-        let size = crate::sched::check_stack_size(stack_size)
+        let size = crate::stack::check_stack_size(stack_size)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         // A fiber made in a thread-local destructor, after this thread's pool is gone, takes
         // its stack from the process's (and `recycle` gives it back there).

@@ -10,6 +10,10 @@
 //!
 //! The cancellation of a fiber unwinds with `resume_unwind`, which runs no hook at all.
 //!
+//! A stack overflow is not a panic, but it is reported here too: the overflow handler
+//! (`crate::stack::overflow`) asks [`describe_overflow`] whether a fault hit the running
+//! fiber's guard page, and which fiber that is.
+//!
 //! [`Fiber::current`]: crate::Fiber::current
 
 use super::{current_meta, FiberMeta};
@@ -107,4 +111,30 @@ fn report(meta: &FiberMeta, info: &PanicHookInfo<'_>) {
             "\nfiber '{name}' panicked at {location}:\n{msg}\nnote: {place}; run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n"
         );
     }
+}
+
+/// Installs the stack overflow handler, once per process, naming fibers with
+/// [`describe_overflow`].
+pub(crate) fn install_overflow_handler() {
+    crate::stack::overflow::install_handler(describe_overflow);
+}
+
+/// Whether `addr` lies in the guard page under the running fiber's stack; if it does, writes
+/// which fiber overflowed to `out`. Runs in the overflow signal handler: reads the running
+/// fiber's meta (a thread-local pointer) and formats into `out`, allocating nothing.
+fn describe_overflow(addr: usize, out: &mut dyn std::fmt::Write) -> bool {
+    let Some(meta) = current_meta() else {
+        return false;
+    };
+    let (lo, hi) = meta.guard;
+    if addr < lo || addr >= hi {
+        return false;
+    }
+    let name = meta.name.as_deref().unwrap_or("<unnamed>");
+    let _ = write!(out, "\nfiber '{name}' ({}) ", meta.id);
+    if let Some(w) = meta.worker {
+        let _ = write!(out, "on worker {w} ");
+    }
+    let _ = write!(out, "overflowed its {} KiB stack", meta.stack_size / 1024);
+    true
 }

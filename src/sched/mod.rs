@@ -24,7 +24,7 @@ use crate::error::{Error, SubmitError};
 use crate::fiber;
 use crate::join::JoinHandle;
 use crate::park::Unparker;
-use crate::stack::{round_size, DEFAULT_STACK_SIZE, MIN_STACK_SIZE};
+use crate::stack::{check_stack_size, DEFAULT_STACK_SIZE};
 use join_cell::JoinCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -34,8 +34,6 @@ use worker::{worker_main, Config, Phase, Shared, Worker};
 
 /// The most workers a scheduler may have.
 pub const MAX_THREADS: usize = 4096;
-/// The largest fiber stack fibra will map, 1 GiB.
-const MAX_STACK_SIZE: usize = 1 << 30;
 
 /// How long fibers cancelled by `stop_timeout` (or a drop) may take to unwind — their
 /// destructors may still wait — before the shutdown abandons those still alive.
@@ -48,20 +46,6 @@ const STOP_REPORT_AFTER: Duration = Duration::from_secs(10);
 /// How long a shutdown that abandoned fibers waits for each worker thread to exit before it
 /// leaves a thread that is stuck in a fiber that never suspends.
 const EXIT_PATIENCE: Duration = Duration::from_secs(1);
-
-/// Checks a fiber stack size as the builders do, and rounds it up to whole pages.
-pub(crate) fn check_stack_size(bytes: usize) -> Result<usize, Error> {
-    if bytes < MIN_STACK_SIZE {
-        return Err(Error::StackTooSmall {
-            requested: bytes,
-            minimum: MIN_STACK_SIZE,
-        });
-    }
-    if bytes > MAX_STACK_SIZE {
-        return Err(Error::StackTooLarge { requested: bytes });
-    }
-    Ok(round_size(bytes))
-}
 
 /// How a shutdown treats what is still alive.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -224,7 +208,7 @@ impl Builder {
         // Outside every lock (see `crate::fork::register`).
         crate::fork::register(crate::fork::Slot::Workers, &worker::FORK);
         fiber::install_panic_hook();
-        crate::stack::overflow::install_handler();
+        fiber::install_overflow_handler();
         watchdog::init();
         let shared = Shared::new(Config {
             threads,

@@ -24,6 +24,7 @@ mod slab;
 
 pub use slab::{guard_kind, stack_stats, StackStats};
 
+use crate::error::Error;
 use crate::sys::page_size;
 use std::io;
 use std::time::Duration;
@@ -137,9 +138,27 @@ pub(crate) fn release(stack: FiberStack) {
     slab::free(vec![stack]);
 }
 
+/// The largest fiber stack fibra will map, 1 GiB.
+const MAX_STACK_SIZE: usize = 1 << 30;
+
+/// Checks a fiber stack size as the builders (and `Fiber::with_options`) do, and rounds it
+/// up to whole pages.
+pub(crate) fn check_stack_size(bytes: usize) -> Result<usize, Error> {
+    if bytes < MIN_STACK_SIZE {
+        return Err(Error::StackTooSmall {
+            requested: bytes,
+            minimum: MIN_STACK_SIZE,
+        });
+    }
+    if bytes > MAX_STACK_SIZE {
+        return Err(Error::StackTooLarge { requested: bytes });
+    }
+    Ok(round_size(bytes))
+}
+
 /// Rounds a requested stack size up to whole pages (saturating: an impossible size stays
 /// impossible and fails to map, rather than wrapping to a small one).
-pub(crate) fn round_size(size: usize) -> usize {
+fn round_size(size: usize) -> usize {
     let page = page_size();
     size.checked_next_multiple_of(page)
         .unwrap_or(usize::MAX - (page - 1))

@@ -2,22 +2,33 @@
 //! that recognises a hit on the running fiber's guard page, names the fiber and aborts.
 //! Any other fault goes to the handler that was installed before ours (std's, which reports
 //! thread overflows, or the default action).
+//!
+//! Which fiber runs, and its guard page, are the fiber layer's to know: it installs the
+//! handler with a [`Describe`] function that answers for the faulting address.
 
-use crate::fiber::current_meta;
 use std::cell::Cell;
 use std::fmt::Write as _;
 use std::sync::{Once, OnceLock};
 
+/// Whether a fault at this address hit the guard page of the running fiber's stack; if so,
+/// it has written which fiber overflowed (its name, id, worker and stack size) to the
+/// buffer. Called in the signal handler: it must not allocate or take a lock.
+pub(crate) type Describe = fn(usize, &mut dyn std::fmt::Write) -> bool;
+
 static INSTALL: Once = Once::new();
+static DESCRIBE: OnceLock<Describe> = OnceLock::new();
 static PREV_SEGV: OnceLock<libc::sigaction> = OnceLock::new();
 static PREV_BUS: OnceLock<libc::sigaction> = OnceLock::new();
 
 /// Size of the alternate signal stack fibra gives a thread that has none.
 const ALT_STACK_SIZE: usize = 64 * 1024;
 
-/// Installs the handler once per process.
-pub(crate) fn install_handler() {
+/// Installs the handler once per process; `describe` recognises and names an overflowing
+/// fiber (the first call's is kept).
+pub(crate) fn install_handler(describe: Describe) {
     INSTALL.call_once(|| {
+        // Before the handler can run.
+        let _ = DESCRIBE.set(describe);
         for (sig, slot) in [(libc::SIGSEGV, &PREV_SEGV), (libc::SIGBUS, &PREV_BUS)] {
             // SAFETY: a zeroed sigaction is a valid "no handler" value; we fill in a handler
             // with the SA_SIGINFO signature and ask for the alternate stack, which every thread
@@ -146,23 +157,13 @@ impl std::fmt::Write for SignalBuf {
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
-    if let Some(meta) = current_meta() {
-        let (lo, hi) = meta.guard;
-        if addr >= lo && addr < hi {
-            let mut buf = SignalBuf {
-                bytes: [0; 512],
-                len: 0,
-            };
-            let name = meta.name.as_deref().unwrap_or("<unnamed>");
-            let _ = write!(buf, "\nfiber '{name}' ({}) ", meta.id);
-            if let Some(w) = meta.worker {
-                let _ = write!(buf, "on worker {w} ");
-            }
-            let _ = writeln!(
-                buf,
-                "overflowed its {} KiB stack\nfatal runtime error: stack overflow, aborting",
-                meta.stack_size / 1024
-            );
+    if let Some(describe) = DESCRIBE.get() {
+        let mut buf = SignalBuf {
+            bytes: [0; 512],
+            len: 0,
+        };
+        if describe(addr, &mut buf) {
+            let _ = writeln!(buf, "\nfatal runtime error: stack overflow, aborting");
             // SAFETY: the write system call and abort(3) are async-signal-safe; the buffer is
             // ours. The raw system call, not libc's `write`: that may be fibra's hook, which
             // must not run in a signal handler.
