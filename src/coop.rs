@@ -33,12 +33,9 @@
 
 use crate::fiber::{current_meta, suspend, FiberMeta, Suspend};
 
-/// How many operations a fiber may complete without suspending before the next one yields.
-///
-/// Big enough that the yield costs nothing measurable next to the operations (one yield is
-/// about as costly as one uncontended channel operation), small enough that a fiber woken
-/// on the same worker waits at most a few microseconds of such a loop.
-pub const BUDGET: u32 = 128;
+// A fiber starts with it and its worker refills it at every resumption, so the constant is
+// the fiber layer's; this module spends it.
+pub use crate::fiber::BUDGET;
 
 /// Spends one unit of the running fiber's budget, yielding first if it is spent. Called at
 /// the start of every fibra operation that may suspend.

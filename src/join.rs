@@ -71,7 +71,7 @@ impl<T> JoinHandle<T> {
         crate::coop::spend();
         self.cell
             .header()
-            .wait(Some(crate::time::deadline_after(timeout)))
+            .wait(Some(crate::sys::deadline_after(timeout)))
     }
 
     /// Runs `f` with the task's value when it completes successfully — on the thread that

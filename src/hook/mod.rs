@@ -122,7 +122,7 @@ mod wait;
 
 use crate::fiber::{current_meta, Cancelled, FiberMeta};
 use crate::io::reactor::{poll_fd, IoRecord, READ_SHUT};
-use crate::time::deadline_after;
+use crate::sys::deadline_after;
 use std::os::raw::c_int;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

@@ -98,7 +98,7 @@ pub(super) unsafe fn poll(
             deadline
         };
         if watched.is_empty() {
-            crate::sleep_until(until.unwrap_or_else(crate::time::far_future));
+            crate::sleep_until(until.unwrap_or_else(crate::sys::far_future));
         } else {
             wait_any(&watched, until);
         }

@@ -8,7 +8,7 @@ use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 fn deadline(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.map(crate::time::deadline_after)
+    timeout.map(crate::sys::deadline_after)
 }
 
 fn wait(fd: RawFd, interest: u32, timeout: Option<Duration>) -> io::Result<()> {

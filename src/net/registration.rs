@@ -3,7 +3,7 @@
 
 use crate::error::WhenReadableError;
 use crate::io::reactor::{reactor, Continuation, IoRecord, GONE};
-use crate::time::deadline_after;
+use crate::sys::deadline_after;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};

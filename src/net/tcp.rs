@@ -4,7 +4,7 @@
 use super::addr::{resolve, ToSocketAddrs};
 use super::registration::{Registration, Timeouts, READABLE, WRITABLE};
 use super::socket::TcpSocket;
-use crate::time::deadline_after;
+use crate::sys::deadline_after;
 use nix::errno::Errno;
 use nix::sys::socket::SockaddrStorage;
 use std::io;

@@ -23,7 +23,7 @@ pub use worker::current_worker;
 use crate::error::{Error, SubmitError};
 use crate::fiber;
 use crate::join::JoinHandle;
-use crate::park::Unparker;
+use crate::park::{Unparker, WaitOn};
 use crate::stack::{check_stack_size, DEFAULT_STACK_SIZE};
 use join_cell::JoinCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -570,7 +570,7 @@ impl Scheduler {
     /// shutdown and returns 0 at once, and a thread of its own keeps the deadline (cancels
     /// what is alive then, the calling fiber included, and abandons after the grace).
     pub fn stop_timeout(&self, timeout: Duration) -> usize {
-        self.shutdown(Shutdown::Deadline(crate::time::deadline_after(timeout)))
+        self.shutdown(Shutdown::Deadline(crate::sys::deadline_after(timeout)))
     }
 
     /// Stops like [`stop`](Scheduler::stop), except that tasks still queued and not started
@@ -716,7 +716,7 @@ impl Scheduler {
             if in_fiber || abandoning {
                 while !(t.is_finished() || abandoning && Instant::now() >= patience) {
                     if in_fiber {
-                        crate::time::sleep(Duration::from_millis(1));
+                        nap_fiber(Duration::from_millis(1));
                     } else {
                         std::thread::sleep(Duration::from_millis(1));
                     }
@@ -747,7 +747,7 @@ impl Scheduler {
         }
         if fiber::in_scheduled_fiber() {
             while !t.is_finished() {
-                crate::time::sleep(Duration::from_millis(1));
+                nap_fiber(Duration::from_millis(1));
             }
         }
         let _ = t.join();
@@ -773,6 +773,13 @@ impl Scheduler {
             None => false,
         }
     }
+}
+
+/// Sleeps the calling scheduled fiber (not its worker) for `d`, as `time::sleep` does in
+/// one: a shutdown run inside a fiber waits for threads this way.
+fn nap_fiber(d: Duration) {
+    // Nobody else holds the Unparker, so only the deadline (or a cancellation) ends the park.
+    crate::park::park_until(Some(crate::sys::deadline_after(d)), WaitOn::Sleep, drop);
 }
 
 /// Queues `f` as a new task of the scheduler behind `shared`.

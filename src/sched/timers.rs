@@ -159,7 +159,7 @@ impl<T> TimerWheel<T> {
     fn instant_of(&self, nanos: u64) -> Instant {
         self.start
             .checked_add(Duration::from_nanos(nanos))
-            .unwrap_or_else(crate::time::far_future)
+            .unwrap_or_else(crate::sys::far_future)
     }
 
     /// Adds a timer that fires once its exact `deadline` has passed.
@@ -702,7 +702,7 @@ mod tests {
         assert_eq!(w.pop_due(now - ns(1)), None);
         assert_eq!(w.pop_due(now), Some(2));
         // `Duration::MAX` saturates (about thirty years): never due, still cancellable.
-        let huge = crate::time::deadline_after(Duration::MAX);
+        let huge = crate::sys::deadline_after(Duration::MAX);
         let id = w.insert(huge, 3);
         assert_eq!(w.pop_due(t0 + Duration::from_secs(86_400)), None);
         assert!(w.next_deadline().unwrap() <= huge);

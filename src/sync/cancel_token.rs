@@ -3,7 +3,7 @@
 use super::select::{Signal, Watchers};
 use super::wait_queue::{wait, Lock, Wait, WaitList};
 use crate::dump::WaitOn;
-use crate::time::deadline_after;
+use crate::sys::deadline_after;
 use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;

@@ -467,7 +467,7 @@ fn random_start(n: usize) -> usize {
 pub fn run(ops: &mut [&mut dyn Op], mode: Mode) -> Option<usize> {
     crate::coop::spend();
     let deadline = match mode {
-        Mode::For(d) => Some(crate::time::deadline_after(d)),
+        Mode::For(d) => Some(crate::sys::deadline_after(d)),
         _ => None,
     };
     let n = ops.len();

@@ -1,6 +1,7 @@
-//! Thin wrappers over the Linux system calls fibra needs (futex, page size, clocks, CPU
-//! affinity), and with the `hook` feature the C library's own functions behind the hooks
-//! (`real`). Everything here but `real` is safe to call; the `unsafe` stays inside.
+//! Thin wrappers over the Linux system calls fibra needs (futex, page size, clocks and the
+//! deadline arithmetic of timed waits, CPU affinity), and with the `hook` feature the C
+//! library's own functions behind the hooks (`real`). Everything here but `real` is safe to
+//! call; the `unsafe` stays inside.
 
 pub(crate) mod futex;
 #[cfg(feature = "hook")]
@@ -61,6 +62,22 @@ pub(crate) fn map_lazy(len: usize) -> std::io::Result<usize> {
     } else {
         Ok(p as usize)
     }
+}
+
+/// The instant `d` from now, saturating about thirty years away instead of overflowing.
+pub(crate) fn deadline_after(d: std::time::Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(d).unwrap_or_else(|| far_future_from(now))
+}
+
+/// A deadline that saturates instead of overflowing (about thirty years away).
+pub(crate) fn far_future() -> std::time::Instant {
+    far_future_from(std::time::Instant::now())
+}
+
+fn far_future_from(now: std::time::Instant) -> std::time::Instant {
+    now.checked_add(std::time::Duration::from_secs(30 * 365 * 24 * 3600))
+        .unwrap_or(now)
 }
 
 /// `d` as a `timespec` for a system call's timeout (seconds capped far beyond any real wait).

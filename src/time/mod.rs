@@ -7,6 +7,7 @@ mod timer;
 pub use timer::{Timer, TimerHandle};
 
 use crate::fiber::Fiber;
+use crate::sys::deadline_after;
 use std::time::{Duration, Instant};
 
 /// Sleeps for `duration`. Inside a scheduled fiber only the fiber sleeps and its worker runs
@@ -74,20 +75,4 @@ fn yield_once(scheduled: bool) {
     } else {
         std::thread::yield_now();
     }
-}
-
-/// The instant `d` from now, saturating about thirty years away instead of overflowing.
-pub(crate) fn deadline_after(d: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(d).unwrap_or_else(|| far_future_from(now))
-}
-
-/// A deadline that saturates instead of overflowing (about thirty years away).
-pub(crate) fn far_future() -> Instant {
-    far_future_from(Instant::now())
-}
-
-fn far_future_from(now: Instant) -> Instant {
-    now.checked_add(Duration::from_secs(30 * 365 * 24 * 3600))
-        .unwrap_or(now)
 }

@@ -111,7 +111,7 @@ impl Timer {
     /// Runs `f` on the timer thread once `delay` has passed. A delay too large for
     /// `Instant` saturates to decades away.
     pub fn schedule(&self, delay: Duration, f: impl FnOnce() + Send + 'static) -> TimerHandle {
-        let deadline = super::deadline_after(delay);
+        let deadline = crate::sys::deadline_after(delay);
         let mut st = self.shared.lock();
         st.next_seq += 1;
         let key = (deadline, st.next_seq);

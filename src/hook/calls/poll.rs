@@ -4,7 +4,7 @@
 
 use super::sleep::duration;
 use crate::hook::{self, active, cancelled, in_fiber, real};
-use crate::time::deadline_after;
+use crate::sys::deadline_after;
 use libc::{c_int, nfds_t, pollfd, timespec};
 use std::time::Duration;
 

@@ -210,7 +210,7 @@ impl Worker {
             self.timer_woken
                 .set(self.timer_woken.get().saturating_sub(1));
         }
-        home.meta.budget.set(crate::coop::BUDGET);
+        home.meta.budget.set(fiber::BUDGET);
         let input = if let Some(p) = home.pending_panic.take() {
             Resume::Panic(Box::new(p))
         } else if home.cancel == Cancel::Requested {
