@@ -1,12 +1,12 @@
 //! [`JoinHandle`] and [`JoinError`]: waiting for a task's result, and registering
 //! continuations (`then`, `catching`, `finally`) to run with it. The task itself — the cell
 //! with the closure, the result slot and the continuations' list — is the scheduler's
-//! (`sched::join_cell`).
+//! (`sched::task_cell`).
 
 use crate::fiber::FiberId;
 use crate::sched::cell::{Inner, TaskArc};
-use crate::sched::join_cell::{detached_cell, JoinCell, Output};
-use crate::sched::task::Job;
+use crate::sched::task::Task;
+use crate::sched::task_cell::{detached_cell, Output, TaskCell};
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
@@ -35,7 +35,7 @@ pub struct JoinHandle<T> {
 }
 
 impl<T: Send + 'static> JoinHandle<T> {
-    pub(crate) fn new<F>(cell: TaskArc<JoinCell<F, T>>) -> Self
+    pub(crate) fn new<F>(cell: TaskArc<TaskCell<F, T>>) -> Self
     where
         F: FnOnce() -> T + Send + 'static,
     {
@@ -179,7 +179,7 @@ impl<T> JoinHandle<T> {
     pub fn cancel(&self) {
         let h = self.cell.header();
         if !h.is_done() && h.request_cancel() {
-            crate::sched::cancel_started(self.cell.job());
+            crate::sched::cancel_started(self.cell.task());
         }
     }
 

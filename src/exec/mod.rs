@@ -51,8 +51,8 @@ pub use thread_pool::ThreadPool;
 
 use crate::join::{JoinError, JoinHandle};
 use crate::sched::cell::TaskArc;
-use crate::sched::join_cell::{detached_cell, JoinCell};
-use crate::sched::task::{Job, Start};
+use crate::sched::task::{Start, Task};
+use crate::sched::task_cell::{detached_cell, TaskCell};
 use std::sync::Arc;
 
 /// Something that runs jobs: a thread, a pool, an event loop, or a scheduler.
@@ -131,7 +131,7 @@ forward_executor!(&E, Arc<E>);
 
 /// Runs a detached task once, outside any fiber; dropped unrun (its executor refused or
 /// discarded the job), it fails the task as cancelled so that nobody waits for ever.
-struct RunOnce<F, T>(Option<TaskArc<JoinCell<F, T>>>)
+struct RunOnce<F, T>(Option<TaskArc<TaskCell<F, T>>>)
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static;

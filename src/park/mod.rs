@@ -32,7 +32,7 @@ pub(crate) mod wait_queue;
 pub use wait_on::WaitOn;
 
 use crate::fiber::{current_meta, suspend, Suspend};
-use crate::sched::task::JobRef;
+use crate::sched::task::TaskRef;
 use crate::sched::worker::Shared;
 use protocol::ParkRequest;
 use std::fmt;
@@ -89,7 +89,7 @@ const _: () = assert!(
         && align_of::<RawWakerVTable>() > KIND
 );
 
-// SAFETY: an `Unparker` owns a `JobRef`, an `Arc<ThreadSlot>`, an `Arc<Shared>` or a
+// SAFETY: an `Unparker` owns a `TaskRef`, an `Arc<ThreadSlot>`, an `Arc<Shared>` or a
 // `Waker`, each of which is `Send` and `Sync`; it only ever reaches them through `&`.
 unsafe impl Send for Unparker {}
 // SAFETY: as for `Send`.
@@ -98,7 +98,7 @@ unsafe impl Sync for Unparker {}
 /// What an `Unparker` owns, taken apart.
 enum Target {
     /// The task, the generation, and whether this is the park's only unparker.
-    Fiber(JobRef, u64, bool),
+    Fiber(TaskRef, u64, bool),
     Thread(Arc<ThreadSlot>, u32),
     Worker(Arc<Shared>, usize),
     Waker(std::task::Waker),
@@ -129,9 +129,9 @@ impl Unparker {
 
     /// `alone`: the park's only unparker, which is never cloned (see [`park_alone`]).
     #[inline(always)]
-    pub(crate) fn for_fiber(job: JobRef, gen: u64, alone: bool) -> Unparker {
+    pub(crate) fn for_fiber(task: TaskRef, gen: u64, alone: bool) -> Unparker {
         let word = if alone { gen | ALONE } else { gen };
-        Unparker::make(crate::sched::task::into_header(job), FIBER, word)
+        Unparker::make(crate::sched::task::into_header(task), FIBER, word)
     }
 
     /// An unparker that wakes `waker`'s task (see `crate::future`).
@@ -164,8 +164,8 @@ impl Unparker {
         match this.kind() {
             FIBER => {
                 // SAFETY: see above; `for_fiber` made it with `into_header`.
-                let job = unsafe { crate::sched::task::from_header(this.target()) };
-                Target::Fiber(job, this.word & !ALONE, this.word & ALONE != 0)
+                let task = unsafe { crate::sched::task::from_header(this.target()) };
+                Target::Fiber(task, this.word & !ALONE, this.word & ALONE != 0)
             }
             THREAD => {
                 // SAFETY: see above; `for_thread` made it with `Arc::into_raw`.
@@ -209,7 +209,7 @@ impl Unparker {
     /// woken, timed out, or has moved on to another park.
     pub fn unpark(&self) {
         self.with_target(|t| match t {
-            Target::Fiber(job, gen, _) => protocol::unpark_fiber(job, *gen),
+            Target::Fiber(task, gen, _) => protocol::unpark_fiber(task, *gen),
             Target::Thread(slot, gen) => slot.unpark(*gen),
             Target::Worker(shared, index) => shared.workers[*index].sleep.wake(),
             Target::Waker(w) => wake_foreign(|| w.wake_by_ref()),
@@ -221,8 +221,8 @@ impl Unparker {
     #[inline]
     pub(crate) fn unpark_owned(self) {
         match self.into_target() {
-            Target::Fiber(job, gen, true) => protocol::unpark_fiber_alone(job, gen),
-            Target::Fiber(job, gen, false) => protocol::unpark_fiber_owned(job, gen),
+            Target::Fiber(task, gen, true) => protocol::unpark_fiber_alone(task, gen),
+            Target::Fiber(task, gen, false) => protocol::unpark_fiber_owned(task, gen),
             Target::Thread(slot, gen) => slot.unpark(gen),
             Target::Worker(shared, index) => shared.workers[index].sleep.wake(),
             Target::Waker(w) => wake_foreign(|| w.wake()),
@@ -247,9 +247,9 @@ fn wake_foreign(wake: impl FnOnce()) {
 impl Clone for Unparker {
     fn clone(&self) -> Unparker {
         self.with_target(|t| match t {
-            Target::Fiber(job, gen, alone) => {
+            Target::Fiber(task, gen, alone) => {
                 debug_assert!(!alone, "the only unparker of a park is never cloned");
-                Unparker::for_fiber(job.clone(), *gen, false)
+                Unparker::for_fiber(task.clone(), *gen, false)
             }
             Target::Thread(slot, gen) => Unparker::for_thread(slot.clone(), *gen),
             Target::Worker(shared, index) => Unparker::for_worker(shared.clone(), *index),
@@ -273,9 +273,9 @@ impl Drop for Unparker {
 impl fmt::Debug for Unparker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.with_target(|t| match t {
-            Target::Fiber(job, gen, _) => f
+            Target::Fiber(task, gen, _) => f
                 .debug_struct("Unparker")
-                .field("fiber", &job.header().id)
+                .field("fiber", &task.header().id)
                 .field("generation", gen)
                 .finish(),
             Target::Worker(_, index) => f.debug_struct("Unparker").field("worker", index).finish(),

@@ -66,7 +66,7 @@
 //! the word's races and the waker count under loom.
 
 use super::Unparker;
-use crate::sched::task::{Cancel, JobRef, ScheduleTask};
+use crate::sched::task::{Cancel, ScheduleTask, TaskRef};
 use crate::sched::worker::{this_thread_worker, Worker};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -217,42 +217,42 @@ pub(crate) struct ParkRequest {
     pub(crate) alone: bool,
 }
 
-/// The worker half of `park`: publishes the fiber `job`, homed on `worker`, now that it has
+/// The worker half of `park`: publishes the fiber `task`, homed on `worker`, now that it has
 /// switched out with `request` — the word moves to `Parked`, the park's timer is filed, and
 /// the registration closure gets the fiber's `Unparker`.
 #[inline(never)]
-pub(crate) fn publish(worker: &Worker, job: JobRef, request: &ParkRequest) {
+pub(crate) fn publish(worker: &Worker, task: TaskRef, request: &ParkRequest) {
     let (register, deadline) = (request.register, request.deadline);
-    let gen = job.header().park.publish_parked();
-    let home = worker.note_parked(&job, deadline);
+    let gen = task.header().park.publish_parked();
+    let home = worker.note_parked(&task, deadline);
     if home.cancel == Cancel::Requested {
-        wake_at_home(worker, &job, gen);
+        wake_at_home(worker, &task, gen);
         return;
     }
     if let Some(d) = deadline {
-        home.timer = Some(worker.arm_timer(d, job.clone(), gen));
+        home.timer = Some(worker.arm_timer(d, task.clone(), gen));
     }
     // The unparker takes this reference (a wake then queues it as it is); the registry
     // keeps the fiber alive meanwhile, and gives it back should `register` panic.
     let slot = home.slot;
-    let unparker = Unparker::for_fiber(job, gen, request.alone);
+    let unparker = Unparker::for_fiber(task, gen, request.alone);
     // SAFETY: the closure lives on the suspended fiber's stack (see `park_with`) and is
     // called exactly once, here, before the fiber can resume.
     let r = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe { (*register)(unparker) }));
     if let Err(p) = r {
         // Nothing runs between the fiber's suspension and here that could end a fiber,
         // so its registry slot is unchanged.
-        let job = worker.registered(slot);
-        worker.home(&*job).pending_panic = Some(p);
-        wake_at_home(worker, &job, gen);
+        let task = worker.registered(slot);
+        worker.home(&*task).pending_panic = Some(p);
+        wake_at_home(worker, &task, gen);
     }
 }
 
 /// Wakes a fiber homed on `worker` from that worker's own thread, between fibers (a
 /// cancellation, a failed registration).
-pub(crate) fn wake_at_home(worker: &Worker, job: &JobRef, gen: u64) {
-    if job.header().park.notify(gen) {
-        worker.push_woken(job.clone());
+pub(crate) fn wake_at_home(worker: &Worker, task: &TaskRef, gen: u64) {
+    if task.header().park.notify(gen) {
+        worker.push_woken(task.clone());
     }
 }
 
@@ -264,25 +264,25 @@ pub(crate) fn wake_at_home(worker: &Worker, job: &JobRef, gen: u64) {
 /// (`HomeOnly::keep_alive`), while we hold the task. After the push the fiber may run,
 /// finish, and the scheduler be dropped at once, so from just before the push to our last
 /// touch of the worker we are counted in its `wakers`, which `Shared`'s destructor waits out.
-pub(crate) fn unpark_fiber(job: &JobRef, gen: u64) {
-    if job.header().park.notify(gen) {
-        queue_woken(job.clone());
+pub(crate) fn unpark_fiber(task: &TaskRef, gen: u64) {
+    if task.header().park.notify(gen) {
+        queue_woken(task.clone());
     }
 }
 
 /// [`unpark_fiber`] for a caller that gives up its reference: the woken fiber is queued with
 /// it, so a wake costs no reference count increment and decrement.
-pub(crate) fn unpark_fiber_owned(job: JobRef, gen: u64) {
-    if job.header().park.notify(gen) {
-        queue_woken(job);
+pub(crate) fn unpark_fiber_owned(task: TaskRef, gen: u64) {
+    if task.header().park.notify(gen) {
+        queue_woken(task);
     }
 }
 
 /// [`unpark_fiber_owned`] with the park's only unparker (`park::park_alone`). Called on the
 /// fiber's home worker, it wins the wake with a plain store: every other waker of this park
 /// (the fiber's timer, a cancellation) runs on that worker too, so none runs meanwhile.
-pub(crate) fn unpark_fiber_alone(job: JobRef, gen: u64) {
-    let h = job.header();
+pub(crate) fn unpark_fiber_alone(task: TaskRef, gen: u64) {
+    let h = task.header();
     // SAFETY: the placement was written before the fiber first parked, and our unparker was
     // made after that and reached us through the park's registration, which orders the
     // write before this read. Only the pointer is compared; nothing behind it is read.
@@ -292,18 +292,18 @@ pub(crate) fn unpark_fiber_alone(job: JobRef, gen: u64) {
     if let Some(w) = unsafe { w.as_ref() } {
         if w.index == p.worker && std::ptr::eq(Arc::as_ptr(&w.shared), p.sched) {
             if h.park.notify_alone(gen) {
-                w.push_woken(job);
+                w.push_woken(task);
             }
             return;
         }
     }
-    unpark_fiber_owned(job, gen);
+    unpark_fiber_owned(task, gen);
 }
 
 /// Queues a fiber whose `park.notify` the caller won: on its home worker's `ready` when
 /// called there, else in that worker's inbox.
-fn queue_woken(job: JobRef) {
-    let h = job.header();
+fn queue_woken(task: TaskRef) {
+    let h = task.header();
     // SAFETY: written before the fiber first parked (see Placement), and the winner of
     // `notify` has acquired it; the shared state is alive (see `unpark_fiber`).
     let (sched, worker) = unsafe {
@@ -312,13 +312,13 @@ fn queue_woken(job: JobRef) {
     };
     if let Some(w) = sched.local_worker() {
         if w.index == worker {
-            w.push_woken(job);
+            w.push_woken(task);
             return;
         }
     }
     let target = &sched.workers[worker];
     target.wakers.enter();
-    target.inbox.push(ScheduleTask::Fiber(job));
+    target.inbox.push(ScheduleTask::Resume(task));
     target.sleep.wake();
     target.wakers.leave();
 }

@@ -14,7 +14,7 @@
 //! alive at once, and the tree would run slower. One at a time, an overflowed task starts
 //! only when its taker has nothing else to run, or at its periodic look here.
 
-use super::task::JobRef;
+use super::task::TaskRef;
 use super::worker::pop;
 use crate::sys::spin::SpinLock;
 use crossbeam_queue::SegQueue;
@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) struct Injector {
     /// Tasks submitted from outside the scheduler.
-    tasks: SegQueue<JobRef>,
+    tasks: SegQueue<TaskRef>,
     /// The overflow of full stealable queues, oldest first.
-    spill: SpinLock<VecDeque<JobRef>>,
+    spill: SpinLock<VecDeque<TaskRef>>,
     /// How many tasks `spill` holds: written under its lock, read without (an empty look
     /// takes no lock).
     spilled: AtomicUsize,
@@ -41,13 +41,13 @@ impl Injector {
     }
 
     /// Queues one task.
-    pub(crate) fn push(&self, job: JobRef) {
-        self.tasks.push(job);
+    pub(crate) fn push(&self, task: TaskRef) {
+        self.tasks.push(task);
     }
 
     /// Queues the overflow of a stealable queue, oldest first, in one locking; leaves
     /// `batch` empty (its allocation is the caller's to reuse).
-    pub(crate) fn spill(&self, batch: &mut Vec<JobRef>) {
+    pub(crate) fn spill(&self, batch: &mut Vec<TaskRef>) {
         if batch.is_empty() {
             return;
         }
@@ -70,7 +70,7 @@ impl Injector {
     /// Takes one task. `spill_first` says which kind to look at first: callers alternate it,
     /// so that neither a stream of outside submissions nor a deep overflow keeps the other
     /// waiting.
-    pub(crate) fn pop(&self, spill_first: bool) -> Option<JobRef> {
+    pub(crate) fn pop(&self, spill_first: bool) -> Option<TaskRef> {
         if spill_first {
             self.unspill().or_else(|| pop(&self.tasks))
         } else {
@@ -78,37 +78,37 @@ impl Injector {
         }
     }
 
-    fn unspill(&self) -> Option<JobRef> {
+    fn unspill(&self) -> Option<TaskRef> {
         if self.spilled.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let mut spill = self.spill.lock();
-        let job = spill.pop_front();
+        let task = spill.pop_front();
         self.spilled.store(spill.len(), Ordering::Relaxed);
-        job
+        task
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::sched::join_cell::JoinCell;
     use crate::sched::task::Header;
+    use crate::sched::task_cell::TaskCell;
     use std::collections::HashSet;
     use std::panic::Location;
 
-    fn task() -> JobRef {
-        JoinCell::new_pair(|| {}, || Header::new(None, 0, None, Location::caller())).1
+    fn task() -> TaskRef {
+        TaskCell::new_pair(|| {}, || Header::new(None, 0, None, Location::caller())).1
     }
 
-    fn id(job: &JobRef) -> crate::FiberId {
-        job.header().id
+    fn id(task: &TaskRef) -> crate::FiberId {
+        task.header().id
     }
 
     #[test]
     fn overflow_leaves_in_order_taking_turns_with_outside_tasks() {
         let inj = Injector::new();
-        let mut batch: Vec<JobRef> = (0..3).map(|_| task()).collect();
+        let mut batch: Vec<TaskRef> = (0..3).map(|_| task()).collect();
         let spilled: Vec<_> = batch.iter().map(id).collect();
         inj.spill(&mut batch);
         assert!(batch.is_empty(), "the batch is taken");
@@ -141,12 +141,12 @@ mod tests {
                     let mut ids = Vec::new();
                     let mut batch = Vec::new();
                     for i in 0..PER_THREAD {
-                        let job = task();
-                        ids.push(id(&job));
+                        let task = task();
+                        ids.push(id(&task));
                         if t == 0 && i % 3 == 0 {
-                            inj.push(job);
+                            inj.push(task);
                         } else {
-                            batch.push(job);
+                            batch.push(task);
                             if batch.len() == 7 {
                                 inj.spill(&mut batch);
                             }
@@ -168,7 +168,7 @@ mod tests {
                         let finished = done.load(Ordering::Acquire);
                         turn = !turn;
                         match inj.pop(turn) {
-                            Some(job) => got.push(id(&job)),
+                            Some(task) => got.push(id(&task)),
                             None if finished => break,
                             None => {}
                         }

@@ -5,12 +5,12 @@
 pub(crate) mod cell;
 mod idle;
 mod injector;
-pub(crate) mod join_cell;
 mod live;
 #[cfg(all(test, loom))]
 mod loom_model;
 mod observe;
 pub(crate) mod task;
+pub(crate) mod task_cell;
 pub(crate) mod timers;
 pub(crate) mod watchdog;
 pub(crate) mod worker;
@@ -25,11 +25,11 @@ use crate::fiber;
 use crate::join::JoinHandle;
 use crate::park::{Unparker, WaitOn};
 use crate::stack::{check_stack_size, DEFAULT_STACK_SIZE};
-use join_cell::JoinCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use task::Header;
+use task_cell::TaskCell;
 use worker::{worker_main, Config, Phase, Shared, Worker};
 
 /// The most workers a scheduler may have.
@@ -805,8 +805,8 @@ where
     }
     // Outside the closure, which would be the caller of `caller` otherwise.
     let location = std::panic::Location::caller();
-    let (cell, job) = JoinCell::new_pair(f, || Header::new(name, stack_size, thread, location));
-    shared.schedule_new(job);
+    let (cell, task) = TaskCell::new_pair(f, || Header::new(name, stack_size, thread, location));
+    shared.schedule_new(task);
     if let Some(i) = thread {
         // The shutdown may have marked the worker absent and drained its queue between our
         // look and our push: with the fences, it saw our task or we see its mark.
@@ -826,10 +826,10 @@ pub(crate) fn submit_admitted(
     f: Box<dyn FnOnce() + Send>,
     location: &'static std::panic::Location<'static>,
 ) {
-    let cell = JoinCell::new(f, || {
+    let cell = TaskCell::new(f, || {
         Header::new(None, shared.config.stack_size, None, location)
     });
-    shared.schedule_new(task::as_job(cell));
+    shared.schedule_new(task::as_task_ref(cell));
 }
 
 /// `spawn`'s body: submit to any worker, or a cancelled handle if refused.

@@ -1,9 +1,9 @@
-//! A scheduled task: the type-erased [`Job`] the run queues carry, its [`Header`] —
+//! A scheduled task: the type-erased [`Task`] the run queues carry, its [`Header`] —
 //! identity, park word (the park protocol's `ParkWord`), completion state and joiners, and
 //! the fields only its home worker touches ([`HomeOnly`]).
 //!
 //! One allocation per submitted task holds the header, the closure and the result slot
-//! (`join_cell::JoinCell`). Queues, `JoinHandle`s and `Unparker`s all share it by
+//! (`task_cell::TaskCell`). Queues, `JoinHandle`s and `Unparker`s all share it by
 //! [`TaskArc`](crate::sched::cell::TaskArc), whose memory comes from per-thread block caches.
 
 use crate::fiber::{Coro, FiberId, FiberMeta};
@@ -42,9 +42,9 @@ pub(crate) enum Ended {
 ///
 /// # Safety
 /// An implementor is `#[repr(C)]` with its [`Header`] as its first field: the worker reads
-/// the header of a `dyn Job` at every switch, and `<dyn Job>::header` does it
+/// the header of a `dyn Task` at every switch, and `<dyn Task>::header` does it
 /// without a virtual call by reading it at the value's address.
-pub(crate) unsafe trait Job: Send + Sync + 'static {
+pub(crate) unsafe trait Task: Send + Sync + 'static {
     /// Runs the user's closure (or fails as `start` says) and publishes the result, all
     /// inside the task's fiber; panics and cancellation are caught here. Called once.
     fn run(&self, start: Start) -> Ended;
@@ -53,11 +53,11 @@ pub(crate) unsafe trait Job: Send + Sync + 'static {
     fn fail(&self, err: JoinError);
 }
 
-impl dyn Job {
+impl dyn Task {
     /// The shared header.
     #[inline(always)]
     pub(crate) fn header(&self) -> &Header {
-        // SAFETY: every implementor of `Job` is `#[repr(C)]` with its `Header` first (the
+        // SAFETY: every implementor of `Task` is `#[repr(C)]` with its `Header` first (the
         // trait's contract), so the value's address is its header's, and the header lives as
         // long as the value borrowed here.
         unsafe { &*std::ptr::from_ref(self).cast::<Header>() }
@@ -65,13 +65,13 @@ impl dyn Job {
 }
 
 /// A shared reference to a task, as the run queues, the registry and unparkers hold it.
-pub(crate) type JobRef = TaskArc<dyn Job>;
+pub(crate) type TaskRef = TaskArc<dyn Task>;
 
 /// The task in `cell`, as the run queues carry it.
 #[inline(always)]
-pub(crate) fn as_job<J: Job>(cell: TaskArc<J>) -> JobRef {
+pub(crate) fn as_task_ref<J: Task>(cell: TaskArc<J>) -> TaskRef {
     // SAFETY: the identity unsizing coercion.
-    unsafe { cell.unsize(|p| -> NonNull<Inner<dyn Job>> { p }) }
+    unsafe { cell.unsize(|p| -> NonNull<Inner<dyn Task>> { p }) }
 }
 
 /// A slot that holds one unstarted task: a worker's `next` (the LIFO slot). Its owner puts a
@@ -89,27 +89,27 @@ impl TaskSlot {
         TaskSlot(AtomicPtr::new(std::ptr::null_mut()))
     }
 
-    /// Puts `job` in the slot; returns the task it displaced.
+    /// Puts `task` in the slot; returns the task it displaced.
     #[inline]
-    pub(crate) fn replace(&self, job: JobRef) -> Option<JobRef> {
-        let header = into_header(job).as_ptr();
+    pub(crate) fn replace(&self, task: TaskRef) -> Option<TaskRef> {
+        let header = into_header(task).as_ptr();
         // Release: whoever swaps the task out sees its cell as written before (the
         // closure, the header). Acquire: the same for the task displaced.
         let old = self.0.swap(header, Ordering::AcqRel);
         // SAFETY: a pointer swapped out of the slot is ours to take back (see the type).
-        unsafe { Self::job(old) }
+        unsafe { Self::task(old) }
     }
 
     /// Takes the task out, if there is one.
     #[inline]
-    pub(crate) fn take(&self) -> Option<JobRef> {
+    pub(crate) fn take(&self) -> Option<TaskRef> {
         if self.is_empty() {
             return None;
         }
         // Acquire: pairs with `replace`'s Release.
         let old = self.0.swap(std::ptr::null_mut(), Ordering::Acquire);
         // SAFETY: as in `replace`.
-        unsafe { Self::job(old) }
+        unsafe { Self::task(old) }
     }
 
     /// Whether the slot is empty (racy unless only the caller fills it and nobody takes).
@@ -129,7 +129,7 @@ impl TaskSlot {
     /// `header` is null or was swapped out of a slot (so it stands for one reference, now the
     /// caller's).
     #[inline(always)]
-    unsafe fn job(header: *mut Header) -> Option<JobRef> {
+    unsafe fn task(header: *mut Header) -> Option<TaskRef> {
         // SAFETY: per the caller; the slot's pointers come from `into_header`.
         NonNull::new(header).map(|h| unsafe { from_header(h) })
     }
@@ -138,9 +138,9 @@ impl TaskSlot {
 /// Gives up a task reference as one thin pointer, to its header (a [`TaskSlot`], an
 /// `Unparker`), until [`from_header`] takes it back.
 #[inline(always)]
-pub(crate) fn into_header(job: JobRef) -> NonNull<Header> {
-    let header = NonNull::from(job.header());
-    let _ = TaskArc::into_raw(job);
+pub(crate) fn into_header(task: TaskRef) -> NonNull<Header> {
+    let header = NonNull::from(task.header());
+    let _ = TaskArc::into_raw(task);
     header
 }
 
@@ -149,9 +149,9 @@ pub(crate) fn into_header(job: JobRef) -> NonNull<Header> {
 /// # Safety
 /// `header` came from `into_header`, and the reference it stands for is taken back once.
 #[inline(always)]
-pub(crate) unsafe fn from_header(header: NonNull<Header>) -> JobRef {
+pub(crate) unsafe fn from_header(header: NonNull<Header>) -> TaskRef {
     // SAFETY: the reference `header` stands for keeps the cell, and so the header, alive;
-    // `this` was written before the cell was shared (`JoinCell::new`, the only maker of
+    // `this` was written before the cell was shared (`TaskCell::new`, the only maker of
     // tasks), so before `into_header` could see it.
     let cell = unsafe { *header.as_ref().this.get() };
     let cell = cell.expect("a shared task's header knows its cell");
@@ -166,15 +166,15 @@ impl Drop for TaskSlot {
     }
 }
 
-/// What the run queues carry: a fiber or a job, as in the sylar scheduler. Unstarted tasks
-/// (`New`) may run on any worker unless pinned; a started `Fiber` only on its home worker.
+/// An entry of a run queue: what the worker that pops it does. A task to `Start` may run on
+/// any worker unless pinned; a started task's fiber to `Resume` only on its home worker.
 pub(crate) enum ScheduleTask {
     /// A task that has not run yet.
-    New(JobRef),
+    Start(TaskRef),
     /// A started fiber to resume.
-    Fiber(JobRef),
+    Resume(TaskRef),
     /// `JoinHandle::cancel` of a started fiber, for its home worker to deliver.
-    Cancel(JobRef),
+    Cancel(TaskRef),
     /// `Scheduler::dump`: list this worker's fibers.
     Dump(Arc<crate::sched::worker::DumpRequest>),
 }
@@ -263,9 +263,9 @@ pub(crate) struct Header {
     /// Where the task was submitted, for `Scheduler::dump`.
     pub(crate) location: &'static Location<'static>,
     /// The cell this header is in, as the run queues see it: written once, by
-    /// `JoinCell::new` before the cell is shared, so that a [`TaskSlot`] can hold a task as
-    /// one thin pointer (to this header) and make a [`JobRef`] of it again.
-    this: UnsafeCell<Option<NonNull<Inner<dyn Job>>>>,
+    /// `TaskCell::new` before the cell is shared, so that a [`TaskSlot`] can hold a task as
+    /// one thin pointer (to this header) and make a [`TaskRef`] of it again.
+    this: UnsafeCell<Option<NonNull<Inner<dyn Task>>>>,
     /// The fiber's span, entered while it runs; a child of the span current where it was
     /// submitted.
     #[cfg(feature = "tracing")]
@@ -276,7 +276,7 @@ pub(crate) struct Header {
     run_state: AtomicU8,
     /// `DONE` once the result is published, `DETACHED` once the `JoinHandle` is gone: one
     /// word, so that of the two `fetch_or`s the later sees the earlier, and its side drops
-    /// the result (see `JoinCell::publish`).
+    /// the result (see `TaskCell::publish`).
     done: AtomicU8,
     /// Set once a joiner has queued (under `joiners`' lock), so completion skips the lock
     /// otherwise.
@@ -351,7 +351,7 @@ impl Header {
     /// `cell` is the cell whose value starts with this header, and no other thread can reach
     /// the cell yet.
     #[inline(always)]
-    pub(crate) unsafe fn set_cell(&self, cell: NonNull<Inner<dyn Job>>) {
+    pub(crate) unsafe fn set_cell(&self, cell: NonNull<Inner<dyn Task>>) {
         // SAFETY: per the caller, nothing else reads or writes `this` now.
         unsafe { *self.this.get() = Some(cell) };
     }
@@ -493,14 +493,14 @@ mod layout {
 #[cfg(all(test, not(loom)))]
 mod slot {
     use super::*;
-    use crate::sched::join_cell::JoinCell;
+    use crate::sched::task_cell::TaskCell;
     use std::collections::HashSet;
     use std::sync::atomic::AtomicBool;
 
-    fn task(f: impl FnOnce() + Send + 'static) -> JobRef {
-        let (_handle, job) =
-            JoinCell::new_pair(f, || Header::new(None, 0, None, Location::caller()));
-        job
+    fn task(f: impl FnOnce() + Send + 'static) -> TaskRef {
+        let (_handle, task) =
+            TaskCell::new_pair(f, || Header::new(None, 0, None, Location::caller()));
+        task
     }
 
     #[test]
@@ -557,9 +557,9 @@ mod slot {
         let mut ids = HashSet::new();
         let mut out = Vec::new();
         for _ in 0..TASKS {
-            let job = task(|| {});
-            ids.insert(job.header().id);
-            out.extend(slot.replace(job).map(|j| j.header().id));
+            let task = task(|| {});
+            ids.insert(task.header().id);
+            out.extend(slot.replace(task).map(|j| j.header().id));
         }
         stop.store(true, Ordering::Release);
         out.extend(thief.join().expect("thief"));

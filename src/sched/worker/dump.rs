@@ -186,9 +186,9 @@ impl Worker {
         let registry = self.registry.borrow();
         let top = d.cursor.min(registry.len());
         let bottom = top.saturating_sub(DUMP_CHUNK);
-        for job in registry[bottom..top].iter().rev() {
-            let h = job.header();
-            let home = self.home(&**job);
+        for task in registry[bottom..top].iter().rev() {
+            let h = task.header();
+            let home = self.home(&**task);
             let parked = h.park.state() == ParkState::Parked;
             let status = if d.req.requester == Some(h.id) {
                 Status::Running

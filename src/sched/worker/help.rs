@@ -6,7 +6,7 @@
 //! spawner to suspend, and when a peer takes it.
 
 use super::Worker;
-use crate::sched::task::{JobRef, ScheduleTask};
+use crate::sched::task::{ScheduleTask, TaskRef};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
@@ -120,7 +120,7 @@ impl Worker {
     /// dealt out, one to each idle peer (spinning or asleep), and go to its inbox, where
     /// nobody else takes them (were they stealable, this worker would often take them back
     /// first). The rest go to the stealable queue.
-    pub(crate) fn push_next(&self, job: JobRef) {
+    pub(crate) fn push_next(&self, task: TaskRef) {
         let tick = self.tick.get();
         let mut burst = self.burst.borrow_mut();
         if burst.tick != tick {
@@ -130,7 +130,7 @@ impl Worker {
             burst.dealt = 0;
         }
         self.next_maybe.set(true);
-        let Some(displaced) = self.own_shared().next.0.replace(job) else {
+        let Some(displaced) = self.own_shared().next.0.replace(task) else {
             burst.peers.extend(self.ask_help());
             return;
         };
@@ -155,7 +155,7 @@ impl Worker {
         match target {
             Some(i) => {
                 let peer = &self.shared.workers[i];
-                peer.inbox.push(ScheduleTask::New(displaced));
+                peer.inbox.push(ScheduleTask::Start(displaced));
                 peer.sleep.wake();
             }
             None => self.push_local(displaced),
@@ -232,7 +232,7 @@ impl Worker {
                     let taken = w.next.0.take();
                     slot.close();
                     return match taken {
-                        Some(job) => HelpAnswer::Taken(ScheduleTask::New(job)),
+                        Some(task) => HelpAnswer::Taken(ScheduleTask::Start(task)),
                         None => HelpAnswer::Stale,
                     };
                 }
@@ -281,7 +281,7 @@ impl Worker {
                     return None;
                 }
                 *watch = None;
-                let taken = w.next.0.take().map(ScheduleTask::New);
+                let taken = w.next.0.take().map(ScheduleTask::Start);
                 self.stats().steals.add(u64::from(taken.is_some()));
                 return taken;
             }

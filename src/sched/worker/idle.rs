@@ -86,7 +86,7 @@ impl Worker {
             loop {
                 let found = self
                     .pop_inbox()
-                    .or_else(|| self.take_injected().map(ScheduleTask::New))
+                    .or_else(|| self.take_injected().map(ScheduleTask::Start))
                     .or_else(|| self.steal())
                     .or_else(|| self.steal_next(&mut watch));
                 if let Some(task) = found {

@@ -50,7 +50,7 @@ pub(crate) use stats::WorkerStats;
 
 use crate::park::protocol::WakerCount;
 use crate::sched::idle::WorkerSleep;
-use crate::sched::task::{HomeOnly, Job, JobRef, ScheduleTask, TaskSlot};
+use crate::sched::task::{HomeOnly, ScheduleTask, Task, TaskRef, TaskSlot};
 use crate::sched::timers::TimerWheel;
 use crate::sched::watchdog::Watch;
 use crate::stack::StackPool;
@@ -65,7 +65,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A fiber parked with a deadline, and the park generation its timer may end.
-type Timer = (JobRef, u64);
+type Timer = (TaskRef, u64);
 
 /// Scheduler configuration, validated by the builder.
 pub(crate) struct Config {
@@ -85,7 +85,7 @@ pub(crate) struct Config {
 /// What other threads may touch of a worker.
 pub(crate) struct WorkerShared {
     pub(crate) inbox: SegQueue<ScheduleTask>,
-    pub(crate) local: ArrayQueue<JobRef>,
+    pub(crate) local: ArrayQueue<TaskRef>,
     /// The LIFO slot, on a cache line of its own: idle peers poll it, and the owner writes
     /// it at every spawn.
     pub(crate) next: Padded<TaskSlot>,
@@ -225,9 +225,9 @@ pub(crate) fn current_shared() -> Option<Arc<Shared>> {
 pub(crate) struct Worker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) index: usize,
-    ready: RefCell<VecDeque<JobRef>>,
+    ready: RefCell<VecDeque<TaskRef>>,
     /// Every live fiber homed here, so cancellation can find parked ones.
-    registry: RefCell<Vec<JobRef>>,
+    registry: RefCell<Vec<TaskRef>>,
     stacks: RefCell<StackPool>,
     timers: RefCell<TimerWheel<Timer>>,
     tick: Cell<u32>,
@@ -254,7 +254,7 @@ pub(crate) struct Worker {
     spill_first: Cell<bool>,
     /// Where `push_local` gathers the half it moves to the injector (kept for its
     /// allocation).
-    spill_buf: RefCell<Vec<JobRef>>,
+    spill_buf: RefCell<Vec<TaskRef>>,
     local_maybe: Cell<bool>,
     /// What this worker saw of each peer (see `cede_cpu`).
     peers_seen: RefCell<Box<[PeerSeen]>>,
@@ -349,7 +349,7 @@ impl Worker {
         st.stacks_cached.set(self.stacks.borrow().cached() as u64);
     }
 
-    /// The home-only state of `job`, a task this worker has started (see `HomeOnly`).
+    /// The home-only state of `task`, a task this worker has started (see `HomeOnly`).
     ///
     /// Every touch of that state goes through here. Each use is a short borrow that ends
     /// before anything else can reach the same state: the worker is single-threaded, and
@@ -357,8 +357,8 @@ impl Worker {
     /// alone) only inside `resume`, while the worker holds nothing of it but the coroutine.
     #[allow(clippy::mut_from_ref)]
     #[inline(always)]
-    pub(crate) fn home<'j>(&self, job: &'j dyn Job) -> &'j mut HomeOnly {
-        let h = job.header();
+    pub(crate) fn home<'j>(&self, task: &'j dyn Task) -> &'j mut HomeOnly {
+        let h = task.header();
         // SAFETY: `placement` is written once, by this worker, before any call of `home`.
         let placement = unsafe { &*h.placement.get() };
         debug_assert!(
@@ -366,7 +366,7 @@ impl Worker {
                 && placement.worker == self.index,
             "home state touched by a worker that is not the task's home"
         );
-        // SAFETY: `job` is homed on this worker (asserted above), and only its home worker
+        // SAFETY: `task` is homed on this worker (asserted above), and only its home worker
         // touches its home state: on the worker's own thread, or — worker 0 of `use_caller`
         // abandoned by the stopping thread — while no thread drives this worker. No other
         // borrow of it is alive (see above), so this `&mut` is unique for its short life.

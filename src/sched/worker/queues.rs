@@ -26,7 +26,7 @@
 //! it ends (docs/design.md, "Principles").
 
 use super::Worker;
-use crate::sched::task::{JobRef, ScheduleTask};
+use crate::sched::task::{ScheduleTask, TaskRef};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::cell::Cell;
 
@@ -79,13 +79,13 @@ fn pop_own<T>(maybe: &Cell<bool>, pop: impl FnOnce() -> Option<T>) -> Option<T> 
 impl Worker {
     /// Pops this worker's `next` slot, unless it is known empty.
     #[inline]
-    pub(super) fn pop_next(&self) -> Option<JobRef> {
+    pub(super) fn pop_next(&self) -> Option<TaskRef> {
         pop_own(&self.next_maybe, || self.own_shared().next.0.take())
     }
 
     /// Pops this worker's stealable queue, unless it is known empty.
     #[inline]
-    pub(super) fn pop_own_local(&self) -> Option<JobRef> {
+    pub(super) fn pop_own_local(&self) -> Option<TaskRef> {
         pop_own(&self.local_maybe, || pop_local(&self.own_shared().local))
     }
 
@@ -93,7 +93,7 @@ impl Worker {
     #[inline(always)]
     pub(super) fn pop_inbox(&self) -> Option<ScheduleTask> {
         let task = pop(&self.own_shared().inbox)?;
-        if matches!(task, ScheduleTask::Fiber(_)) {
+        if matches!(task, ScheduleTask::Resume(_)) {
             self.stats().remote_wakes.add(1);
         }
         Some(task)
@@ -126,15 +126,15 @@ impl Worker {
     /// (see `Injector`). If more wait, gets another idle worker looking (unless one spins
     /// already): a worker woken for the first of a batch must not end up starting them all,
     /// since a started fiber never moves (Go's spinning-M handoff).
-    pub(super) fn take_injected(&self) -> Option<JobRef> {
+    pub(super) fn take_injected(&self) -> Option<TaskRef> {
         let spill_first = !self.spill_first.get();
         self.spill_first.set(spill_first);
-        let job = self.shared.injector.pop(spill_first)?;
+        let task = self.shared.injector.pop(spill_first)?;
         self.stats().injected.add(1);
         if !self.shared.injector.is_empty() {
             self.shared.notify_one();
         }
-        Some(job)
+        Some(task)
     }
 
     /// Takes a task from a random peer's stealable queue, and up to half of the rest.
@@ -157,7 +157,7 @@ impl Worker {
                 continue;
             }
             if let Some(first) = self.steal_from(v) {
-                return Some(ScheduleTask::New(first));
+                return Some(ScheduleTask::Start(first));
             }
         }
         None
@@ -165,7 +165,7 @@ impl Worker {
 
     /// Takes a task from peer `v`'s stealable queue and half of the rest into this worker's.
     #[inline]
-    fn steal_from(&self, v: usize) -> Option<JobRef> {
+    fn steal_from(&self, v: usize) -> Option<TaskRef> {
         let victim = &self.shared.workers[v].local;
         let available = victim.len();
         let first = pop_local(victim)?;
@@ -175,10 +175,10 @@ impl Worker {
             self.local_maybe.set(true);
         }
         for _ in 0..available / 2 {
-            let Some(job) = victim.pop() else { break };
+            let Some(task) = victim.pop() else { break };
             taken += 1;
-            if let Err(job) = self.own_shared().local.push(job) {
-                self.shared.injector.push(job);
+            if let Err(task) = self.own_shared().local.push(task) {
+                self.shared.injector.push(task);
             }
         }
         self.stats().steals.add(taken);
@@ -223,16 +223,16 @@ impl Worker {
     }
 
     /// Queues an unstarted task on this worker's stealable queue.
-    pub(super) fn push_local(&self, job: JobRef) {
+    pub(super) fn push_local(&self, task: TaskRef) {
         self.local_maybe.set(true);
-        if let Err(job) = self.own_shared().local.push(job) {
+        if let Err(task) = self.own_shared().local.push(task) {
             // Full: move half to the injector, in one go, so peers can help (Go's
             // runqputslow).
             let mut batch = self.spill_buf.borrow_mut();
             batch.extend(
                 std::iter::from_fn(|| self.own_shared().local.pop()).take(LOCAL_CAPACITY / 2),
             );
-            batch.push(job);
+            batch.push(task);
             self.shared.injector.spill(&mut batch);
         }
     }

@@ -17,7 +17,7 @@ use super::queues::REBALANCE_AFTER;
 use super::shutdown::Phase;
 use super::{Worker, CURRENT_WORKER};
 use crate::fiber::{self, FiberMeta};
-use crate::sched::task::{JobRef, ScheduleTask};
+use crate::sched::task::{ScheduleTask, TaskRef};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -159,9 +159,9 @@ impl Worker {
     /// woke, and those already ready), so that each gets its cancellation before the
     /// worker abandons what is left. Woken ones queued meanwhile wait for the abandon.
     fn deliver_cancellations_now(&self) {
-        let queued: Vec<JobRef> = self.ready.borrow_mut().drain(..).collect();
-        for job in queued {
-            self.resume(ResumeRef::Counted(job));
+        let queued: Vec<TaskRef> = self.ready.borrow_mut().drain(..).collect();
+        for task in queued {
+            self.resume(ResumeRef::Counted(task));
         }
         // What is in the inbox now, not what other threads keep sending.
         for _ in 0..self.own_shared().inbox.len() {
@@ -185,8 +185,8 @@ impl Worker {
             && (tick & 1 == 0 || self.ready.borrow().len() <= YIELD_PULL_READY_MAX)
             && self.least_loaded()
         {
-            if let Some(job) = self.take_injected() {
-                return Some(ScheduleTask::New(job));
+            if let Some(task) = self.take_injected() {
+                return Some(ScheduleTask::Start(task));
             }
         }
         if tick.is_multiple_of(TIMER_INTERVAL) {
@@ -208,22 +208,27 @@ impl Worker {
         if tick.is_multiple_of(INJECTOR_INTERVAL)
             && (tick.is_multiple_of(4 * INJECTOR_INTERVAL) || self.least_loaded())
         {
-            if let Some(job) = self.take_injected() {
-                return Some(ScheduleTask::New(job));
+            if let Some(task) = self.take_injected() {
+                return Some(ScheduleTask::Start(task));
             }
         }
         if self.next_streak.get() < MAX_NEXT_STREAK {
-            if let Some(job) = self.pop_next() {
+            if let Some(task) = self.pop_next() {
                 self.next_streak.set(self.next_streak.get() + 1);
-                return Some(ScheduleTask::New(job));
+                return Some(ScheduleTask::Start(task));
             }
         }
         self.next_streak.set(0);
         if let Some(task) = self.pop_inbox() {
             return Some(task);
         }
-        let from_ready = || self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
-        let from_local = || self.pop_own_local().map(ScheduleTask::New);
+        let from_ready = || {
+            self.ready
+                .borrow_mut()
+                .pop_front()
+                .map(ScheduleTask::Resume)
+        };
+        let from_local = || self.pop_own_local().map(ScheduleTask::Start);
         let local = if tick & 1 == 0 {
             from_ready().or_else(from_local)
         } else {
@@ -232,15 +237,19 @@ impl Worker {
         if local.is_some() {
             return local;
         }
-        if let Some(job) = self.pop_next() {
-            return Some(ScheduleTask::New(job));
+        if let Some(task) = self.pop_next() {
+            return Some(ScheduleTask::Start(task));
         }
         if self.fire_timers() {
-            return self.ready.borrow_mut().pop_front().map(ScheduleTask::Fiber);
+            return self
+                .ready
+                .borrow_mut()
+                .pop_front()
+                .map(ScheduleTask::Resume);
         }
         self.dry_tick.set(tick);
         self.take_injected()
-            .map(ScheduleTask::New)
+            .map(ScheduleTask::Start)
             .or_else(|| self.steal())
     }
 
@@ -267,9 +276,9 @@ impl Worker {
     #[inline]
     pub(super) fn run_task(&self, task: ScheduleTask) {
         match task {
-            ScheduleTask::New(job) => self.start(job),
-            ScheduleTask::Fiber(job) => self.resume(ResumeRef::Counted(job)),
-            ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
+            ScheduleTask::Start(task) => self.start(task),
+            ScheduleTask::Resume(task) => self.resume(ResumeRef::Counted(task)),
+            ScheduleTask::Cancel(task) => self.deliver_cancel(&task),
             ScheduleTask::Dump(req) => self.answer_dump(req),
         }
     }
@@ -305,17 +314,17 @@ impl Worker {
         let mut woken = 0;
         while woken < limit {
             let due = self.timers.borrow_mut().pop_due(now);
-            let Some((job, gen)) = due else { break };
-            let home = self.home(&*job);
+            let Some((task, gen)) = due else { break };
+            let home = self.home(&*task);
             // The timer is gone, so the resumption must not cancel it again.
             home.timer = None;
-            if job.header().park.notify(gen) {
+            if task.header().park.notify(gen) {
                 // The resumption tells the fiber its park timed out.
                 home.timed_out = true;
                 // Start bringing the stack in now, so that resuming the batch does not wait
                 // for one miss after another.
                 crate::stack::prefetch_near(home.meta.suspended_at.get());
-                self.push_woken(job);
+                self.push_woken(task);
                 woken += 1;
             }
         }

@@ -15,7 +15,7 @@ use crate::park::wait_queue::{Lock, WaitList};
 use crate::sched::idle::{Idlers, WorkerSleep};
 use crate::sched::injector::Injector;
 use crate::sched::live::LiveCount;
-use crate::sched::task::{JobRef, ScheduleTask, TaskSlot};
+use crate::sched::task::{ScheduleTask, TaskRef, TaskSlot};
 use crate::sched::watchdog::{MonitorCtl, Watch};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -147,11 +147,11 @@ impl Shared {
     }
 
     /// Queues a task that has never run.
-    pub(crate) fn schedule_new(&self, job: JobRef) {
+    pub(crate) fn schedule_new(&self, task: TaskRef) {
         let here = self.local_worker();
-        match job.header().pinned {
+        match task.header().pinned {
             Some(i) => {
-                self.workers[i].inbox.push(ScheduleTask::New(job));
+                self.workers[i].inbox.push(ScheduleTask::Start(task));
                 if here.map(|w| w.index) != Some(i) {
                     self.workers[i].sleep.wake();
                 }
@@ -159,9 +159,9 @@ impl Shared {
             None => match here {
                 // A standalone fiber's spawn goes to the injector: the standalone fiber
                 // holds the worker's thread while it waits, so nobody would run `next`.
-                Some(w) if fiber::in_scheduled_fiber() => w.push_next(job),
+                Some(w) if fiber::in_scheduled_fiber() => w.push_next(task),
                 _ => {
-                    self.injector.push(job);
+                    self.injector.push(task);
                     self.notify_one();
                 }
             },

@@ -29,7 +29,7 @@ use crate::join::JoinError;
 use crate::park::protocol::{wake_at_home, ParkState};
 use crate::park::wait_queue::{wait, Wait};
 use crate::park::WaitOn;
-use crate::sched::task::{Cancel, JobRef, ScheduleTask};
+use crate::sched::task::{Cancel, ScheduleTask, TaskRef};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
@@ -91,9 +91,9 @@ impl PhaseWord {
 impl Shared {
     /// Fails a task that never started as cancelled by the shutdown (counted for
     /// `stop_timeout`'s return) and counts it out, on the line of `worker` (see `task_done`).
-    pub(crate) fn fail_unstarted(&self, job: JobRef, worker: Option<usize>) {
+    pub(crate) fn fail_unstarted(&self, task: TaskRef, worker: Option<usize>) {
         self.cancelled.fetch_add(1, Ordering::Relaxed);
-        job.fail(JoinError::cancelled());
+        task.fail(JoinError::cancelled());
         self.task_done(worker);
     }
 
@@ -163,15 +163,15 @@ impl Worker {
 
     /// Pops every queued unstarted task this worker can reach: its own queues and the
     /// injector. Wakes of started fibers found in the inbox go to `ready`.
-    fn pop_unstarted(&self) -> Option<JobRef> {
+    fn pop_unstarted(&self) -> Option<TaskRef> {
         while let Some(task) = self.own_shared().inbox.pop() {
             match task {
-                ScheduleTask::New(job) => return Some(job),
-                ScheduleTask::Fiber(job) => {
-                    self.ready.borrow_mut().push_back(job);
+                ScheduleTask::Start(task) => return Some(task),
+                ScheduleTask::Resume(task) => {
+                    self.ready.borrow_mut().push_back(task);
                     self.stats().remote_wakes.add(1);
                 }
-                ScheduleTask::Cancel(job) => self.deliver_cancel(&job),
+                ScheduleTask::Cancel(task) => self.deliver_cancel(&task),
                 ScheduleTask::Dump(req) => self.answer_dump_now(req),
             }
         }
@@ -185,23 +185,23 @@ impl Worker {
     /// Fails every queued unstarted task this worker can reach (their continuations run in
     /// fibers, see `start_failed`).
     pub(super) fn discard_queued(&self) {
-        while let Some(job) = self.pop_unstarted() {
-            self.start_failed(job, JoinError::cancelled());
+        while let Some(task) = self.pop_unstarted() {
+            self.start_failed(task, JoinError::cancelled());
         }
     }
 
     /// `stop_timeout`'s deadline passed: each live fiber homed here unwinds at its next
     /// resumption — once; a parked one is woken for it.
     pub(super) fn cancel_all(&self) {
-        let fibers: Vec<JobRef> = self.registry.borrow().clone();
-        for job in fibers {
-            let home = self.home(&*job);
+        let fibers: Vec<TaskRef> = self.registry.borrow().clone();
+        for task in fibers {
+            let home = self.home(&*task);
             if home.cancel != Cancel::No {
                 continue;
             }
             home.cancel = Cancel::Requested;
-            if let Some(gen) = job.header().park.parked() {
-                wake_at_home(self, &job, gen);
+            if let Some(gen) = task.header().park.parked() {
+                wake_at_home(self, &task, gen);
             }
         }
     }
@@ -211,9 +211,9 @@ impl Worker {
     /// frames may still be borrowed, by a blocking-pool call for instance). Unstarted tasks
     /// are failed without a fiber: this worker is leaving.
     pub(super) fn abandon_all(&self) {
-        while let Some(job) = self.pop_unstarted() {
+        while let Some(task) = self.pop_unstarted() {
             self.stats().finished.add(1);
-            self.shared.fail_unstarted(job, Some(self.index));
+            self.shared.fail_unstarted(task, Some(self.index));
         }
         self.ready.borrow_mut().clear();
         self.timer_woken.set(0);
@@ -226,14 +226,14 @@ impl Worker {
             &fibers,
             "abandoning (leaked, never resumed) fibers that did not end after their cancellation",
         );
-        for job in fibers {
-            let h = job.header();
+        for task in fibers {
+            let h = task.header();
             // Win the wake of a parked fiber, so no Unparker queues it from now on; one that
             // already won will queue it in an inbox nobody reads, which `keep_alive` allows.
             if let Some(gen) = h.park.parked() {
                 h.park.notify(gen);
             }
-            let home = self.home(&*job);
+            let home = self.home(&*task);
             if let Some(id) = home.timer.take() {
                 self.timers.borrow_mut().remove(id);
             }
@@ -243,7 +243,7 @@ impl Worker {
                 std::mem::forget(coro);
             }
             self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
-            job.fail(JoinError::abandoned());
+            task.fail(JoinError::abandoned());
             self.stats().finished.add(1);
             self.shared.task_done(Some(self.index));
         }
@@ -258,14 +258,14 @@ impl Worker {
         }
     }
 
-    fn report(&self, fibers: &[JobRef], what: &str) {
+    fn report(&self, fibers: &[TaskRef], what: &str) {
         use std::fmt::Write;
         let mut msg = format!(
             "fibra: scheduler '{}', worker {}: {what}:\n",
             self.shared.config.name, self.index
         );
-        for job in fibers {
-            let h = job.header();
+        for task in fibers {
+            let h = task.header();
             let state = match h.park.state() {
                 ParkState::Parked => "parked",
                 ParkState::Notified | ParkState::Running => "ready",
@@ -297,26 +297,26 @@ pub(crate) fn fail_queued_of_absent(shared: &Shared, index: usize) {
     let worker = &shared.workers[index];
     debug_assert!(worker.absent.load(Ordering::Relaxed));
     loop {
-        let job = match worker.inbox.pop() {
-            Some(ScheduleTask::New(job)) => job,
+        let task = match worker.inbox.pop() {
+            Some(ScheduleTask::Start(task)) => task,
             Some(ScheduleTask::Dump(req)) => {
                 req.answer(index, Vec::new(), Duration::ZERO, Duration::ZERO);
                 continue;
             }
-            Some(ScheduleTask::Fiber(_) | ScheduleTask::Cancel(_)) => continue,
+            Some(ScheduleTask::Resume(_) | ScheduleTask::Cancel(_)) => continue,
             None => match worker.local.pop().or_else(|| worker.next.0.take()) {
-                Some(job) => job,
+                Some(task) => task,
                 None => return,
             },
         };
-        shared.fail_unstarted(job, Some(index));
+        shared.fail_unstarted(task, Some(index));
     }
 }
 
 /// Fails the tasks of the shared injector, from a shutdown that found no worker to take
 /// them (see `Scheduler::spawn_workers_for_shutdown`).
 pub(crate) fn fail_injected(shared: &Shared) {
-    while let Some(job) = shared.injector.pop(false) {
-        shared.fail_unstarted(job, None);
+    while let Some(task) = shared.injector.pop(false) {
+        shared.fail_unstarted(task, None);
     }
 }

@@ -1,6 +1,6 @@
-//! The task cell, [`JoinCell`]: the one allocation behind a submitted task — its
+//! The task cell, [`TaskCell`]: the one allocation behind a submitted task — its
 //! [`Header`], the closure, the result slot and the continuations — and the only
-//! implementor of [`Job`], so the body the worker runs. Made by `submit` (and the
+//! implementor of [`Task`], so the body the worker runs. Made by `submit` (and the
 //! executors), run by a worker, read by the task's `JoinHandle` through [`Output`], which
 //! hides the closure's type; all three meet in this file.
 
@@ -8,7 +8,7 @@ use crate::fiber::Cancelled;
 use crate::join::JoinError;
 use crate::report::drop_catching;
 use crate::sched::cell::{Inner, TaskArc};
-use crate::sched::task::{as_job, Ended, Header, Job, JobRef, Start};
+use crate::sched::task::{as_task_ref, Ended, Header, Start, Task, TaskRef};
 use crate::sys::spin::SpinLock;
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,9 +20,9 @@ pub(crate) type Callback<T> = Box<dyn FnOnce(&Result<T, JoinError>) + Send>;
 
 /// The allocation behind one submitted task: header, closure, result, continuations.
 ///
-/// `repr(C)` with the header first, as [`Job`] requires.
+/// `repr(C)` with the header first, as [`Task`] requires.
 #[repr(C)]
-pub(crate) struct JoinCell<F, T> {
+pub(crate) struct TaskCell<F, T> {
     header: Header,
     func: UnsafeCell<Option<F>>,
     /// Written once, under the `callbacks` lock, by whoever publishes the result.
@@ -32,9 +32,9 @@ pub(crate) struct JoinCell<F, T> {
     callbacks: SpinLock<Option<Vec<Callback<T>>>>,
 }
 
-// SAFETY: a JoinCell moves between threads in a `TaskArc`; it owns an `F` and a `T`, both Send.
-unsafe impl<F: Send, T: Send> Send for JoinCell<F, T> {}
-// SAFETY: what threads reach through a shared JoinCell:
+// SAFETY: a TaskCell moves between threads in a `TaskArc`; it owns an `F` and a `T`, both Send.
+unsafe impl<F: Send, T: Send> Send for TaskCell<F, T> {}
+// SAFETY: what threads reach through a shared TaskCell:
 // - `func` is taken exactly once, by the worker that starts the task (or the thread that
 //   fails it unstarted): queues hand a task to one taker.
 // - `result` is written once, under the `callbacks` lock, which also marks it published
@@ -45,9 +45,9 @@ unsafe impl<F: Send, T: Send> Send for JoinCell<F, T> {}
 //   `take` moves it out only through `JoinHandle::join(self)`, which owns the only handle,
 //   after completion (Acquire on `done`), so no reference from `on_complete` can be live.
 // - `callbacks` is behind a mutex; each callback is `Send` and runs once.
-unsafe impl<F: Send, T: Send> Sync for JoinCell<F, T> {}
+unsafe impl<F: Send, T: Send> Sync for TaskCell<F, T> {}
 
-impl<F, T> JoinCell<F, T>
+impl<F, T> TaskCell<F, T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -64,15 +64,15 @@ where
     /// A new cell, with two references to it: one for a `JoinHandle`, one for the run
     /// queues.
     #[inline(always)]
-    pub(crate) fn new_pair(f: F, header: impl FnOnce() -> Header) -> (TaskArc<Self>, JobRef) {
-        let (cell, job) = TaskArc::new_pair(|| Self::value(f, header()));
+    pub(crate) fn new_pair(f: F, header: impl FnOnce() -> Header) -> (TaskArc<Self>, TaskRef) {
+        let (cell, task) = TaskArc::new_pair(|| Self::value(f, header()));
         Self::known(&cell);
-        (cell, as_job(job))
+        (cell, as_task_ref(task))
     }
 
     #[inline(always)]
     fn value(f: F, header: Header) -> Self {
-        JoinCell {
+        TaskCell {
             header,
             func: UnsafeCell::new(Some(f)),
             result: UnsafeCell::new(None),
@@ -83,8 +83,8 @@ where
     /// Tells a new cell's header where the cell is (see `Header::set_cell`).
     #[inline(always)]
     fn known(cell: &TaskArc<Self>) {
-        let this: NonNull<Inner<dyn Job>> = TaskArc::<Self>::cell_ptr(cell);
-        // SAFETY: `this` is the cell around this header (unsized to `dyn Job`, which reads
+        let this: NonNull<Inner<dyn Task>> = TaskArc::<Self>::cell_ptr(cell);
+        // SAFETY: `this` is the cell around this header (unsized to `dyn Task`, which reads
         // the header first), and the cell has not left our caller yet.
         unsafe { cell.header.set_cell(this) };
     }
@@ -130,8 +130,8 @@ where
     }
 }
 
-// SAFETY: `JoinCell` is `repr(C)` with its `Header` first.
-unsafe impl<F, T> Job for JoinCell<F, T>
+// SAFETY: `TaskCell` is `repr(C)` with its `Header` first.
+unsafe impl<F, T> Task for TaskCell<F, T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -170,7 +170,7 @@ where
     }
 }
 
-impl<F, T> Drop for JoinCell<F, T> {
+impl<F, T> Drop for TaskCell<F, T> {
     /// Drops the closure, the result and any continuations not run, catching a panic in
     /// their destructors: the last reference is often a worker's, and a worker never dies.
     fn drop(&mut self) {
@@ -208,7 +208,7 @@ pub(crate) trait Output<T>: Send + Sync {
     /// Runs `cb` with the result when the task completes, or now if it has.
     fn on_complete(&self, cb: Callback<T>);
     /// The task, as the run queues carry it.
-    fn job(&self) -> JobRef;
+    fn task(&self) -> TaskRef;
     /// Whether the published result is a cancellation.
     fn ended_cancelled(&self) -> bool;
     /// The handle is dropped: the result, now or when it comes, is dropped by whichever of
@@ -216,7 +216,7 @@ pub(crate) trait Output<T>: Send + Sync {
     fn detach(&self);
 }
 
-impl<F, T> Output<T> for JoinCell<F, T>
+impl<F, T> Output<T> for TaskCell<F, T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -235,10 +235,10 @@ where
         unsafe { (*self.result.get()).take() }
     }
 
-    fn job(&self) -> JobRef {
-        // SAFETY: every JoinCell lives in a TaskArc (`JoinCell::new`), and `self` is reached
+    fn task(&self) -> TaskRef {
+        // SAFETY: every TaskCell lives in a TaskArc (`TaskCell::new`), and `self` is reached
         // through one; the coercion is the identity.
-        as_job(unsafe { TaskArc::from_value(self) })
+        as_task_ref(unsafe { TaskArc::from_value(self) })
     }
 
     fn ended_cancelled(&self) -> bool {
@@ -282,13 +282,13 @@ where
 /// A task cell that no scheduler owns: run by hand (the executors' `RunOnce`) or failed at
 /// once ([`crate::join::cancelled`]).
 #[track_caller]
-pub(crate) fn detached_cell<F, T>(f: F) -> TaskArc<JoinCell<F, T>>
+pub(crate) fn detached_cell<F, T>(f: F) -> TaskArc<TaskCell<F, T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
     let location = std::panic::Location::caller();
-    JoinCell::new(f, || {
+    TaskCell::new(f, || {
         Header::new(None, crate::stack::DEFAULT_STACK_SIZE, None, location)
     })
 }
