@@ -450,6 +450,7 @@ fn unwind_at_suspend(meta: &FiberMeta) {
 
 /// The root of every fiber: records the yielder, runs `body` and turns its end into an
 /// [`Outcome`]. A cancellation arriving before the first run skips the body entirely.
+#[inline]
 pub(crate) fn fiber_root<F: FnOnce()>(
     meta: *const FiberMeta,
     y: &Yielder,

@@ -122,7 +122,7 @@ impl<S> DerefMut for Guard<'_, S> {
 }
 
 impl<S> Drop for Guard<'_, S> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: `raw` is dropped exactly once, here; it is not used afterwards.
         unsafe { ManuallyDrop::drop(&mut self.raw) };
@@ -541,6 +541,7 @@ struct Withdraw<'a, S, D: Copy, F: FnOnce(&mut Guard<'a, S>, Option<usize>)> {
 }
 
 impl<'a, S, D: Copy, F: FnOnce(&mut Guard<'a, S>, Option<usize>)> Withdraw<'a, S, D, F> {
+    #[inline]
     fn finish(mut self, parked: ParkResult) -> Wait<'a, S> {
         self.on_cancel = None;
         // SAFETY: the node lives in `wait`'s frame, which outlives `self`.

@@ -120,6 +120,7 @@ impl Worker {
     /// dealt out, one to each idle peer (spinning or asleep), and go to its inbox, where
     /// nobody else takes them (were they stealable, this worker would often take them back
     /// first). The rest go to the stealable queue.
+    #[inline]
     pub(crate) fn push_next(&self, task: TaskRef) {
         let tick = self.tick.get();
         let mut burst = self.burst.borrow_mut();
@@ -172,6 +173,7 @@ impl Worker {
     /// spawner suspends at once, keeps its tasks here (tokio keeps its LIFO slot out of
     /// thieves' reach for the same reason), and no peer spins next to the
     /// busy worker (on a VM or an SMT core, a spinner takes cycles from its neighbour).
+    #[inline]
     fn ask_help(&self) -> Option<usize> {
         let slot = &self.own_shared().help;
         if !slot.claim() {
