@@ -259,7 +259,7 @@ fn redis_ping(port: u16) -> Result<(), String> {
 /// - timed workloads run in up to `TIMED_ROUNDS` rounds, each a child per peer with its own
 ///   warm-up and a share of the repetitions;
 /// - fresh-per-repetition workloads run a round per repetition, a child per peer in each;
-/// - the server workloads (http, http_cont, http_hooked, redis_get) start every server first (or the
+/// - the server workloads (the http rows, redis_get) start every server first (or the
 ///   one redis-server), then run repetition k of every peer before repetition k + 1 of any.
 pub fn run_workload(
     env: &Env,
@@ -294,6 +294,12 @@ fn unavailable(env: &Env, w: &Workload, peer: Peer) -> Option<PeerRun> {
     if let Some(why) = workloads::skip_reason(peer, w.name) {
         return Some(PeerRun::skipped(peer, why));
     }
+    if w.pinned && pinned_cpus().is_none() {
+        return Some(PeerRun::skipped(
+            peer,
+            "needs two CPUs, one for wrk and one for the server",
+        ));
+    }
     let tool = match w.mode {
         Mode::Http => env.wrk.as_ref().err(),
         Mode::Redis => env.redis_server.as_ref().err(),
@@ -310,6 +316,47 @@ fn unavailable(env: &Env, w: &Workload, peer: Peer) -> Option<PeerRun> {
 fn add_note(run: &mut PeerRun, w: &Workload) {
     if let Some(note) = workloads::note(run.peer, w.name) {
         run.notes.insert(0, note.to_string());
+    }
+    let skipped = matches!(run.status, Status::Skipped(_));
+    if let (true, false, Some((load, server))) = (w.pinned, skipped, pinned_cpus()) {
+        run.notes.push(format!(
+            "{}: wrk pinned to CPU {load}, the server to CPU {server}",
+            run.peer.name()
+        ));
+    }
+}
+
+/// The CPUs of a pinned server row: (wrk's, the server's), the first two this process may run
+/// on; `None` if it may run on fewer.
+fn pinned_cpus() -> Option<(usize, usize)> {
+    // SAFETY: an all-zero `cpu_set_t` is a valid, empty set, which `sched_getaffinity` fills
+    // (it writes at most the size given).
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        set
+    };
+    // SAFETY: `CPU_ISSET` reads bit `c` of a valid set, `c` below `CPU_SETSIZE`.
+    let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+    Some((cpus.next()?, cpus.next()?))
+}
+
+/// Makes the process `cmd` starts run on `cpu` alone.
+fn pin(cmd: &mut Command, cpu: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec; it builds a set on its
+    // stack and makes one system call, both async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 
@@ -614,13 +661,18 @@ const WRK_ARGS: [&str; 4] = ["-t1", "-c100", "-d5s", "--latency"];
 /// The latency percentiles wrk prints that become rows: (percentile, row suffix).
 const WRK_PERCENTILES: [(f64, &str); 2] = [(50.0, "_p50"), (99.0, "_p99")];
 
-/// http, http_cont, http_hooked: starts every peer's server, warms each up with `wrk -d1s`, then runs R
+/// The http rows: starts every peer's server, warms each up with `wrk -d1s`, then runs R
 /// rounds of `wrk` over them, and stops them.
 fn http_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     if !runs.iter().any(PeerRun::is_ok) {
         return;
     }
     let wrk = env.wrk.as_ref().expect("checked by unavailable()");
+    let wrk_cpu = if w.pinned {
+        pinned_cpus().map(|(load, _)| load)
+    } else {
+        None
+    };
     let mut servers: Vec<Option<HttpServer>> = runs
         .iter_mut()
         .map(|run| {
@@ -635,7 +687,7 @@ fn http_rounds(env: &Env, w: &Workload, runs: &mut [PeerRun]) {
     let mut round = |args: &[&str], keep: bool| {
         for (run, slot) in runs.iter_mut().zip(servers.iter_mut()) {
             let Some(server) = slot else { continue };
-            match server.load(wrk, args) {
+            match server.load(wrk, args, wrk_cpu) {
                 Ok(load) if keep => {
                     run.samples.push(load.rps);
                     for (pct, suffix) in WRK_PERCENTILES {
@@ -693,6 +745,10 @@ impl HttpServer {
                 .args(["--threads", &threads(env, w).to_string()]);
             c
         };
+        if w.pinned {
+            let (_, cpu) = pinned_cpus().expect("checked by unavailable()");
+            pin(&mut cmd, cpu);
+        }
         let child =
             spawn_logged(&mut cmd, &log).map_err(|e| format!("cannot start server: {e}"))?;
         let mut server = HttpServer { child, port, log };
@@ -701,12 +757,12 @@ impl HttpServer {
     }
 
     /// Runs wrk once against this server, which must still be running.
-    fn load(&mut self, wrk: &Path, args: &[&str]) -> Result<WrkRun, String> {
+    fn load(&mut self, wrk: &Path, args: &[&str], cpu: Option<usize>) -> Result<WrkRun, String> {
         if let Ok(Some(status)) = self.child.try_wait() {
             let out = std::fs::read_to_string(&self.log).unwrap_or_default();
             return Err(format!("server exited ({status}): {}", last_line(&out)));
         }
-        wrk_once(wrk, args, &format!("http://127.0.0.1:{}/", self.port))
+        wrk_once(wrk, args, &format!("http://127.0.0.1:{}/", self.port), cpu)
     }
 }
 
@@ -875,10 +931,14 @@ fn duration_ms(s: &str) -> Option<f64> {
     })
 }
 
-/// Runs wrk once; returns requests/s, the latency percentiles and any error lines wrk printed.
-fn wrk_once(wrk: &Path, args: &[&str], url: &str) -> Result<WrkRun, String> {
+/// Runs wrk once (on `cpu` alone, if given); returns requests/s, the latency percentiles and any
+/// error lines wrk printed.
+fn wrk_once(wrk: &Path, args: &[&str], url: &str, cpu: Option<usize>) -> Result<WrkRun, String> {
     let mut cmd = Command::new(wrk);
     cmd.args(args).arg(url);
+    if let Some(cpu) = cpu {
+        pin(&mut cmd, cpu);
+    }
     let out = run_limited(cmd, Duration::from_secs(30))?;
     if !out.status.success() {
         return Err(format!("wrk failed: {}", last_line(&out.stderr)));

@@ -3,7 +3,7 @@
 //! and Go; the other peers stay in the tables) giving fibra's cost relative to that peer on a
 //! log-scale x axis. Bars start at the line at 1.0: left of it (below 1) fibra is cheaper or
 //! faster, right of it fibra costs more. For times, latencies, CPU and memory the bar is
-//! fibra/peer; for http, http_cont and http_hooked (req/s, higher is better) it is peer/fibra
+//! fibra/peer; for the http rows in req/s (higher is better) it is peer/fibra
 //! ([`cost_ratio`]), so "below 1 = fibra ahead" holds for every bar.
 //!
 //! Each bar carries its ratio (`0.45×`). A peer with no figure for a row (skipped, failed, not

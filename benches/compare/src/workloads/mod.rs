@@ -115,6 +115,10 @@ pub struct Workload {
     /// workload's runs; any other row with `of` set is a variant of it (same program, another
     /// thread count): its children run that workload. `--only <of>` selects the row too.
     pub of: Option<&'static str>,
+    /// Server rows only: the load generator runs on one CPU and the server on another (the
+    /// first two this process may use), so neither takes the other's CPU, and the row shows
+    /// the runtime alone rather than how it shares a CPU with `wrk`.
+    pub pinned: bool,
 }
 
 impl Workload {
@@ -166,6 +170,7 @@ pub const WORKLOADS: &[Workload] = &[
         limit: Duration::from_secs(15),
         threads: Threads::Run,
         of: None,
+        pinned: false,
     },
     Workload {
         name: "park_memory",
@@ -175,6 +180,7 @@ pub const WORKLOADS: &[Workload] = &[
         limit: Duration::from_secs(30),
         threads: Threads::Run,
         of: None,
+        pinned: false,
     },
     Workload {
         name: "million_park",
@@ -184,11 +190,19 @@ pub const WORKLOADS: &[Workload] = &[
         limit: Duration::from_secs(180),
         threads: Threads::Run,
         of: None,
+        pinned: false,
     },
     derived("million_wake", "µs/fiber", "million_park"),
     http_server("http"),
     derived("http_p50", "ms", "http"),
     derived("http_p99", "ms", "http"),
+    Workload {
+        threads: Threads::One,
+        pinned: true,
+        ..http_server("http_pinned")
+    },
+    derived("http_pinned_p50", "ms", "http_pinned"),
+    derived("http_pinned_p99", "ms", "http_pinned"),
     http_server("http_cont"),
     derived("http_cont_p50", "ms", "http_cont"),
     derived("http_cont_p99", "ms", "http_cont"),
@@ -203,6 +217,7 @@ pub const WORKLOADS: &[Workload] = &[
         limit: Duration::from_secs(60),
         threads: Threads::Run,
         of: None,
+        pinned: false,
     },
 ];
 
@@ -215,6 +230,7 @@ const fn timed(name: &'static str, unit: &'static str, limit_s: u64) -> Workload
         limit: Duration::from_secs(limit_s),
         threads: Threads::Run,
         of: None,
+        pinned: false,
     }
 }
 
@@ -228,6 +244,7 @@ const fn http_server(name: &'static str) -> Workload {
         limit: Duration::from_secs(30),
         threads: Threads::Run,
         of: None,
+        pinned: false,
     }
 }
 
@@ -241,6 +258,7 @@ const fn derived(name: &'static str, unit: &'static str, of: &'static str) -> Wo
         limit: Duration::ZERO,
         threads: Threads::Run,
         of: Some(of),
+        pinned: false,
     }
 }
 
@@ -279,7 +297,9 @@ pub fn fibra_example(peer: Peer, workload: &str) -> Option<Example> {
     const PLAIN: &[&str] = &[];
     const HOOK: &[&str] = &["hook"];
     let (package, name, features) = match (peer, workload) {
-        (Peer::Fibra, "http") | (Peer::FibraNet, "http_hooked") => ("fibra", "http_hello", PLAIN),
+        (Peer::Fibra, "http" | "http_pinned") | (Peer::FibraNet, "http_hooked") => {
+            ("fibra", "http_hello", PLAIN)
+        }
         (Peer::Fibra, "http_cont") => ("fibra", "http_cont", PLAIN),
         (Peer::Fibra, "http_hooked") => ("fibra", "http_std", HOOK),
         (Peer::Fibra, "redis_get") => ("fibra-interop", "redis_load", HOOK),
@@ -295,6 +315,9 @@ pub fn fibra_example(peer: Peer, workload: &str) -> Option<Example> {
 /// Why `peer` does not run `workload`, when that is decided by design rather than by what is
 /// installed on the machine (Go and wrk availability is checked by the parent).
 pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
+    if peer == Peer::May && find(workload).is_some_and(|w| w.pinned) {
+        return Some("may pins its workers to cores itself, which would undo the row's pinning");
+    }
     match (peer, family(workload)) {
         (Peer::Std, "yield_many") => {
             Some("thread::yield_now is only a hint to the OS scheduler: no like-for-like meaning")
@@ -312,7 +335,9 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
         (Peer::May | Peer::Std, "unblock" | "unblock_seq") => {
             Some("no blocking pool: tokio's spawn_blocking is the peer for fibra::unblock")
         }
-        (Peer::Std, "http") => Some("thread-per-connection server is not part of this comparison"),
+        (Peer::Std, "http" | "http_pinned") => {
+            Some("thread-per-connection server is not part of this comparison")
+        }
         (Peer::May | Peer::Std, "http_cont") => Some(
             "http_cont compares fibra's continuation server with tokio and Go; this peer's \
              server is in the http row",
@@ -364,7 +389,7 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
         (Peer::Go, "million_park") => Some(
             "go: goroutines block receiving from one channel, woken by closing it; WaitGroup join",
         ),
-        (Peer::Fibra, "http") => Some(
+        (Peer::Fibra, "http" | "http_pinned") => Some(
             "fibra: examples/http_hello (httparse; connections dealt to workers in turn), \
              built by the harness",
         ),
@@ -389,7 +414,7 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
             "tokio: the redis crate's async MultiplexedConnection, one per task, response \
              timeout off (the blocking client has none)",
         ),
-        (Peer::Go, "http" | "http_cont") => {
+        (Peer::Go, "http" | "http_cont" | "http_pinned") => {
             Some("go: net/http (a full HTTP stack; the Rust servers frame requests minimally)")
         }
         (Peer::Tokio, "mpmc") => Some("tokio: async-channel's bounded channel (tokio has no mpmc)"),
@@ -525,6 +550,10 @@ mod tests {
         assert_eq!(names(&["join_chain_1w"]), ["join_chain_1w"]);
         assert_eq!(names(&["million_wake"]), ["million_park", "million_wake"]);
         assert_eq!(names(&["http"]), ["http", "http_p50", "http_p99"]);
+        assert_eq!(
+            names(&["http_pinned_p99"]),
+            ["http_pinned", "http_pinned_p99"]
+        );
         assert_eq!(names(&["http_cont_p99"]), ["http_cont", "http_cont_p99"]);
         assert_eq!(
             names(&["http_hooked_p99"]),
@@ -537,6 +566,9 @@ mod tests {
         assert_eq!(family("join_chain_1w"), "join_chain");
         assert_eq!(family("million_wake"), "million_park");
         assert_eq!(family("http_p99"), "http");
+        assert_eq!(family("http_pinned_p99"), "http_pinned");
+        assert!(skip_reason(Peer::May, "http_pinned").is_some());
+        assert!(skip_reason(Peer::May, "http").is_none());
         assert!(skip_reason(Peer::Std, "join_chain_1w").is_some());
         assert!(skip_reason(Peer::Std, "million_wake").is_some());
         assert!(applies(Peer::FibraNet, "http_hooked"));
