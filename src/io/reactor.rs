@@ -766,8 +766,13 @@ impl Reactor {
                 .is_ok()
     }
 
+    /// Gives the poller role back. The caller goes on to run fibers (or looks for work)
+    /// rather than wait in `epoll_wait`, so a worker that found the role taken and sleeps on
+    /// the standby list is woken to take it ([`hand_off`](Reactor::hand_off)): otherwise, while
+    /// fibers wait for I/O, nobody would see their readiness until the caller's next look.
     pub(crate) fn end_poll(&self) {
         self.polling.store(false, Ordering::SeqCst);
+        self.hand_off();
     }
 
     /// Puts worker `index` of `shared` on the standby list, for as long as the guard lives;
@@ -784,8 +789,9 @@ impl Reactor {
         self.polling.load(Ordering::SeqCst).then_some(guard)
     }
 
-    /// A worker thread stops driving its loop: if fibers or continuations wait for I/O and
-    /// nobody polls, wakes a worker on the standby list to take the role.
+    /// The poller role is free (it was given back, or a worker thread stops driving its
+    /// loop): if fibers or continuations wait for I/O and nobody polls, wakes a worker on the
+    /// standby list to take the role.
     pub(crate) fn hand_off(&self) {
         if !self.has_waiters() || self.polling.load(Ordering::SeqCst) {
             return;
@@ -919,5 +925,43 @@ impl Reactor {
                 record.set_ready(*bits);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The poller role released with a fiber waiting for I/O: a worker that found the role
+    /// taken and sleeps on the standby list is woken to take it, whether the poller stops
+    /// after a non-blocking look (a busy worker's) or after its sleep in `epoll_wait` (it has
+    /// fibers to run now): otherwise nobody would be in `epoll_wait` until the poller's next
+    /// idle pass, however long its fibers run.
+    #[test]
+    fn a_released_poller_role_wakes_a_worker_standing_by() {
+        // A reactor of the test's own, so that no other test's worker polls it.
+        let r = Reactor::new().expect("a reactor");
+        r.waiting.store(1, Ordering::SeqCst);
+        let sched = crate::Scheduler::builder()
+            .threads(1)
+            .build()
+            .expect("a scheduler");
+        assert!(r.try_begin_poll());
+        let standby = r
+            .stand_by(sched.shared(), 0)
+            .expect("the role is taken: the worker stands by");
+        r.end_poll();
+        assert!(
+            r.standby.lock().is_empty(),
+            "the worker standing by was not woken to take the role"
+        );
+        drop(standby);
+        // Nobody waiting for I/O: nobody is woken.
+        r.waiting.store(0, Ordering::SeqCst);
+        assert!(r.try_begin_poll());
+        let standby = r.stand_by(sched.shared(), 0).expect("stands by");
+        r.end_poll();
+        assert_eq!(r.standby.lock().len(), 1);
+        drop(standby);
     }
 }

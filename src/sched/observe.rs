@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 impl Scheduler {
     /// The state its workers share, read-only to the observers.
-    pub(crate) fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
