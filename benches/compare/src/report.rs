@@ -105,7 +105,8 @@ pub const LEGEND: &str = "Ratios are fibra's median divided by the peer's. For t
 CPU and memory lower is better, so below 1.00 means fibra is ahead; for http, http_pinned, \
 http_cont and http_hooked (req/s) higher is better, so above 1.00 means fibra is ahead. The _p50 and _p99 rows are wrk's \
 latency percentiles from the same wrk runs as the req/s row above them; million_wake comes from \
-the same runs as million_park; join_chain_1w is join_chain with 1 worker thread for every peer. \
+the same runs as million_park; join_chain_1w is join_chain with 1 worker thread for every peer, \
+join_chain_cold its first chain in a fresh process. \
 http_pinned is http with 1 worker thread for every server, pinned to one CPU and wrk to another: \
 the runtime without the CPU it shares with the load generator in the http row. \
 In http_cont, fibra's server waits for each request with a readiness continuation instead of a \

@@ -152,6 +152,11 @@ pub const WORKLOADS: &[Workload] = &[
         of: Some("join_chain"),
         ..timed("join_chain_1w", "ns/hop, 1 worker", 60)
     },
+    Workload {
+        mode: Mode::FreshPerRep,
+        of: Some("join_chain"),
+        ..timed("join_chain_cold", "ns/hop, cold", 60)
+    },
     timed("skynet", "ms", 60),
     timed("sleep_storm", "ms over 50", 60),
     timed("timer_p50", "µs late", 60),
@@ -543,11 +548,16 @@ mod tests {
             [
                 "join_chain",
                 "join_chain_1w",
+                "join_chain_cold",
                 "million_park",
                 "million_wake"
             ]
         );
         assert_eq!(names(&["join_chain_1w"]), ["join_chain_1w"]);
+        assert_eq!(
+            names(&["join_chain"]),
+            ["join_chain", "join_chain_1w", "join_chain_cold"]
+        );
         assert_eq!(names(&["million_wake"]), ["million_park", "million_wake"]);
         assert_eq!(names(&["http"]), ["http", "http_p50", "http_p99"]);
         assert_eq!(
