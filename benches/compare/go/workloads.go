@@ -17,6 +17,7 @@ import (
 var workloads = map[string]func() float64{
 	"spawn_many":     spawnMany,
 	"spawn_remote":   spawnRemote,
+	"spawn_join":     spawnJoin,
 	"yield_many":     yieldMany,
 	"ping_pong":      pingPong,
 	"ping_pong_mpsc": pingPongMpsc,
@@ -76,6 +77,19 @@ func spawnRemote() float64 {
 	}
 	wg.Wait()
 	return nsPer(time.Since(start), tasks)
+}
+
+// spawn_join: the main goroutine starts one empty goroutine and waits for it (a channel of
+// capacity 1) before starting the next, 2 000 times.
+func spawnJoin() float64 {
+	const roundTrips = 2000
+	done := make(chan struct{}, 1)
+	start := time.Now()
+	for i := 0; i < roundTrips; i++ {
+		go func() { done <- struct{}{} }()
+		<-done
+	}
+	return nsPer(time.Since(start), roundTrips)
 }
 
 // yield_many: 200 goroutines each call runtime.Gosched 1 000 times.

@@ -3,7 +3,22 @@
 
 use crate::workloads::{self, Cfg, Peer};
 
-pub const USAGE: &str = "\
+/// The usage text, with the workloads listed from the catalogue.
+pub fn usage() -> String {
+    let mut lines = vec![String::new()];
+    for w in workloads::WORKLOADS {
+        let line = lines.last_mut().expect("one line at least");
+        if !line.is_empty() && line.len() + 1 + w.name.len() > 84 {
+            lines.push(String::new());
+        }
+        let line = lines.last_mut().expect("one line at least");
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(w.name);
+    }
+    format!(
+        "\
 usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
 
   --threads N   worker threads for every runtime (default 2; GOMAXPROCS for Go)
@@ -11,13 +26,13 @@ usage: fibra-compare [--threads N] [--reps R] [--only w1,w2] [--install]
   --only LIST   comma-separated workloads to run (default: all)
   --install     apt-get install golang-go, wrk and redis-server first (needs root)
 
-workloads: spawn_many spawn_remote yield_many ping_pong ping_pong_mpsc chained_spawn join_chain
-           join_chain_1w skynet sleep_storm timer_p50 timer_p99 unblock unblock_seq mpmc broadcast
-           block_on_ready async_round_trip idle_cpu park_memory million_park million_wake http
-           http_p50 http_p99 http_cont http_cont_p50 http_cont_p99 http_hooked http_hooked_p50
-           http_hooked_p99 redis_get
-           (--only W also runs the rows that belong to W: join_chain_1w with join_chain,
-           million_wake with million_park, the _p50/_p99 rows with their http workload)";
+workloads: {}
+           (--only W also runs the rows that belong to W: join_chain_1w and join_chain_cold
+           with join_chain, million_wake with million_park, the _p50/_p99 rows with their
+           http workload)",
+        lines.join("\n           ")
+    )
+}
 
 /// Options of a comparison run.
 #[derive(Debug)]

@@ -37,13 +37,13 @@ fn main() -> ExitCode {
     let args = match cli::parse(&argv[1..]) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("fibra-compare: {e}\n\n{}", cli::USAGE);
+            eprintln!("fibra-compare: {e}\n\n{}", cli::usage());
             return ExitCode::from(2);
         }
     };
     match args {
         Args::Help => {
-            println!("{}", cli::USAGE);
+            println!("{}", cli::usage());
             ExitCode::SUCCESS
         }
         Args::Child {

@@ -20,6 +20,7 @@ pub mod ping_pong_mpsc;
 pub mod redis_get;
 pub mod skynet;
 pub mod sleep_storm;
+pub mod spawn_join;
 pub mod spawn_many;
 pub mod spawn_remote;
 pub mod timer_lateness;
@@ -142,6 +143,7 @@ impl Workload {
 pub const WORKLOADS: &[Workload] = &[
     timed("spawn_many", "ns/task", 60),
     timed("spawn_remote", "ns/task", 60),
+    timed("spawn_join", "ns/round trip", 60),
     timed("yield_many", "ns/yield", 60),
     timed("ping_pong", "ns/round trip", 60),
     timed("ping_pong_mpsc", "ns/round trip", 60),
@@ -369,6 +371,10 @@ pub fn skip_reason(peer: Peer, workload: &str) -> Option<&'static str> {
 /// How `peer`'s figure for `workload` is obtained, where that differs from the other peers.
 pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
     match (peer, family(workload)) {
+        (Peer::Go, "spawn_join") => Some(
+            "go: from the main goroutine (Go has no plain threads); the goroutine signals a \
+             channel of capacity 1",
+        ),
         (Peer::Go, "spawn_remote") => {
             Some("go: submitted from the main goroutine (Go has no plain threads), WaitGroup join")
         }
@@ -490,6 +496,7 @@ pub fn run(peer: Peer, workload: &str, cfg: Cfg) -> Result<Vec<Figures>, String>
     let f = match workload {
         "spawn_many" => spawn_many::run,
         "spawn_remote" => spawn_remote::run,
+        "spawn_join" => spawn_join::run,
         "yield_many" => yield_many::run,
         "ping_pong" => ping_pong::run,
         "ping_pong_mpsc" => ping_pong_mpsc::run,
