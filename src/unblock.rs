@@ -176,7 +176,7 @@ where
     // The call goes to the pool now, before the fiber suspends; only the fiber's `Unparker`
     // waits for the suspension (the registration below). A call the pool finishes before
     // the worker gets to the registration then needs no cross-thread wake at all.
-    POOL.submit(Entry {
+    pool().submit(Entry {
         job: NonNull::new(job.cast_mut()).expect("a reference is never null"),
         completion: NonNull::from(&call.completion),
         back_to_back,
@@ -215,12 +215,12 @@ pub fn set_max_threads(n: usize) {
         n > 0,
         "fibra::unblock::set_max_threads(0): the pool needs a thread"
     );
-    POOL.max_threads.store(n, Ordering::SeqCst);
+    pool().max_threads.store(n, Ordering::SeqCst);
 }
 
 /// The cap on blocking threads.
 pub fn max_threads() -> usize {
-    POOL.max_threads.load(Ordering::SeqCst)
+    pool().max_threads.load(Ordering::SeqCst)
 }
 
 /// How long an idle blocking thread waits for work before it exits (default
@@ -230,11 +230,11 @@ pub fn max_threads() -> usize {
 /// so idle threads never exit.
 pub fn set_keep_alive(idle: Duration) {
     let ns = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
-    POOL.keep_alive_ns.store(ns, Ordering::SeqCst);
+    pool().keep_alive_ns.store(ns, Ordering::SeqCst);
     // Idle threads wait with the keep-alive they read: make them read it again. The word
     // changes, so a sleeper about to wait does not miss it; a submitter's `NOTIFIED` (it
     // takes a sleeper out of this list, under this lock) overrides it.
-    let idle = POOL.idle.lock();
+    let idle = pool().idle.lock();
     for s in &idle.sleepers {
         if s.word
             .compare_exchange(EMPTY, RECHECK, Ordering::AcqRel, Ordering::Relaxed)
@@ -247,7 +247,7 @@ pub fn set_keep_alive(idle: Duration) {
 
 /// How long an idle blocking thread waits for work before it exits.
 pub fn keep_alive() -> Duration {
-    Duration::from_nanos(POOL.keep_alive_ns.load(Ordering::SeqCst))
+    Duration::from_nanos(pool().keep_alive_ns.load(Ordering::SeqCst))
 }
 
 /// How many blocking threads exist right now (busy or idle).
@@ -256,19 +256,19 @@ pub fn keep_alive() -> Duration {
 /// assert!(fibra::unblock::threads() <= fibra::unblock::max_threads());
 /// ```
 pub fn threads() -> usize {
-    POOL.idle.lock().threads
+    pool().idle.lock().threads
 }
 
 /// The blocking pool's threads, those busy (running a call or about to look for one), and
 /// the calls queued: for `Scheduler::metrics`.
 pub(crate) fn pool_stats() -> (usize, usize, usize) {
-    let idle = POOL.idle.lock();
+    let idle = pool().idle.lock();
     let (threads, sleeping) = (idle.threads, idle.sleepers.len());
     drop(idle);
     (
         threads,
         threads.saturating_sub(sleeping),
-        POOL.queue().len(),
+        pool().queue().len(),
     )
 }
 
@@ -527,6 +527,17 @@ impl Entry {
 /// The process-wide blocking pool.
 static POOL: Pool = Pool::new();
 
+/// The pool, its `fork` handlers registered first: a fork must hold the pool's lock and
+/// reset its state in the child from the first moment anything uses it. Every use goes
+/// through here but the handlers themselves. (Registering only when the first thread was
+/// started left a window: a fork then could copy a pool that counted a thread the child
+/// does not have, and the child's calls waited for ever.)
+#[inline]
+fn pool() -> &'static Pool {
+    crate::fork::register(crate::fork::Slot::Pool, &FORK);
+    &POOL
+}
+
 thread_local! {
     /// Whether this thread is a pool thread.
     static IN_POOL: Cell<bool> = const { Cell::new(false) };
@@ -710,8 +721,6 @@ impl Pool {
         idle.threads += 1;
         self.searching.fetch_add(1, Ordering::SeqCst);
         drop(idle);
-        // Outside the lock (see `crate::fork::register`); the pool has no threads before.
-        crate::fork::register(crate::fork::Slot::Pool, &FORK);
         let n = self.names.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name(format!("{THREAD_NAME}-{n}"))

@@ -438,6 +438,8 @@ pub struct StackStats {
 /// ```
 pub fn stack_stats() -> StackStats {
     let guard = guard_kind();
+    // Before the lock, as any first use of the slabs (see `crate::fork::register`).
+    crate::fork::register(crate::fork::Slot::Stacks, &FORK);
     let stacks_free = CLASSES.lock().iter().map(|c| c.free.len()).sum();
     StackStats {
         slabs: SLABS.load(Ordering::Relaxed),
