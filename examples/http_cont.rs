@@ -1,7 +1,7 @@
-//! The hello-world HTTP/1.1 server of `http_hello`, written with readiness continuations:
-//! between requests a connection is not a parked fiber but a closure registered with
-//! [`TcpStream::spawn_when_readable`]. When the next request arrives, a new task serves it,
-//! on whichever worker takes it first. It is the server of the comparison harness's
+//! The hello-world HTTP/1.1 server of `http_hello`, written with `serve`: between requests
+//! a connection is not a parked fiber but its handler, registered by
+//! [`TcpListener::serve`]. When the next request arrives, a new task serves it, on
+//! whichever worker takes it first. It is the server of the comparison harness's
 //! `http_cont` row (`benches/compare`).
 //!
 //! ```sh
@@ -14,7 +14,7 @@
 //! when `wrk` shares the machine), the connection's next request waits out the preemption,
 //! up to a scheduler tick of 4 ms, even if the other worker is idle. Here a request that
 //! arrives is a new task that any worker may start, and an idle connection holds no stack,
-//! only its buffers.
+//! only its handler and the buffers it carries.
 //!
 //! The request framing and responses are `http_hello`'s (`examples/http_common/mod.rs`).
 //! Responses are written with the blocking `write_all`: a full socket buffer parks the task
@@ -27,14 +27,12 @@
 //! runs until killed. It prints `listening on <addr>` once it accepts.
 
 use std::io::{ErrorKind, Write};
-use std::time::Duration;
 
-use fibra::net::{TcpListener, TcpStream};
+use fibra::net::{Serve, TcpListener, TcpStream};
 
 mod http_common;
 use http_common::{
-    answer, linger_close, out_of_resources, selftest, start, Next, CLIENT_TIMEOUT, MAX_HEAD,
-    OK_KEEP_ALIVE_10,
+    answer, linger_close, selftest, start, Next, CLIENT_TIMEOUT, MAX_HEAD, OK_KEEP_ALIVE_10,
 };
 
 /// What a connection keeps between two tasks besides its socket: the read buffer with the
@@ -60,9 +58,9 @@ impl State {
     }
 }
 
-/// Answers what the socket has, then registers the connection to be served again when the
-/// client sends more. Returning without registering closes the connection.
-fn serve(mut stream: TcpStream, mut c: State) {
+/// One turn of a connection: answers what the socket has, then asks to be run again when
+/// the client sends more. `Close` closes the connection.
+fn turn(stream: &mut TcpStream, c: &mut State) -> Serve {
     loop {
         if c.start == c.end {
             (c.start, c.end) = (0, 0);
@@ -71,18 +69,11 @@ fn serve(mut stream: TcpStream, mut c: State) {
             (c.start, c.end) = (0, c.end - c.start);
         }
         match stream.try_read(&mut c.buf[c.end..]) {
-            Ok(0) => return,
+            Ok(0) => return Serve::Close,
             Ok(n) => c.end += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                // Refused only while the scheduler stops (or on a reactor error): the
-                // connection is then dropped, which closes it.
-                if let Err(e) = stream.spawn_when_readable(move |stream| serve(stream, c)) {
-                    eprintln!("http_cont: {e}");
-                }
-                return;
-            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Serve::Again,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return,
+            Err(_) => return Serve::Close,
         }
         c.out.clear();
         let next = answer(
@@ -93,37 +84,27 @@ fn serve(mut stream: TcpStream, mut c: State) {
             &mut c.out,
         );
         if !c.out.is_empty() && stream.write_all(&c.out).is_err() {
-            return;
+            return Serve::Close;
         }
         if let Next::Close = next {
             // As in `http_hello`, with blocking reads: this task drains and closes.
-            linger_close(&mut stream, &mut c.buf[..]);
-            return;
+            linger_close(stream, &mut c.buf[..]);
+            return Serve::Close;
         }
     }
 }
 
-/// Accepts connections until the fiber is cancelled; each connection's first request is
+/// Serves connections until the fiber is cancelled; each connection's first request is
 /// served like every later one, by a task started when it arrives, on any worker.
+/// (`serve` backs off when out of descriptors, as `http_hello`'s accept loop does.)
 fn accept_loop(listener: TcpListener) {
-    let mut delay = Duration::ZERO;
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                delay = Duration::ZERO;
-                let _ = stream.set_nodelay(true);
-                fibra::spawn(move || serve(stream, State::new()));
-            }
-            // Out of descriptors or memory: back off as `http_hello` does.
-            Err(e) if out_of_resources(&e) => {
-                delay = (delay * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                eprintln!("http_cont: accept: {e}; retrying in {delay:?}");
-                fibra::sleep(delay);
-            }
-            // The fiber was cancelled (the scheduler is stopping).
-            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => return,
-            Err(e) => eprintln!("http_cont: accept: {e}"),
-        }
+    let served = listener.serve(|conn, _| {
+        let _ = conn.set_nodelay(true);
+        let mut state = State::new();
+        Some(move |conn: &mut TcpStream| turn(conn, &mut state))
+    });
+    if let Err(e) = served {
+        eprintln!("http_cont: accept: {e}");
     }
 }
 

@@ -117,7 +117,7 @@ impl<F> fmt::Display for SubmitError<F> {
 
 impl<F> std::error::Error for SubmitError<F> {}
 
-/// Why `spawn_when_readable` (on [`TcpStream`](crate::net::TcpStream) or
+/// Why `spawn_when_readable` or `serve` (on [`TcpStream`](crate::net::TcpStream) or
 /// [`UnixStream`](crate::net::unix::UnixStream)) registered nothing. The socket and the closure
 /// come back, unrun, through [`into_inner`](WhenReadableError::into_inner).
 pub enum WhenReadableError<S, F> {
@@ -156,7 +156,7 @@ impl<S, F> fmt::Display for WhenReadableError<S, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WhenReadableError::NoScheduler(..) => f.write_str(
-                "spawn_when_readable called outside a fiber of a fibra Scheduler; nothing registered",
+                "spawn_when_readable or serve called outside a fiber of a fibra Scheduler; nothing registered",
             ),
             WhenReadableError::Stopped(..) => {
                 f.write_str("the scheduler is stopped; nothing registered")

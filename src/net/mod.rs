@@ -83,12 +83,14 @@ mod addr;
 #[macro_use]
 mod registration;
 mod send;
+pub(crate) mod serve;
 mod socket;
 mod tcp;
 mod udp;
 pub mod unix;
 
 pub use addr::ToSocketAddrs;
+pub use serve::Serve;
 pub use socket::TcpSocket;
 pub use tcp::{Incoming, TcpListener, TcpStream};
 pub use udp::UdpSocket;

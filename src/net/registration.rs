@@ -162,22 +162,38 @@ where
     S: Send + 'static,
     F: FnOnce(S) + Send + 'static,
 {
-    let location = std::panic::Location::caller();
+    register_continuation(socket, f, |f, s| f(s), reg, std::panic::Location::caller())
+}
+
+/// Registers `run(work, socket)` as a readiness continuation of `socket` (see
+/// `spawn_when_readable`), its task named by `location`; `work` comes back in the error if
+/// nothing is registered.
+pub(crate) fn register_continuation<S, W>(
+    socket: S,
+    work: W,
+    run: fn(W, S),
+    reg: fn(&S) -> &Registration,
+    location: &'static std::panic::Location<'static>,
+) -> Result<(), WhenReadableError<S, W>>
+where
+    S: Send + 'static,
+    W: Send + 'static,
+{
     let shared = match crate::sched::worker::current_shared() {
         Some(shared) if crate::fiber::in_scheduled_fiber() => shared,
-        _ => return Err(WhenReadableError::NoScheduler(socket, f)),
+        _ => return Err(WhenReadableError::NoScheduler(socket, work)),
     };
     let record = match reg(&socket).record() {
         Ok(r) => r.clone(),
-        Err(e) => return Err(WhenReadableError::Io(socket, f, e)),
+        Err(e) => return Err(WhenReadableError::Io(socket, work, e)),
     };
     // The continuation holds a unit of `live` from here until its task ends (or it is
     // cancelled): `stop` waits for it as for a parked fiber.
     if !shared.admit() {
-        return Err(WhenReadableError::Stopped(socket, f));
+        return Err(WhenReadableError::Stopped(socket, work));
     }
     shared.continuations.fetch_add(1, Ordering::SeqCst);
-    let run = Box::new(move || f(socket));
+    let run = Box::new(move || run(work, socket));
     record.on_ready(
         READABLE,
         Continuation {

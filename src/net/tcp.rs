@@ -373,6 +373,54 @@ macro_rules! stream_io {
             {
                 $crate::net::registration::spawn_when_readable(self, f, |s: &$ty| &s.reg)
             }
+
+            /// Serves the connection with readiness continuations: each time the socket is
+            /// readable (it has data, or the peer hung up), `handler` runs as a new task of
+            /// the calling fiber's scheduler, on whichever worker takes it first, and its
+            /// answer says whether to wait for the next readiness
+            /// ([`Serve::Again`](crate::net::Serve::Again)) or to close the connection
+            /// ([`Serve::Close`](crate::net::Serve::Close)).
+            ///
+            /// This is the way to write a latency-critical server. A fiber per connection
+            /// parks in `read` between requests, holding a stack, on its worker: a started
+            /// fiber never changes thread, so when the kernel preempts that worker (a load
+            /// generator or another process shares the CPUs) the connection's next request
+            /// waits until the worker runs again. Here a connection between requests is only
+            /// its handler — a `Send` value that carries the connection's state (buffers, a
+            /// parser) in its captures — and each turn is a fresh task on a stack from the
+            /// worker's cache, which any worker, an idle one included, may start.
+            ///
+            /// Within a turn the handler is blocking-style code like any fiber's: it may
+            /// `write_all` a response, `sleep`, lock, call the blocking pool; those park the
+            /// turn's task. It should read with
+            /// [`try_read`](Self::try_read) until `WouldBlock` and then return
+            /// `Serve::Again` (with a partial request kept in its captures): a blocking
+            /// `read` would hold the turn's fiber and stack until the client's next request,
+            /// which is what `serve` exists to avoid. A turn that returns `Again` while the
+            /// socket still has unread data runs again at once.
+            ///
+            /// The connection counts as a live task while it waits (see
+            #[doc = concat!("[`spawn_when_readable`](", stringify!($ty), "::spawn_when_readable)):")]
+            /// `stop` waits for it, and a `stop_timeout` that gives up drops it, which closes
+            /// the socket. A panic in the handler ends that connection alone.
+            ///
+            /// # Errors
+            /// As
+            #[doc = concat!("[`spawn_when_readable`](", stringify!($ty), "::spawn_when_readable):")]
+            /// nothing is registered, and the socket and the handler come back, when it is
+            /// called outside a fiber of a [`Scheduler`](crate::Scheduler), when that
+            /// scheduler cancels what is left of its work, or when the reactor refuses the
+            /// socket. A later turn that cannot register closes the connection.
+            #[track_caller]
+            pub fn serve<F>(
+                self,
+                handler: F,
+            ) -> ::std::result::Result<(), $crate::WhenReadableError<$ty, F>>
+            where
+                F: FnMut(&mut $ty) -> $crate::net::Serve + Send + 'static,
+            {
+                $crate::net::serve::serve(self, handler, |s: &$ty| &s.reg)
+            }
         }
 
         impl ::std::io::Read for &$ty {

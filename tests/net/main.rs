@@ -10,6 +10,7 @@ mod edge_cases;
 mod idle_connections;
 mod poller;
 mod resolve;
+mod serve;
 mod sigpipe;
 mod tcp_socket;
 mod tcp_udp;
