@@ -1,6 +1,8 @@
 //! Waiting for file descriptors: the epoll reactor (`reactor.rs`) and the public
 //! [`wait_readable`] / [`wait_writable`] for any non-blocking fd fibra does not wrap.
 
+pub(crate) mod home;
+mod poll;
 pub(crate) mod reactor;
 
 use std::io;

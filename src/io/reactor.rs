@@ -1,15 +1,21 @@
-//! The reactor: one edge-triggered epoll instance for the process, and the readiness record
-//! of every registered file descriptor.
+//! The reactor: the process's shared epoll instance (edge-triggered), the readiness record
+//! of every registered file descriptor, and the poller role.
 //!
-//! There is no poller thread. A worker with nothing to run becomes *the* poller if nobody
-//! else is (Go's netpoller model): it blocks in `epoll_pwait2` (`epoll_wait` on kernels before
-//! 5.11) with its next timer deadline as timeout, while other idle workers sleep on their futex. Anyone who needs that worker back
-//! (new work, a wake of one of its fibers) writes to the reactor's eventfd. Busy workers take
-//! a non-blocking look every few dozen tasks while fibers wait for I/O, so readiness is never
-//! stuck behind a long run of work. The reactor is shared by every scheduler of the process:
-//! an idle worker that finds the role taken sleeps on the standby list, and a worker thread
-//! that leaves its loop wakes one of those if I/O waiters remain and nobody polls
-//! ([`Reactor::hand_off`]).
+//! There is no poller thread. A fiber's fd that nobody else waits for moves into its
+//! worker's own epoll instance (`super::home`), where that worker sees its readiness itself,
+//! sleeping in `epoll_wait` there when it has nothing to run. Every other fd — one waited for
+//! from several workers, by a readiness continuation, by a plain thread — is in the shared
+//! instance, polled Go's way: a worker with nothing to run becomes *the* poller if nobody
+//! else is and somebody waits there. It blocks in `epoll_pwait2` (`epoll_wait` on kernels
+//! before 5.11) with its next timer deadline as timeout, in the shared instance (or at home
+//! with the shared one nested, if it must watch both), while other idle workers sleep on
+//! their futex or at home. Anyone who needs a sleeping worker back (new work, a wake of one of
+//! its fibers) writes to the eventfd of the instance it sleeps in. Busy workers take a
+//! non-blocking look every few dozen tasks, so readiness is never stuck behind a long run of
+//! work. The reactor is shared by every scheduler of the process: an idle worker that finds
+//! the role taken, or not needed, sleeps on the standby list, and when the role is released,
+//! a worker thread leaves its loop, or the shared instance gets its first waiter while nobody
+//! polls, one of those is woken to take it ([`Reactor::hand_off`]).
 //!
 //! A waiter is a parked fiber (its `Unparker`) or a readiness continuation
 //! ([`Continuation`]): work that the poller submits as a new task when the readiness comes.
@@ -19,16 +25,15 @@
 //! saw before the syscall, then waits for the bit. A readiness edge between the syscall and the
 //! wait is therefore never lost.
 
+use super::home::{epoll_wait_on, Waiters};
+pub(crate) use super::poll::poll_fd;
+use super::poll::{poll_once, timed_out};
 use crate::park::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sched::worker::Shared;
-#[cfg(feature = "hook")]
-use crate::sys::real;
 use crate::sys::spin::SpinLock;
-#[cfg(not(feature = "hook"))]
-use libc as real;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -48,10 +53,10 @@ pub(crate) const READ_SHUT: u32 = 8;
 /// system call on the fd number may reach another file. Comes with `CLOSED`; kept for good.
 pub(crate) const GONE: u32 = 16;
 
-/// The event `data` of the eventfd.
-const WAKE_TOKEN: u64 = u64::MAX;
+/// The event `data` of an epoll instance's own eventfd.
+pub(super) const WAKE_TOKEN: u64 = u64::MAX;
 /// How many events one `epoll_wait` takes.
-const EVENTS: usize = 256;
+pub(super) const EVENTS: usize = 256;
 
 /// A registered file descriptor: its readiness, and the fibers and continuations waiting for
 /// it.
@@ -60,12 +65,13 @@ pub(crate) struct IoRecord {
     generation: u32,
     /// `(tick << 32) | bits`.
     readiness: AtomicU64,
-    waiters: SpinLock<Vec<Waiter>>,
+    /// The waiters, and which epoll instance the fd is in (see `super::home`).
+    waiters: SpinLock<Waiters>,
     next_waiter: AtomicU64,
 }
 
-struct Waiter {
-    id: u64,
+pub(super) struct Waiter {
+    pub(super) id: u64,
     interest: u32,
     wake: Wake,
 }
@@ -119,6 +125,15 @@ impl Continuation {
 }
 
 impl IoRecord {
+    pub(super) fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// The event `data` of the fd's registration: its generation and fd number.
+    pub(super) fn token(&self) -> u64 {
+        (u64::from(self.generation) << 32) | self.fd as u64
+    }
+
     /// The readiness word before an I/O attempt, for [`IoRecord::clear`].
     pub(crate) fn snapshot(&self) -> u64 {
         self.readiness.load(Ordering::Acquire)
@@ -148,14 +163,12 @@ impl IoRecord {
                 let tick = (w >> 32).wrapping_add(1);
                 Some((tick << 32) | u64::from(w as u32 | bits))
             });
-        let woken: Vec<Wake> = self
+        let woken = self
             .waiters
             .lock()
-            .extract_if(.., |w| w.interest & bits != 0 || bits & CLOSED != 0)
-            .map(|w| w.wake)
-            .collect();
+            .take(|w| w.interest & bits != 0 || bits & CLOSED != 0);
         for w in woken {
-            match w {
+            match w.wake {
                 Wake::Fiber(u) => u.unpark_owned(),
                 Wake::Task(c) => c.unlisted().submit(),
             }
@@ -184,11 +197,17 @@ impl IoRecord {
         reactor().waiting.fetch_add(1, Ordering::SeqCst);
         // Unique among this record's waiters, as a fiber that times out removes its own by id.
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-        waiters.push(Waiter {
+        // Any worker may run it: the fd's readiness must not wait for one worker's thread.
+        let moved = waiters.settle(self, None);
+        let first = waiters.push(Waiter {
             id,
             interest,
             wake: Wake::Task(c),
         });
+        drop(waiters);
+        if moved || first {
+            reactor().hand_off();
+        }
     }
 
     /// Removes the continuations of the scheduler behind `shared`.
@@ -196,7 +215,7 @@ impl IoRecord {
         let mut waiters = self.waiters.lock();
         let ours =
             |w: &mut Waiter| matches!(&w.wake, Wake::Task(c) if std::ptr::eq(&*c.shared, shared));
-        into.extend(waiters.extract_if(.., ours).filter_map(|w| match w.wake {
+        into.extend(waiters.take(ours).into_iter().filter_map(|w| match w.wake {
             Wake::Task(c) => Some(c.unlisted()),
             Wake::Fiber(_) => None,
         }));
@@ -216,6 +235,8 @@ impl IoRecord {
             return Ok(());
         }
         let reactor = reactor();
+        // Where this worker sees readiness itself (see `super::home`).
+        let home = crate::sched::worker::current_home();
         loop {
             if self.ready(interest) {
                 return Ok(());
@@ -234,15 +255,20 @@ impl IoRecord {
                     drop(waiters);
                     u.unpark_owned();
                 } else {
-                    waiters.push(Waiter {
+                    let moved = waiters.settle(self, home.as_ref());
+                    let first = waiters.push(Waiter {
                         id,
                         interest,
                         wake: Wake::Fiber(u),
                     });
+                    drop(waiters);
+                    if moved || first {
+                        reactor.hand_off();
+                    }
                 }
             });
             if r == ParkResult::TimedOut {
-                self.waiters.lock().retain(|w| w.id != id);
+                self.waiters.lock().remove(id);
                 // The poller reports an fd registered (or made ready) just now only at its
                 // next look, which a short deadline may not wait for: the fd itself says.
                 if self.ready(interest) || poll_once(self.fd, interest, 0).is_ok_and(|b| b != 0) {
@@ -303,84 +329,23 @@ pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instan
                 u.unpark_owned();
                 return;
             }
-            waiters.push(Waiter {
+            // The shared instance: one wake for several fds, whichever worker sees it.
+            let moved = waiters.settle(rec, None);
+            let first = waiters.push(Waiter {
                 id,
                 interest: *interest,
                 wake: Wake::Fiber(u.clone()),
             });
+            drop(waiters);
+            if moved || first {
+                reactor().hand_off();
+            }
         }
     });
     for (rec, _) in records {
-        rec.waiters.lock().retain(|w| w.id != id);
+        rec.waiters.lock().remove(id);
     }
     r != ParkResult::TimedOut || ready()
-}
-
-/// Blocks the thread until `fd` is ready for `interest`, or until `deadline`; returns the
-/// readiness bits that `poll(2)` reported (`READ_SHUT` too, for a read). A deadline that has
-/// passed still looks once: an fd ready now is ready, whatever the time.
-pub(crate) fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io::Result<u32> {
-    loop {
-        let timeout = match deadline {
-            None => -1,
-            // Rounded up so a sub-millisecond remainder does not spin.
-            Some(d) => (d.saturating_duration_since(Instant::now()).as_nanos())
-                .div_ceil(1_000_000)
-                .min(i32::MAX as u128) as i32,
-        };
-        match poll_once(fd, interest, timeout) {
-            Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => return Err(timed_out()),
-            Ok(0) => {}
-            Ok(bits) => return Ok(bits),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// One `poll(2)` of `fd` for `interest` waiting at most `timeout` ms (-1: for ever): the
-/// readiness it reports, 0 if none. A hang-up or an error (whose call then reports it) is
-/// `CLOSED` with both directions.
-fn poll_once(fd: RawFd, interest: u32, timeout: i32) -> io::Result<u32> {
-    let mut events = 0;
-    if interest & READABLE != 0 {
-        events |= libc::POLLIN | libc::POLLRDHUP;
-    }
-    if interest & WRITABLE != 0 {
-        events |= libc::POLLOUT;
-    }
-    let mut pfd = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd on our stack.
-    let n = unsafe { real::poll(&mut pfd, 1, timeout) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let (e, mut bits) = (pfd.revents, 0);
-    if e & libc::POLLIN != 0 {
-        bits |= READABLE;
-    }
-    if e & libc::POLLOUT != 0 {
-        bits |= WRITABLE;
-    }
-    if e & libc::POLLRDHUP != 0 {
-        bits |= READABLE | READ_SHUT;
-    }
-    if e & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-        bits |= READABLE | WRITABLE | CLOSED;
-    }
-    Ok(bits)
-}
-
-/// The error of a wait whose deadline passed with the fd not ready.
-fn timed_out() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::WouldBlock,
-        "timed out waiting for the socket",
-    )
 }
 
 /// The process's epoll instance and record table.
@@ -392,9 +357,11 @@ pub(crate) struct Reactor {
     generation: AtomicU64,
     /// A worker is blocked in `epoll_wait`.
     polling: AtomicBool,
-    /// Fibers parked on I/O and registered continuations: while non-zero, busy workers poll
-    /// now and then.
+    /// Fibers parked on I/O and registered continuations (for the metrics).
     waiting: AtomicUsize,
+    /// Waiters on the fds in the shared instance (see `super::home`): while non-zero, some
+    /// worker must poll it, and busy workers take a look now and then.
+    pub(super) shared_waiting: AtomicUsize,
     /// Registered fds (changed under the `records` write lock).
     registered: AtomicUsize,
     /// Idle workers asleep on their own futex because another worker held the poller role,
@@ -437,7 +404,7 @@ pub(crate) fn counts() -> (usize, usize) {
 static REACTOR: OnceLock<Reactor> = OnceLock::new();
 
 /// What every registration asks for: both directions, edge-triggered.
-const REGISTERED_EVENTS: u32 =
+pub(super) const REGISTERED_EVENTS: u32 =
     (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
 /// Held while the reactor is created, and by a `fork` from its `prepare` handler to its
@@ -530,36 +497,7 @@ pub(crate) fn registering() -> io::Result<&'static Reactor> {
 
 impl Reactor {
     fn new() -> io::Result<Reactor> {
-        // SAFETY: plain system calls; on success we own the returned descriptors.
-        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epoll < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `epoll` is a fresh descriptor we own.
-        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
-        // SAFETY: as above.
-        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if wake < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `wake` is a fresh descriptor we own.
-        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: WAKE_TOKEN,
-        };
-        // SAFETY: both descriptors are valid; `ev` lives across the call.
-        if unsafe {
-            libc::epoll_ctl(
-                epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                wake.as_raw_fd(),
-                &mut ev,
-            )
-        } < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
+        let (epoll, wake) = super::home::epoll_with_eventfd()?;
         Ok(Reactor {
             epoll,
             wake,
@@ -567,6 +505,7 @@ impl Reactor {
             generation: AtomicU64::new(1),
             polling: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
+            shared_waiting: AtomicUsize::new(0),
             registered: AtomicUsize::new(0),
             standby: SpinLock::new(Vec::new()),
         })
@@ -638,9 +577,10 @@ impl Reactor {
                 )
             };
             // SAFETY: `fork_hold` locked these waiters on this thread, the only one here.
-            std::mem::forget(std::mem::take(unsafe { record.waiters.fork_held() }));
+            unsafe { record.waiters.fork_held() }.forget_in_child();
         }
         self.waiting.store(0, Ordering::SeqCst);
+        self.shared_waiting.store(0, Ordering::SeqCst);
         standby.clear();
         self.polling.store(false, Ordering::SeqCst);
     }
@@ -650,12 +590,25 @@ impl Reactor {
     pub(crate) fn register(&self, fd: RawFd) -> io::Result<Arc<IoRecord>> {
         let idx = usize::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
         let mut records = self.records.lock();
+        let existing = records.get(idx).cloned().flatten();
+        // The registration of this number, locked until the shared instance has answered:
+        // a fiber moving its fd home (which holds this lock) must not take the fd out of the
+        // shared instance between the look at its home and the add below, or the add would
+        // succeed and the same open file be taken for a new one.
+        let held = existing.as_ref().map(|e| e.waiters.lock());
+        // An fd moved into a worker's own instance is not in the shared one, where adding
+        // it succeeds: ask its home whether it is still the same open file.
+        if let (Some(e), Some(waiters)) = (&existing, &held) {
+            if waiters.still_home(e) {
+                return Ok(e.clone());
+            }
+        }
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) as u32;
         let record = Arc::new(IoRecord {
             fd,
             generation,
             readiness: AtomicU64::new(0),
-            waiters: SpinLock::new(Vec::new()),
+            waiters: SpinLock::new(Waiters::new()),
             next_waiter: AtomicU64::new(0),
         });
         let mut ev = libc::epoll_event {
@@ -668,12 +621,14 @@ impl Reactor {
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EEXIST) {
-                if let Some(Some(existing)) = records.get(idx) {
+                if let Some(existing) = &existing {
                     return Ok(existing.clone());
                 }
             }
             return Err(e);
         }
+        // Closing a replaced registration below takes its lock.
+        drop(held);
         if records.len() <= idx {
             records.resize(idx + 1, None);
         }
@@ -713,15 +668,8 @@ impl Reactor {
                 }
             }
         }
-        // SAFETY: removing an fd from our epoll set; an error (already gone) is harmless.
-        unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                record.fd,
-                std::ptr::null_mut(),
-            );
-        }
+        record.waiters.lock().leave_home(record.fd);
+        self.remove_from_shared(record.fd);
         record.close();
     }
 
@@ -752,9 +700,31 @@ impl Reactor {
         n
     }
 
-    /// Whether anybody waits for I/O.
+    /// Whether anybody waits for readiness of an fd in the shared instance: then some
+    /// worker must poll it.
     pub(crate) fn has_waiters(&self) -> bool {
-        self.waiting.load(Ordering::SeqCst) != 0
+        self.shared_waiting.load(Ordering::SeqCst) != 0
+    }
+
+    /// The shared epoll instance.
+    pub(super) fn epoll_fd(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+
+    /// Adds `fd` to the shared instance with event `data` `token`.
+    pub(super) fn add_to_shared(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        super::home::ctl(
+            self.epoll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd,
+            REGISTERED_EVENTS,
+            token,
+        )
+    }
+
+    /// Removes `fd` from the shared instance (it moved into a worker's own, or goes).
+    pub(super) fn remove_from_shared(&self, fd: RawFd) {
+        super::home::del(self.epoll.as_raw_fd(), fd);
     }
 
     /// Takes the poller role if it is free.
@@ -776,9 +746,10 @@ impl Reactor {
     }
 
     /// Puts worker `index` of `shared` on the standby list, for as long as the guard lives;
-    /// `None` if the poller role is free by now (the caller should take it rather than
-    /// sleep). The check comes after joining the list, and `hand_off` looks at the list after
-    /// the role was released: one of the two sees the other.
+    /// `None` if the poller role is free by now while fds in the shared instance are waited
+    /// for (the caller should take the role rather than sleep). The checks come after
+    /// joining the list, and `hand_off` looks at the list after the role was released or the
+    /// first waiter came: one of the two sees the other.
     pub(crate) fn stand_by(&self, shared: &Arc<Shared>, index: usize) -> Option<Standby<'_>> {
         self.standby.lock().push((Arc::downgrade(shared), index));
         let guard = Standby {
@@ -786,12 +757,13 @@ impl Reactor {
             shared: Arc::as_ptr(shared),
             index,
         };
-        self.polling.load(Ordering::SeqCst).then_some(guard)
+        (self.polling.load(Ordering::SeqCst) || !self.has_waiters()).then_some(guard)
     }
 
     /// The poller role is free (it was given back, or a worker thread stops driving its
-    /// loop): if fibers or continuations wait for I/O and nobody polls, wakes a worker on the
-    /// standby list to take the role.
+    /// loop) or the shared instance got its first waiter: if anybody waits for an fd in the
+    /// shared instance and nobody polls it, wakes a worker on the standby list to take the
+    /// role.
     pub(crate) fn hand_off(&self) {
         if !self.has_waiters() || self.polling.load(Ordering::SeqCst) {
             return;
@@ -804,91 +776,38 @@ impl Reactor {
         }
     }
 
-    /// Interrupts a blocked `epoll_wait`.
+    /// Interrupts a blocked `epoll_wait` on the shared instance.
     pub(crate) fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to our eventfd; EAGAIN (counter full) means
-        // a wake is already pending, which is all we need.
-        unsafe {
-            real::write(
-                self.wake.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
-    }
-
-    /// Blocks until events arrive into `events`, a `wake`, or `timeout`; returns how many
-    /// arrived (`<= 0`: none). The timeout is kept to the nanosecond with `epoll_pwait2`
-    /// (Linux 5.11), so a worker sleeping here wakes at its exact timer deadline (plus the
-    /// kernel's timer slack, as on a futex); on an older kernel, `epoll_wait` rounds it up to
-    /// the next millisecond, never down: a timer is then up to 1 ms late, never early.
-    fn wait(&self, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> libc::c_int {
-        /// Cleared once the kernel said it has no `epoll_pwait2`.
-        static PWAIT2: AtomicBool = AtomicBool::new(true);
-        let max = events.len().min(libc::c_int::MAX as usize) as libc::c_int;
-        if PWAIT2.load(Ordering::Relaxed) {
-            let ts = timeout.map(crate::sys::timespec);
-            let ts_ptr = ts
-                .as_ref()
-                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-            // SAFETY: `events` is a live, writable buffer of `max` entries for the whole call;
-            // the timespec pointer is null (no timeout) or points to a live local; a null
-            // signal mask leaves the mask alone (its size argument is then ignored).
-            let n = unsafe {
-                libc::syscall(
-                    libc::SYS_epoll_pwait2,
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    max,
-                    ts_ptr,
-                    std::ptr::null::<libc::sigset_t>(),
-                    0usize,
-                )
-            };
-            let unknown = n < 0
-                && matches!(
-                    // ENOSYS: an older kernel; EPERM: a seccomp filter that does not know it.
-                    io::Error::last_os_error().raw_os_error(),
-                    Some(libc::ENOSYS | libc::EPERM)
-                );
-            if !unknown {
-                return n as libc::c_int;
-            }
-            PWAIT2.store(false, Ordering::Relaxed);
-        }
-        let ms = match timeout {
-            None => -1,
-            Some(t) => t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
-        };
-        // SAFETY: `events` is a live, writable buffer of `max` entries for the whole call.
-        unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) }
+        super::home::write_one(self.wake.as_raw_fd());
     }
 
     /// Waits for events at most `timeout` (`None`: until one arrives or `wake`) and wakes the
     /// fibers they concern. The caller holds the poller role.
     pub(crate) fn poll(&self, timeout: Option<Duration>) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS];
-        let n = self.wait(&mut events, timeout);
-        if n <= 0 {
-            return;
+        let n = epoll_wait_on(self.epoll.as_raw_fd(), &mut events, timeout);
+        if n > 0 {
+            self.dispatch(&events[..n as usize], self.wake.as_raw_fd());
         }
+    }
+
+    /// Records the readiness `events` report (of the shared instance or a worker's own,
+    /// whose eventfd is `wake`) and wakes the waiters they concern; whether one of them said
+    /// the shared instance, nested in a worker's own, has events (see `HomePoll::poll`).
+    pub(super) fn dispatch(&self, events: &[libc::epoll_event], wake: RawFd) -> bool {
+        let mut shared = false;
         // The records are looked up under the lock and woken after it, so that registering
         // threads do not spin through the wake-ups.
         let mut ready: [(Option<Arc<IoRecord>>, u32); EVENTS] = [const { (None, 0) }; EVENTS];
         let records = self.records.lock();
-        for (ev, slot) in events[..n as usize].iter().zip(&mut ready) {
+        for (ev, slot) in events.iter().zip(&mut ready) {
             let data = ev.u64;
             if data == WAKE_TOKEN {
-                let mut buf: u64 = 0;
-                // SAFETY: reading 8 bytes into a live u64 resets the eventfd counter.
-                unsafe {
-                    real::read(
-                        self.wake.as_raw_fd(),
-                        (&mut buf as *mut u64).cast(),
-                        std::mem::size_of::<u64>(),
-                    );
-                }
+                super::home::read_all(wake);
+                continue;
+            }
+            if data == super::home::SHARED_TOKEN {
+                shared = true;
                 continue;
             }
             let idx = (data & 0xFFFF_FFFF) as usize;
@@ -920,11 +839,12 @@ impl Reactor {
             *slot = (Some(record.clone()), bits);
         }
         drop(records);
-        for (record, bits) in &ready[..n as usize] {
+        for (record, bits) in &ready[..events.len()] {
             if let Some(record) = record {
                 record.set_ready(*bits);
             }
         }
+        shared
     }
 }
 
@@ -941,7 +861,7 @@ mod tests {
     fn a_released_poller_role_wakes_a_worker_standing_by() {
         // A reactor of the test's own, so that no other test's worker polls it.
         let r = Reactor::new().expect("a reactor");
-        r.waiting.store(1, Ordering::SeqCst);
+        r.shared_waiting.store(1, Ordering::SeqCst);
         let sched = crate::Scheduler::builder()
             .threads(1)
             .build()
@@ -957,7 +877,7 @@ mod tests {
         );
         drop(standby);
         // Nobody waiting for I/O: nobody is woken.
-        r.waiting.store(0, Ordering::SeqCst);
+        r.shared_waiting.store(0, Ordering::SeqCst);
         assert!(r.try_begin_poll());
         let standby = r.stand_by(sched.shared(), 0).expect("stands by");
         r.end_poll();

@@ -102,6 +102,8 @@ const SLEEPING: u32 = 1;
 const WOKEN: u32 = 2;
 /// Blocked in the reactor's `epoll_wait` instead of on the futex.
 const POLLING: u32 = 3;
+/// Blocked in `epoll_wait` on the worker's own epoll instance (`HomePoll`).
+const AT_HOME: u32 = 4;
 
 /// A worker's sleep: a token like `std::thread::park`'s. `wake` before `sleep` makes the
 /// next `sleep` return at once, so a wake is never lost. (Not to be confused with a fiber's
@@ -117,6 +119,10 @@ pub(crate) struct WorkerSleep {
     waiting: std::sync::atomic::AtomicBool,
     /// Diagnostics: how many times this worker went to sleep.
     pub(crate) sleeps: AtomicI32,
+    /// The worker's own epoll instance, made the first time one of its fibers waits for an
+    /// fd (see `crate::io::home`).
+    #[cfg(not(loom))]
+    home: std::sync::OnceLock<std::sync::Arc<crate::io::home::HomePoll>>,
     #[cfg(loom)]
     futex_model: (loom::sync::Mutex<()>, loom::sync::Condvar),
 }
@@ -154,6 +160,8 @@ impl WorkerSleep {
             state: AtomicU32::new(EMPTY),
             waiting: std::sync::atomic::AtomicBool::new(false),
             sleeps: AtomicI32::new(0),
+            #[cfg(not(loom))]
+            home: std::sync::OnceLock::new(),
             #[cfg(loom)]
             futex_model: (loom::sync::Mutex::new(()), loom::sync::Condvar::new()),
         }
@@ -173,6 +181,37 @@ impl WorkerSleep {
     /// caller holds the poller role), handling I/O readiness while it waits.
     pub(crate) fn sleep_polling(&self, reactor: &Reactor, timeout: Option<Duration>) {
         self.sleep_as(POLLING, || reactor.poll(timeout));
+    }
+
+    /// The worker's own epoll instance, made now if it has none (`None` if the kernel
+    /// refuses one: its fds then stay in the shared instance). Called on the worker's thread.
+    #[cfg(not(loom))]
+    pub(crate) fn home(&self) -> Option<&std::sync::Arc<crate::io::home::HomePoll>> {
+        if let Some(h) = self.home.get() {
+            return Some(h);
+        }
+        let made = crate::io::home::HomePoll::new().ok()?;
+        Some(self.home.get_or_init(|| made))
+    }
+
+    /// The worker's own epoll instance if fibers wait for fds in it.
+    #[cfg(not(loom))]
+    pub(crate) fn home_waited(&self) -> Option<&crate::io::home::HomePoll> {
+        self.home.get().map(|h| &**h).filter(|h| h.has_waiters())
+    }
+
+    /// Like [`sleep`](WorkerSleep::sleep), but sleeps in `epoll_wait` on the worker's own
+    /// epoll instance, handling the readiness of its fds (and, with `shared`, of the shared
+    /// instance: the caller holds the poller role) while it waits.
+    #[cfg(not(loom))]
+    pub(crate) fn sleep_at_home(
+        &self,
+        home: &crate::io::home::HomePoll,
+        reactor: &Reactor,
+        shared: bool,
+        timeout: Option<Duration>,
+    ) {
+        self.sleep_as(AT_HOME, || home.poll(reactor, timeout, shared));
     }
 
     /// The token protocol around one way of sleeping: `state` (SLEEPING or POLLING) tells a
@@ -214,7 +253,10 @@ impl WorkerSleep {
 
     /// Whether the worker is asleep (on its futex or in `epoll_wait`).
     pub(crate) fn is_sleeping(&self) -> bool {
-        matches!(self.state.load(Ordering::SeqCst), SLEEPING | POLLING)
+        matches!(
+            self.state.load(Ordering::SeqCst),
+            SLEEPING | POLLING | AT_HOME
+        )
     }
 
     /// Wakes the worker if it sleeps (on its futex or in `epoll_wait`), or makes its next
@@ -228,6 +270,12 @@ impl WorkerSleep {
             POLLING => {
                 if let Some(r) = reactor::get() {
                     r.wake();
+                }
+            }
+            #[cfg(not(loom))]
+            AT_HOME => {
+                if let Some(h) = self.home.get() {
+                    h.wake();
                 }
             }
             _ => {}

@@ -7,6 +7,7 @@ mod common;
 
 mod continuations;
 mod edge_cases;
+mod home;
 mod idle_connections;
 mod poller;
 mod resolve;

@@ -15,7 +15,6 @@
 //! their target worker directly. There is no periodic polling: an idle scheduler sleeps.
 
 use super::help::HelpAnswer;
-use super::run::poll_io_now;
 use super::Worker;
 use crate::sched::task::ScheduleTask;
 use std::time::{Duration, Instant};
@@ -71,7 +70,7 @@ impl Worker {
         if self.report_pending() {
             self.catch_up();
         }
-        poll_io_now();
+        self.poll_io_now();
         if !self.ready.borrow().is_empty() || !self.own_shared().inbox.is_empty() {
             return;
         }
@@ -169,21 +168,38 @@ impl Worker {
             let _held = watched.and_then(|(_, peer)| self.hold_apart_from(peer));
             let before = crate::sys::mono_ns();
             self.stats().asleep_since.set(before);
+            let sleep = &self.own_shared().sleep;
+            // Fibers of this worker wait for fds in its own epoll instance: it sleeps there,
+            // so that the kernel wakes it for their readiness (see `crate::io::home`).
+            let home = sleep.home_waited();
             match crate::io::reactor::get() {
-                // Nobody polls for I/O: this worker does, sleeping in epoll_wait.
-                Some(reactor) if reactor.try_begin_poll() => {
-                    self.own_shared().sleep.sleep_polling(reactor, timeout);
+                // Nobody polls the shared instance, and this worker need not watch its own
+                // or fds in the shared one are waited for: this worker polls the shared one,
+                // sleeping in epoll_wait there (at home, with the shared one nested, if it
+                // must watch both).
+                Some(reactor)
+                    if (home.is_none() || reactor.has_waiters()) && reactor.try_begin_poll() =>
+                {
+                    match home {
+                        Some(home) => sleep.sleep_at_home(home, reactor, true, timeout),
+                        None => sleep.sleep_polling(reactor, timeout),
+                    }
                     reactor.end_poll();
                 }
-                // Another worker polls, perhaps one of another scheduler: sleep on the
-                // standby list, to be woken if that worker's thread leaves its loop. If the
-                // role was freed meanwhile, do not sleep: the next pass takes it.
+                // Another worker polls the shared instance, perhaps one of another
+                // scheduler, or nobody needs to: sleep (at home if fibers wait there) on the
+                // standby list, to be woken if that worker's thread leaves its loop or the
+                // shared instance gets its first waiter. If the role was freed meanwhile
+                // while fds there are waited for, do not sleep: the next pass takes it.
                 Some(reactor) => {
                     if let Some(_standby) = reactor.stand_by(&self.shared, self.index) {
-                        self.own_shared().sleep.sleep(timeout);
+                        match home {
+                            Some(home) => sleep.sleep_at_home(home, reactor, false, timeout),
+                            None => sleep.sleep(timeout),
+                        }
                     }
                 }
-                None => self.own_shared().sleep.sleep(timeout),
+                None => sleep.sleep(timeout),
             }
             // Awake (the sleep's SeqCst exchange made it visible): the monitor watches again.
             sh.monitor.nudge();

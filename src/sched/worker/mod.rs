@@ -213,6 +213,15 @@ pub(crate) fn this_thread_worker() -> *const Worker {
     CURRENT_WORKER.with(|c| c.get())
 }
 
+/// The own epoll instance of the worker whose loop runs on this thread, made now if it has
+/// none (see `crate::io::home`); `None` on other threads, or if the kernel refuses one.
+pub(crate) fn current_home() -> Option<Arc<crate::io::home::HomePoll>> {
+    let w = CURRENT_WORKER.with(|c| c.get());
+    // SAFETY: see `Shared::local_worker`.
+    let w = unsafe { w.as_ref() }?;
+    w.own_shared().sleep.home().cloned()
+}
+
 /// The shared state of the scheduler whose worker runs on this thread, if any.
 pub(crate) fn current_shared() -> Option<Arc<Shared>> {
     let w = CURRENT_WORKER.with(|c| c.get());

@@ -46,10 +46,17 @@ const MAX_NEXT_STREAK: u32 = 3;
 /// fibers wait for I/O and no idle worker is polling.
 const IO_POLL_INTERVAL: u32 = 61;
 
-/// Handles I/O readiness that is already there, without blocking, if fibers wait for I/O
-/// and no worker is blocked in `epoll_wait` already.
-pub(super) fn poll_io_now() {
-    if let Some(reactor) = crate::io::reactor::get() {
+impl Worker {
+    /// Handles I/O readiness that is already there, without blocking: of this worker's own
+    /// epoll instance if its fibers wait there, and of the shared one if fds there are
+    /// waited for and no worker is blocked in its `epoll_wait` already.
+    pub(super) fn poll_io_now(&self) {
+        let Some(reactor) = crate::io::reactor::get() else {
+            return;
+        };
+        if let Some(home) = self.own_shared().sleep.home_waited() {
+            home.poll(reactor, Some(Duration::ZERO), false);
+        }
         if reactor.has_waiters() && reactor.try_begin_poll() {
             reactor.poll(Some(Duration::ZERO));
             reactor.end_poll();
@@ -203,7 +210,7 @@ impl Worker {
             }
         }
         if tick.is_multiple_of(IO_POLL_INTERVAL) {
-            poll_io_now();
+            self.poll_io_now();
         }
         if tick.is_multiple_of(INJECTOR_INTERVAL)
             && (tick.is_multiple_of(4 * INJECTOR_INTERVAL) || self.least_loaded())
