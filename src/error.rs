@@ -34,6 +34,12 @@ pub enum Error {
     /// worker 0, but it runs worker 0's fibers only outside any fiber, and that thread is
     /// another scheduler's worker, where code never runs outside one.
     UseCallerInFiber,
+    /// A worker time slice outside what the kernel takes (100 µs to 100 ms); see
+    /// [`Builder::time_slice`](crate::Builder::time_slice).
+    InvalidTimeSlice {
+        /// What was asked for.
+        requested: std::time::Duration,
+    },
 }
 
 impl fmt::Display for Error {
@@ -55,6 +61,10 @@ impl fmt::Display for Error {
             Error::StackTooLarge { requested } => {
                 write!(f, "stack size {requested} bytes is too large to map")
             }
+            Error::InvalidTimeSlice { requested } => write!(
+                f,
+                "worker time slice {requested:?} is outside what the kernel takes (100 µs to 100 ms)"
+            ),
             Error::InvalidName(name) => write!(f, "thread name {name:?} contains a NUL byte"),
             Error::UseCallerInFiber => f.write_str(
                 "use_caller(true) inside a scheduler's fiber: the building thread could never \

@@ -304,6 +304,8 @@ pub struct Options {
     pub selftest: bool,
     pub clients: usize,
     pub rounds: usize,
+    /// The workers' kernel time slice in µs (`Builder::time_slice`); 0: the kernel's.
+    pub time_slice_us: u64,
 }
 
 /// What every server does first: parses its command line (exiting with 2 and a message on a
@@ -323,6 +325,7 @@ pub fn start<L>(
     let sched = fibra::Scheduler::builder()
         .threads(opts.threads)
         .name("http")
+        .time_slice(Duration::from_micros(opts.time_slice_us))
         .build()
         .unwrap_or_else(|e| fail(2, &e));
     sched.start();
@@ -342,6 +345,7 @@ pub fn options(name: &str) -> Result<Options, String> {
         selftest: false,
         clients: 50,
         rounds: 20,
+        time_slice_us: 0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -357,6 +361,11 @@ pub fn options(name: &str) -> Result<Options, String> {
                     .parse()
                     .map_err(|e| format!("--port: {e}"))?
             }
+            "--time-slice-us" => {
+                opts.time_slice_us = value("--time-slice-us")?
+                    .parse()
+                    .map_err(|e| format!("--time-slice-us: {e}"))?
+            }
             "--selftest" => opts.selftest = true,
             "--clients" => {
                 opts.clients = value("--clients")?
@@ -370,8 +379,9 @@ pub fn options(name: &str) -> Result<Options, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: {name} [--threads N] [--port P] [--selftest [--clients C] \
-                     [--rounds R]]   (port 0: any free port)"
+                    "usage: {name} [--threads N] [--port P] [--time-slice-us T] \
+                     [--selftest [--clients C] [--rounds R]]   (port 0: any free port; \
+                     T: the workers' kernel time slice, Builder::time_slice)"
                 );
                 std::process::exit(0);
             }

@@ -71,9 +71,42 @@ pub struct Builder {
     #[cfg(feature = "tokio")]
     tokio: Option<tokio::runtime::Handle>,
     watchdog: Duration,
+    time_slice: Duration,
 }
 
 impl Builder {
+    /// The kernel time slice of each worker thread fibra spawns: how long it runs before a
+    /// thread waiting for its CPU gets it, and how soon it preempts a thread there when it
+    /// wakes. Default `Duration::ZERO`: the kernel's (about 3 ms on Linux 6.6 and later).
+    /// Otherwise 100 µs to 100 ms, else [`Error::InvalidTimeSlice`].
+    ///
+    /// Set with `sched_setattr`'s `sched_runtime`, which the kernel's EEVDF scheduler takes
+    /// as a fair-class thread's slice since Linux 6.12, without privileges; older kernels
+    /// ignore it, and a kernel or sandbox that refuses the call leaves the slice as it was.
+    /// Real-time threads and a `use_caller` thread (the caller's own) are left alone.
+    ///
+    /// What it is for: a worker whose CPU another process shares (a load generator on the
+    /// same machine, say) keeps its fibers waiting while the kernel runs the other
+    /// process; a short slice shortens those waits, at the cost of more context switches.
+    /// It is off by default because on the machine fibra is measured on it did not pay:
+    /// see docs/design.md, "Sharing a CPU".
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let sched = fibra::Scheduler::builder()
+    ///     .threads(2)
+    ///     .time_slice(Duration::from_micros(500))
+    ///     .build()
+    ///     .unwrap();
+    /// sched.start();
+    /// assert_eq!(sched.block_on(|| 2 + 2), 4);
+    /// assert!(fibra::Scheduler::builder().time_slice(Duration::from_micros(10)).build().is_err());
+    /// ```
+    pub fn time_slice(mut self, slice: Duration) -> Self {
+        self.time_slice = slice;
+        self
+    }
+
     /// How long a fiber may run without suspending before the watchdog reports it on
     /// stderr (or, with the `tracing` feature and a subscriber, as a `tracing` warning):
     /// its name and id, its worker, how long so far, and how many tasks wait on that
@@ -205,6 +238,12 @@ impl Builder {
         if self.use_caller && fiber::in_scheduled_fiber() {
             return Err(Error::UseCallerInFiber);
         }
+        let slice = self.time_slice;
+        if !slice.is_zero()
+            && !(crate::sys::slice::MIN_SLICE..=crate::sys::slice::MAX_SLICE).contains(&slice)
+        {
+            return Err(Error::InvalidTimeSlice { requested: slice });
+        }
         // Outside every lock (see `crate::fork::register`).
         crate::fork::register(crate::fork::Slot::Workers, &worker::FORK);
         fiber::install_panic_hook();
@@ -219,6 +258,7 @@ impl Builder {
             #[cfg(feature = "tokio")]
             tokio: self.tokio,
             watchdog: self.watchdog,
+            time_slice: (!slice.is_zero()).then_some(slice),
         });
         let caller_worker = self
             .use_caller
@@ -295,6 +335,7 @@ impl Default for Builder {
             #[cfg(feature = "tokio")]
             tokio: None,
             watchdog: DEFAULT_WATCHDOG,
+            time_slice: Duration::ZERO,
         }
     }
 }

@@ -6,6 +6,7 @@
 pub(crate) mod futex;
 #[cfg(feature = "hook")]
 pub(crate) mod real;
+pub(crate) mod slice;
 pub(crate) mod spin;
 
 /// Starts loading the cache lines of `len` bytes at `addr` (at most `max_lines` of them),

@@ -80,6 +80,8 @@ pub(crate) struct Config {
     /// How long a fiber may run without suspending before the watchdog reports it; zero:
     /// no watchdog.
     pub(crate) watchdog: Duration,
+    /// The kernel time slice of the worker threads fibra spawns (`Builder::time_slice`).
+    pub(crate) time_slice: Option<Duration>,
 }
 
 /// What other threads may touch of a worker.
@@ -386,6 +388,10 @@ impl Worker {
 /// The body of a worker thread.
 /// `ready` runs once the worker is set up, just before its loop.
 pub(crate) fn worker_main(shared: Arc<Shared>, index: usize, ready: impl FnOnce()) {
+    if let Some(slice) = shared.config.time_slice {
+        // Best effort, as documented: a kernel that refuses leaves the slice as it was.
+        let _ = crate::sys::slice::set_time_slice(slice);
+    }
     let worker = Worker::new(shared, index);
     crate::stack::overflow::ensure_alt_stack(false);
     ready();
