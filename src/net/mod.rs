@@ -41,7 +41,9 @@
 //!
 //! A server can also wait for a request without a fiber: [`TcpStream::try_read`] until
 //! `WouldBlock`, then [`TcpStream::spawn_when_readable`] hands the socket to a new task once
-//! data comes, on whichever worker is free (see `examples/http_cont.rs`):
+//! data comes, on whichever worker is free. [`TcpStream::serve`] and
+//! [`TcpListener::serve`] make a server of that, the way to write a latency-critical one
+//! (see `examples/http_cont.rs`). By hand:
 //!
 //! ```
 //! use std::io::{ErrorKind, Read, Write};

@@ -406,7 +406,7 @@ pub fn note(peer: Peer, workload: &str) -> Option<&'static str> {
         ),
         (Peer::Fibra, "http_cont") => Some(
             "fibra: examples/http_cont (http_hello's framing; between requests a connection is a \
-             readiness continuation, TcpStream::spawn_when_readable, and each request a new task \
+             readiness continuation, TcpListener::serve/TcpStream::serve, and each request a new task \
              on any worker), built by the harness",
         ),
         (Peer::Fibra, "http_hooked") => Some(
