@@ -121,7 +121,6 @@ pub(crate) struct WorkerSleep {
     pub(crate) sleeps: AtomicI32,
     /// The worker's own epoll instance, made the first time one of its fibers waits for an
     /// fd (see `crate::io::home`).
-    #[cfg(not(loom))]
     home: std::sync::OnceLock<std::sync::Arc<crate::io::home::HomePoll>>,
     #[cfg(loom)]
     futex_model: (loom::sync::Mutex<()>, loom::sync::Condvar),
@@ -160,7 +159,6 @@ impl WorkerSleep {
             state: AtomicU32::new(EMPTY),
             waiting: std::sync::atomic::AtomicBool::new(false),
             sleeps: AtomicI32::new(0),
-            #[cfg(not(loom))]
             home: std::sync::OnceLock::new(),
             #[cfg(loom)]
             futex_model: (loom::sync::Mutex::new(()), loom::sync::Condvar::new()),
@@ -185,7 +183,6 @@ impl WorkerSleep {
 
     /// The worker's own epoll instance, made now if it has none (`None` if the kernel
     /// refuses one: its fds then stay in the shared instance). Called on the worker's thread.
-    #[cfg(not(loom))]
     pub(crate) fn home(&self) -> Option<&std::sync::Arc<crate::io::home::HomePoll>> {
         if let Some(h) = self.home.get() {
             return Some(h);
@@ -195,7 +192,6 @@ impl WorkerSleep {
     }
 
     /// The worker's own epoll instance if fibers wait for fds in it.
-    #[cfg(not(loom))]
     pub(crate) fn home_waited(&self) -> Option<&crate::io::home::HomePoll> {
         self.home.get().map(|h| &**h).filter(|h| h.has_waiters())
     }
@@ -203,7 +199,6 @@ impl WorkerSleep {
     /// Like [`sleep`](WorkerSleep::sleep), but sleeps in `epoll_wait` on the worker's own
     /// epoll instance, handling the readiness of its fds (and, with `shared`, of the shared
     /// instance: the caller holds the poller role) while it waits.
-    #[cfg(not(loom))]
     pub(crate) fn sleep_at_home(
         &self,
         home: &crate::io::home::HomePoll,
@@ -272,7 +267,6 @@ impl WorkerSleep {
                     r.wake();
                 }
             }
-            #[cfg(not(loom))]
             AT_HOME => {
                 if let Some(h) = self.home.get() {
                     h.wake();
