@@ -345,3 +345,31 @@ fn a_forked_child_waits_for_a_socket_that_was_at_home_in_the_parent() {
     });
     sched.stop();
 }
+
+/// Out of descriptors when a worker's fiber first waits for a socket, the worker cannot
+/// make its own epoll instance: the socket stays in the shared one and the wait works all
+/// the same.
+#[test]
+fn a_worker_that_cannot_make_its_home_waits_in_the_shared_instance() {
+    child_ok(|| {
+        let (listener, mut client) = listener_and_client();
+        // The reactor exists (a plain thread's registration makes it), the worker has no
+        // home yet (none of its fibers ever waited).
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        assert!(fibra::io::wait_readable(a.as_raw_fd(), Some(Duration::from_millis(1))).is_err());
+        let sched = started(1);
+        let (mut s, _) = listener.accept().expect("accept");
+        let filler = crate::common::fill_descriptor_table(0);
+        let reader = sched.spawn(move || {
+            let mut got = [0u8; 4];
+            s.read_exact(&mut got).expect("read without a home");
+            drop(filler);
+            got
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        client.write_all(b"full").unwrap();
+        assert_eq!(&crate::common::finish(reader), b"full");
+        sched.stop();
+    });
+}
