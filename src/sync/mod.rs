@@ -6,7 +6,8 @@
 //! [`RwLock`], [`Condvar`], [`Barrier`], [`OnceLock`], [`mpsc`] with std's very error
 //! types; plus [`Semaphore`], [`WaitGroup`], [`oneshot`] and [`CancellationToken`], which
 //! std lacks, [`mpmc`] (std's channel API with cloneable receivers, as crossbeam-channel's)
-//! and [`broadcast`] (tokio's: every receiver sees every message).
+//! and [`broadcast`] (tokio's: every receiver sees every message); and [`Pool`], a
+//! connection pool in r2d2's shape for blocking clients shared by many fibers.
 //!
 //! Why not std's? A fiber that waits on a `std::sync::Mutex` blocks its whole worker thread,
 //! and if the holder is a fiber of the same worker that yielded, the worker deadlocks. These
@@ -138,6 +139,7 @@ mod mutex;
 mod once_lock;
 pub mod oneshot;
 mod poison;
+mod pool;
 mod rwlock;
 pub mod select;
 mod semaphore;
@@ -151,6 +153,7 @@ pub use cancel_token::CancellationToken;
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
 pub use once_lock::OnceLock;
+pub use pool::{ManageConnection, Pool, PoolBuilder, PoolError, PoolState, PooledConnection};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use select::Select;
 pub use semaphore::{Semaphore, SemaphorePermit};

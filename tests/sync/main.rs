@@ -9,6 +9,7 @@ mod condvar;
 mod misuse;
 mod mutex;
 mod once_lock;
+mod pool;
 mod rwlock;
 mod semaphore;
 mod waitgroup;
