@@ -34,6 +34,7 @@ pub struct WorkerAnswer {
     pub(crate) pause: Option<Duration>,
     pub(crate) work: Duration,
     pub(crate) stuck_in: Option<FiberId>,
+    pub(crate) blocked_in: Option<String>,
 }
 
 impl WorkerAnswer {
@@ -63,6 +64,14 @@ impl WorkerAnswer {
     /// For a worker that did not answer: the fiber it was running, if it could tell.
     pub fn stuck_in(&self) -> Option<FiberId> {
         self.stuck_in
+    }
+
+    /// For a worker that did not answer: the system call its thread was asleep in, by name
+    /// (`futex` for a std or parking_lot lock, condition variable or channel), if the kernel
+    /// said it was in one (read from `/proc/self/task/<tid>/syscall`). `None` for a worker
+    /// whose fiber computes, or that answered.
+    pub fn blocked_in(&self) -> Option<&str> {
+        self.blocked_in.as_deref()
     }
 }
 
@@ -218,17 +227,27 @@ impl Scheduler {
                         pause: Some(pause),
                         work,
                         stuck_in: None,
+                        blocked_in: None,
                     });
                     dump.fibers.extend(entries);
                 }
                 None => {
                     let stuck = stuck_fiber(w, i, seen[i].0);
+                    let blocked_in = stuck.as_ref().and_then(|_| {
+                        let tid = w.tid.load(Ordering::Relaxed);
+                        let nr = crate::sys::thread_view::of(tid)?.blocked_in?;
+                        Some(
+                            crate::sys::thread_view::syscall_name(nr)
+                                .map_or_else(|| format!("system call {nr}"), String::from),
+                        )
+                    });
                     dump.workers.push(WorkerAnswer {
                         index: i,
                         fibers: usize::from(stuck.is_some()),
                         pause: None,
                         work: Duration::ZERO,
                         stuck_in: stuck.as_ref().map(|e| e.id),
+                        blocked_in,
                     });
                     dump.fibers.extend(stuck);
                 }
@@ -306,13 +325,22 @@ impl fmt::Display for Dump {
                     Human(w.work),
                     Human(p)
                 )?,
-                (None, Some(id)) => writeln!(
-                    f,
-                    "  worker {}: no answer within {}: stuck in fiber {id}, which does not \
-                     suspend",
-                    w.index,
-                    Human(DUMP_PATIENCE)
-                )?,
+                (None, Some(id)) => match &w.blocked_in {
+                    Some(call) => writeln!(
+                        f,
+                        "  worker {}: no answer within {}: stuck in fiber {id}, whose thread \
+                         is blocked in the kernel in `{call}`",
+                        w.index,
+                        Human(DUMP_PATIENCE)
+                    )?,
+                    None => writeln!(
+                        f,
+                        "  worker {}: no answer within {}: stuck in fiber {id}, which does not \
+                         suspend",
+                        w.index,
+                        Human(DUMP_PATIENCE)
+                    )?,
+                },
                 (None, None) => writeln!(
                     f,
                     "  worker {}: no answer within {}",

@@ -20,6 +20,7 @@ use super::task::Header;
 use super::worker::Shared;
 use crate::fiber::FiberId;
 use crate::sys::futex;
+use crate::sys::thread_view::{self, ThreadView};
 use std::panic::Location;
 use std::sync::atomic::{
     compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
@@ -215,6 +216,9 @@ struct Seen {
     current: usize,
     since: u64,
     reported: bool,
+    /// What the kernel said of the worker's thread at the first look that found it stuck,
+    /// and when: the report compares its run and wait times since.
+    kernel: Option<(ThreadView, u64)>,
 }
 
 fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
@@ -250,10 +254,17 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
             let s = &mut seen[i];
             if current != 0 && progress == s.progress && current == s.current {
                 set_if_changed(&w.stats.0.stuck_since, s.since);
+                let tid = w.tid.load(Ordering::Relaxed);
+                if s.kernel.is_none() {
+                    s.kernel = thread_view::of(tid).map(|v| (v, now));
+                }
                 let ran = now.saturating_sub(s.since);
                 if ran >= threshold_ns && !s.reported {
                     s.reported = true;
-                    report(&sh, i, Duration::from_nanos(ran));
+                    let kernel = s
+                        .kernel
+                        .and_then(|(then, at)| Some((then, thread_view::of(tid)?, now - at)));
+                    report(&sh, i, Duration::from_nanos(ran), kernel);
                 }
             } else {
                 set_if_changed(&w.stats.0.stuck_since, 0);
@@ -262,6 +273,7 @@ fn monitor(weak: Weak<Shared>, ctl: Arc<MonitorCtl>, threshold: Duration) {
                     current,
                     since: now,
                     reported: false,
+                    kernel: None,
                 };
             }
             running |= current != 0;
@@ -288,22 +300,75 @@ fn set_if_changed(word: &AtomicU64, v: u64) {
     }
 }
 
-/// Reports worker `i`'s fiber, which has run for `ran` without suspending.
-fn report(sh: &Shared, i: usize, ran: Duration) {
+/// Reports worker `i`'s fiber, which has held its worker for `ran` without suspending.
+/// `kernel`: what the kernel said of the worker's thread at the first stuck look, what it
+/// says now, and the wall time between: the report says which of three things happened.
+/// - The thread sleeps in a system call: a blocking call that parks the thread, not the
+///   fiber; `futex` is a std or parking_lot lock, condvar or channel, whose holder may be a
+///   fiber of this very worker.
+/// - It ran for less than half of that time, runnable the rest: the OS kept it off its CPU
+///   (more runnable threads than cores), not the fiber's doing.
+/// - Otherwise the fiber computes.
+fn report(sh: &Shared, i: usize, ran: Duration, kernel: Option<(ThreadView, ThreadView, u64)>) {
     let w = &sh.workers[i];
     let Some((id, name, _)) = w.peek() else {
         return;
     };
     let waiting = w.waiting();
     let name = name.as_deref().map_or(String::new(), |n| format!("'{n}' "));
-    crate::report::warn(
-        "watchdog",
-        &format!(
-            "fiber {name}({id}) has run for {} ms on worker {i} of scheduler '{}' without \
-             suspending; {waiting} task(s) wait on that worker. Move long computations to \
-             fibra::unblock, or call fibra::Fiber::yield_now() in long loops",
-            ran.as_millis(),
-            sh.config.name
-        ),
+    let ms = ran.as_millis();
+    let sched = &sh.config.name;
+    let held = format!(
+        "fiber {name}({id}) has held worker {i} of scheduler '{sched}' for {ms} ms without \
+         suspending; {waiting} task(s) wait on that worker."
     );
+    let msg = match kernel {
+        Some((_, now, _)) if now.blocked_in.is_some() => {
+            let nr = now.blocked_in.unwrap_or(-1);
+            let call = thread_view::syscall_name(nr)
+                .map_or(format!("system call {nr}"), |n| format!("`{n}`"));
+            let advice = if nr == libc::SYS_futex {
+                "a std or parking_lot lock, condition variable or channel (or r2d2, \
+                 crossbeam-channel) blocks the worker's thread, and its holder may be a \
+                 fiber of this very worker, which cannot run until it returns: share state \
+                 between fibers with fibra::sync (Mutex, channels, Pool)"
+            } else {
+                "a blocking call that parks the thread, not the fiber: use fibra's own I/O \
+                 (fibra::net, fibra::fs), the hook feature, or fibra::unblock"
+            };
+            format!("{held} Its thread is blocked in the kernel in {call}: {advice}")
+        }
+        Some((then, now, wall)) if is_kept_off_cpu(&then, &now, wall) => {
+            let ran_ms = now.on_cpu_ns.saturating_sub(then.on_cpu_ns) / 1_000_000;
+            format!(
+                "{held} Its thread ran only {ran_ms} ms of the last {} ms, the rest waiting for \
+                 a CPU: the OS keeps it off its CPU (more runnable threads than cores); the \
+                 fiber is not computing that long",
+                wall / 1_000_000
+            )
+        }
+        _ => {
+            let ran = kernel.map_or(String::new(), |(then, now, wall)| {
+                format!(
+                    " (its thread ran {} ms of the last {} ms)",
+                    now.on_cpu_ns.saturating_sub(then.on_cpu_ns) / 1_000_000,
+                    wall / 1_000_000
+                )
+            });
+            format!(
+                "{held} It is computing{ran}: move long computations to fibra::unblock, or \
+                 call fibra::Fiber::yield_now() in long loops"
+            )
+        }
+    };
+    crate::report::warn("watchdog", &msg);
+}
+
+/// Whether a thread seen as `then` and `now`, `wall` ns apart, not asleep in a system call,
+/// ran for less than half that time: runnable the rest, it waited for a CPU. (The kernel's
+/// own wait count, `schedstat`'s second field, grows only when a wait ends, so it cannot
+/// tell of a wait still going on.)
+fn is_kept_off_cpu(then: &ThreadView, now: &ThreadView, wall: u64) -> bool {
+    let ran = now.on_cpu_ns.saturating_sub(then.on_cpu_ns);
+    wall > 0 && ran < wall / 2
 }

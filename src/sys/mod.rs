@@ -8,6 +8,7 @@ pub(crate) mod futex;
 pub(crate) mod real;
 pub(crate) mod slice;
 pub(crate) mod spin;
+pub(crate) mod thread_view;
 
 /// Starts loading the cache lines of `len` bytes at `addr` (at most `max_lines` of them),
 /// without waiting: a hint that never faults and changes nothing the program sees.

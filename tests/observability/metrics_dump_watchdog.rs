@@ -745,6 +745,25 @@ fn dump_of_many_fibers_lists_every_one() {
     });
 }
 
+/// Spins for `d` without suspending.
+fn spin(d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+/// A scheduler of `threads` workers whose watchdog reports after 50 ms, started.
+fn watched(threads: usize) -> Scheduler {
+    let s = Scheduler::builder()
+        .threads(threads)
+        .watchdog(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    s.start();
+    s
+}
+
 /// A fiber that runs without suspending for longer than the watchdog's limit is reported
 /// once per episode, by name, with its worker and the number of tasks waiting behind it;
 /// a fiber that keeps yielding, and a scheduler with the watchdog off, are not reported.
@@ -752,18 +771,7 @@ fn dump_of_many_fibers_lists_every_one() {
 #[test]
 fn watchdog_reports_a_hog_once_by_name() {
     let run = crate::common::in_child(|| {
-        let spin = |d: Duration| {
-            let end = Instant::now() + d;
-            while Instant::now() < end {
-                std::hint::spin_loop();
-            }
-        };
-        let s = Scheduler::builder()
-            .threads(2)
-            .watchdog(Duration::from_millis(50))
-            .build()
-            .unwrap();
-        s.start();
+        let s = watched(2);
         // Three tasks wait behind the hog on worker 1 (pinned there, so never stolen).
         let (spinning_tx, spinning_rx) = mpsc::channel::<()>();
         let hog = s
@@ -826,7 +834,13 @@ fn watchdog_reports_a_hog_once_by_name() {
     );
     for r in &reports {
         assert!(r.contains("fiber 'busy-bee'"), "{err}");
-        assert!(r.contains("on worker 1"), "{err}");
+        assert!(r.contains("held worker 1"), "{err}");
+        // Computing; on a loaded machine the OS may have kept it off its CPU for most of
+        // the episode, which the report then says instead. Never blocked in the kernel.
+        assert!(
+            r.contains("It is computing") || r.contains("keeps it off its CPU"),
+            "{err}"
+        );
         assert!(r.contains("without suspending"), "{err}");
     }
     assert!(reports[0].contains("3 task(s) wait"), "{err}");
@@ -840,6 +854,117 @@ fn watchdog_reports_a_hog_once_by_name() {
     // reported.
     assert!(!err.contains("polite"), "{err}");
     assert!(!err.contains("unwatched"), "{err}");
+}
+
+/// A fiber holds a `std::sync::Mutex` across `fibra::sleep`; a sibling on the same (only)
+/// worker locks it and blocks the worker's thread in the kernel, for good (the holder can
+/// never resume). The watchdog names the sibling, says `futex`, and points at fibra::sync
+/// rather than at computing; a dump says the same of the worker. The child ends itself
+/// once the report is out.
+#[test]
+fn watchdog_names_a_fiber_blocked_in_futex() {
+    let run = crate::common::in_child(|| {
+        static SHARED: std::sync::Mutex<u32> = std::sync::Mutex::new(0);
+        let s = watched(1);
+        let (held_tx, held_rx) = mpsc::channel::<()>();
+        s.task()
+            .name("holder")
+            .submit(
+                move || {
+                    let mut g = SHARED.lock().unwrap();
+                    held_tx.send(()).unwrap();
+                    fibra::sleep(Duration::from_millis(200));
+                    *g += 1;
+                },
+                None,
+            )
+            .unwrap();
+        held_rx.recv().unwrap();
+        s.task()
+            .name("sibling")
+            .submit(|| *SHARED.lock().unwrap() += 1, None)
+            .unwrap();
+        // The worker is stuck for good: a dump names the call it is stuck in; then leave,
+        // without stopping the scheduler (the child's exit ends its threads).
+        std::thread::sleep(Duration::from_millis(300));
+        let dump = s.dump();
+        let w = &dump.workers()[0];
+        assert_eq!(w.blocked_in(), Some("futex"), "{dump}");
+        assert!(w.stuck_in().is_some(), "{dump}");
+        eprintln!("{dump}");
+        std::mem::forget(s);
+    });
+    run.assert_ok("the futex child failed");
+    let err = &run.stderr;
+    let reports: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("fibra: watchdog:"))
+        .collect();
+    assert_eq!(reports.len(), 1, "{err}");
+    let r = reports[0];
+    assert!(r.contains("fiber 'sibling'"), "{err}");
+    assert!(r.contains("blocked in the kernel in `futex`"), "{err}");
+    assert!(r.contains("fibra::sync"), "{err}");
+    assert!(!r.contains("computing"), "{err}");
+    assert!(
+        err.contains("whose thread is blocked in the kernel in `futex`"),
+        "the dump: {err}"
+    );
+}
+
+/// A fiber computes while the OS keeps its worker's thread off its CPU: the thread is
+/// `SCHED_IDLE` and shares one CPU with a plain thread that spins. The report says the
+/// thread waited for a CPU, not that the fiber computes that long.
+#[test]
+fn watchdog_tells_a_worker_kept_off_its_cpu_from_a_fiber_that_computes() {
+    let run = crate::common::in_child(|| {
+        let pin_to_cpu0 = || {
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it; the
+            // calls change only the calling thread.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                    0
+                );
+            }
+        };
+        let s = watched(1);
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        let starved = s
+            .task()
+            .name("starved")
+            .submit(
+                move || {
+                    pin_to_cpu0();
+                    let param = libc::sched_param { sched_priority: 0 };
+                    // SAFETY: a valid sched_param; changes only this (worker) thread.
+                    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+                    assert_eq!(r, 0, "SCHED_IDLE");
+                    ready_tx.send(()).unwrap();
+                    spin(Duration::from_millis(400));
+                },
+                None,
+            )
+            .unwrap();
+        ready_rx.recv().unwrap();
+        let hog = std::thread::spawn(move || {
+            pin_to_cpu0();
+            spin(Duration::from_millis(500));
+        });
+        starved.join().unwrap();
+        hog.join().unwrap();
+        s.stop();
+    });
+    run.assert_ok("the starved child failed");
+    let err = &run.stderr;
+    let reports: Vec<&str> = err.lines().filter(|l| l.contains("watchdog")).collect();
+    assert_eq!(reports.len(), 1, "{err}");
+    let r = reports[0];
+    assert!(r.contains("fiber 'starved'"), "{err}");
+    assert!(r.contains("keeps it off its CPU"), "{err}");
+    assert!(!r.contains("computing:"), "{err}");
 }
 
 #[test]

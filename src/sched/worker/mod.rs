@@ -112,6 +112,9 @@ pub(crate) struct WorkerShared {
     /// Set by a shutdown that could not spawn this worker's thread (the OS refused it at
     /// `start` and again then): nothing will ever run here, and what is queued fails.
     pub(crate) absent: AtomicBool,
+    /// The OS thread id of the thread driving this worker (0: none yet), for the
+    /// watchdog's look at what the kernel says it does.
+    pub(crate) tid: std::sync::atomic::AtomicI32,
 }
 
 impl WorkerShared {

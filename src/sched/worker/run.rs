@@ -96,6 +96,10 @@ impl Worker {
         let outer = fiber::leave_all();
         let _restore = ExitWorker(prev, self, outer);
         crate::stack::overflow::ensure_alt_stack(false);
+        self.own_shared().tid.store(
+            crate::sys::thread_view::gettid(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.stats()
             .run_since
             .set_seqcst(crate::sys::mono_ns().max(1));

@@ -69,6 +69,7 @@ impl Shared {
                     stats: Padded(WorkerStats::default()),
                     watch: Watch::new(),
                     absent: AtomicBool::new(false),
+                    tid: std::sync::atomic::AtomicI32::new(0),
                 })
                 .collect(),
             injector: Injector::new(),
