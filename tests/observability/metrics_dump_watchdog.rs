@@ -918,48 +918,63 @@ fn watchdog_names_a_fiber_blocked_in_futex() {
 #[test]
 fn watchdog_tells_a_worker_kept_off_its_cpu_from_a_fiber_that_computes() {
     let run = crate::common::in_child(|| {
-        let pin_to_cpu0 = || {
+        // The first CPU this process may use (not always CPU 0 in a container).
+        // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by the call.
+        let first = unsafe {
+            let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(libc::sched_getaffinity(0, size, &mut allowed), 0);
+            (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| libc::CPU_ISSET(c, &allowed))
+                .expect("a CPU")
+        };
+        let pin_to_first_cpu = move || {
             // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it; the
-            // calls change only the calling thread.
+            // call changes only the calling thread.
             unsafe {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(0, &mut set);
+                libc::CPU_SET(first, &mut set);
                 assert_eq!(
                     libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
                     0
                 );
             }
         };
+        // The competitor first: spinning on that CPU before the fiber starts, and until after
+        // its episode.
+        let (hog_tx, hog_rx) = mpsc::channel::<()>();
+        let hog = std::thread::spawn(move || {
+            pin_to_first_cpu();
+            hog_tx.send(()).unwrap();
+            spin(Duration::from_millis(700));
+        });
+        hog_rx.recv().unwrap();
         let s = watched(1);
-        let (ready_tx, ready_rx) = mpsc::channel::<()>();
         let starved = s
             .task()
             .name("starved")
             .submit(
                 move || {
-                    pin_to_cpu0();
+                    pin_to_first_cpu();
                     let param = libc::sched_param { sched_priority: 0 };
                     // SAFETY: a valid sched_param; changes only this (worker) thread.
                     let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
                     assert_eq!(r, 0, "SCHED_IDLE");
-                    ready_tx.send(()).unwrap();
                     spin(Duration::from_millis(400));
                 },
                 None,
             )
             .unwrap();
-        ready_rx.recv().unwrap();
-        let hog = std::thread::spawn(move || {
-            pin_to_cpu0();
-            spin(Duration::from_millis(500));
-        });
         starved.join().unwrap();
         hog.join().unwrap();
         s.stop();
     });
     run.assert_ok("the starved child failed");
     let err = &run.stderr;
-    let reports: Vec<&str> = err.lines().filter(|l| l.contains("watchdog")).collect();
+    let reports: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("fibra: watchdog:"))
+        .collect();
     assert_eq!(reports.len(), 1, "{err}");
     let r = reports[0];
     assert!(r.contains("fiber 'starved'"), "{err}");
