@@ -235,8 +235,6 @@ impl IoRecord {
             return Ok(());
         }
         let reactor = reactor();
-        // Where this worker sees readiness itself (see `super::home`).
-        let home = crate::sched::worker::current_home();
         loop {
             if self.ready(interest) {
                 return Ok(());
@@ -255,7 +253,10 @@ impl IoRecord {
                     drop(waiters);
                     u.unpark_owned();
                 } else {
-                    let moved = waiters.settle(self, home.as_ref());
+                    // The park's publication runs on the fiber's worker: the fd may move
+                    // into that worker's own instance (see `super::home`).
+                    let moved =
+                        crate::sched::worker::with_current_home(|home| waiters.settle(self, home));
                     let first = waiters.push(Waiter {
                         id,
                         interest,

@@ -753,6 +753,17 @@ fn spin(d: Duration) {
     }
 }
 
+/// The only watchdog report in a child's `stderr`, which must name fiber `name`.
+fn the_one_report<'a>(stderr: &'a str, name: &str) -> &'a str {
+    let reports: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("fibra: watchdog:"))
+        .collect();
+    assert_eq!(reports.len(), 1, "{stderr}");
+    assert!(reports[0].contains(&format!("fiber '{name}'")), "{stderr}");
+    reports[0]
+}
+
 /// A scheduler of `threads` workers whose watchdog reports after 50 ms, started.
 fn watched(threads: usize) -> Scheduler {
     let s = Scheduler::builder()
@@ -896,13 +907,7 @@ fn watchdog_names_a_fiber_blocked_in_futex() {
     });
     run.assert_ok("the futex child failed");
     let err = &run.stderr;
-    let reports: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("fibra: watchdog:"))
-        .collect();
-    assert_eq!(reports.len(), 1, "{err}");
-    let r = reports[0];
-    assert!(r.contains("fiber 'sibling'"), "{err}");
+    let r = the_one_report(err, "sibling");
     assert!(r.contains("blocked in the kernel in `futex`"), "{err}");
     assert!(r.contains("fibra::sync"), "{err}");
     assert!(!r.contains("computing"), "{err}");
@@ -971,13 +976,7 @@ fn watchdog_tells_a_worker_kept_off_its_cpu_from_a_fiber_that_computes() {
     });
     run.assert_ok("the starved child failed");
     let err = &run.stderr;
-    let reports: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("fibra: watchdog:"))
-        .collect();
-    assert_eq!(reports.len(), 1, "{err}");
-    let r = reports[0];
-    assert!(r.contains("fiber 'starved'"), "{err}");
+    let r = the_one_report(err, "starved");
     assert!(r.contains("keeps it off its CPU"), "{err}");
     assert!(!r.contains("computing:"), "{err}");
 }

@@ -218,13 +218,17 @@ pub(crate) fn this_thread_worker() -> *const Worker {
     CURRENT_WORKER.with(|c| c.get())
 }
 
-/// The own epoll instance of the worker whose loop runs on this thread, made now if it has
-/// none (see `crate::io::home`); `None` on other threads, or if the kernel refuses one.
-pub(crate) fn current_home() -> Option<Arc<crate::io::home::HomePoll>> {
+/// Calls `f` with the own epoll instance of the worker whose loop runs on this thread, made
+/// now if it has none (see `crate::io::home`): `None` on other threads, or if the kernel
+/// refuses one. Borrowed, not counted: `f` must not park.
+pub(crate) fn with_current_home<R>(
+    f: impl FnOnce(Option<&Arc<crate::io::home::HomePoll>>) -> R,
+) -> R {
     let w = CURRENT_WORKER.with(|c| c.get());
-    // SAFETY: see `Shared::local_worker`.
-    let w = unsafe { w.as_ref() }?;
-    w.own_shared().sleep.home().cloned()
+    // SAFETY: see `Shared::local_worker`; the worker stays alive while its loop is below us
+    // on this thread, and `f` does not leave this thread (it may not park).
+    let w = unsafe { w.as_ref() };
+    f(w.and_then(|w| w.own_shared().sleep.home()))
 }
 
 /// The shared state of the scheduler whose worker runs on this thread, if any.

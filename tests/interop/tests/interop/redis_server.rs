@@ -71,6 +71,17 @@ impl Drop for Server {
     }
 }
 
+/// A fresh server, a client of it, and a started scheduler of two workers, with room for
+/// a thousand connections.
+fn server_and_scheduler() -> (Server, redis::Client, Arc<fibra::Scheduler>) {
+    raise_fd_limit();
+    let server = Server::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let sched = Arc::new(fibra::Scheduler::builder().threads(2).build().unwrap());
+    sched.start();
+    (server, client, sched)
+}
+
 /// Room for a thousand connections and more (the soft limit is often 1 024).
 fn raise_fd_limit() {
     let mut lim = libc::rlimit {
@@ -88,11 +99,7 @@ fn raise_fd_limit() {
 #[test]
 fn the_sync_redis_client_in_a_thousand_fibers_on_two_workers() {
     with_deadline(|| {
-        raise_fd_limit();
-        let server = Server::start();
-        let client = redis::Client::open(server.url()).unwrap();
-        let sched = Arc::new(fibra::Scheduler::builder().threads(2).build().unwrap());
-        sched.start();
+        let (_server, client, sched) = server_and_scheduler();
         // Every fiber blocks in BLPOP on its own list until the test thread pushes to it,
         // which it does only once the server reports all 1 000 clients blocked at once: on
         // two workers, only hooks let more than two fibers wait in a blocking call.
@@ -181,11 +188,7 @@ impl fibra::sync::ManageConnection for RedisManager {
 #[test]
 fn a_pool_of_eight_sync_connections_serves_a_thousand_fibers_across_a_server_restart() {
     with_deadline(|| {
-        raise_fd_limit();
-        let server = Server::start();
-        let client = redis::Client::open(server.url()).unwrap();
-        let sched = Arc::new(fibra::Scheduler::builder().threads(2).build().unwrap());
-        sched.start();
+        let (server, client, sched) = server_and_scheduler();
         let pool = fibra::sync::Pool::builder()
             .max_size(8)
             .connection_timeout(Duration::from_secs(2))
