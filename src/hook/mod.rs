@@ -29,6 +29,9 @@
 //! | `accept`, `accept4` | wait for a connection (`SO_RCVTIMEO`) |
 //! | `poll`, `ppoll` (without a signal mask), `select` | park until an fd is ready (`POLLPRI` and `select`'s exception set: urgent data too; `POLLRDNORM`, `POLLWRNORM` and the band bits as their plain forms) or the timeout passes; a zero timeout is the real call; `select` takes any `n` up to the descriptor limit, sets larger than `fd_set` included |
 //! | `sleep`, `usleep`, `nanosleep`, `clock_nanosleep` (relative and `TIMER_ABSTIME`, realtime, monotonic and boottime clocks) | [`crate::sleep`]: std's `thread::sleep` uses `nanosleep` |
+//! | `splice`, `tee`, `sendfile`, `sendfile64` (std's `io::copy` between pipes, sockets and files) | wait for whichever side held the transfer up, then return once something moved (`sendfile`: all it was asked for), as the kernel's blocking calls do; `SPLICE_F_NONBLOCK`, or a side the user made non-blocking, fails with `EAGAIN` at once |
+//! | `vmsplice` | waits for room or data in the pipe (the kernel's call ignores the pipe's mode) |
+//! | `recvmmsg`, `sendmmsg` | a receive waits for all `vlen` messages (`MSG_WAITFORONE`: the first; its `timeout` is looked at as each message comes, as in the kernel), a send sends every message whole |
 //! | `getaddrinfo` | runs on fibra's blocking pool ([`unblock`](crate::unblock())) |
 //! | `close` | wakes fibers waiting on the fd (they fail with `EBADF`), forgets it in the reactor |
 //! | `fcntl` (`F_GETFL`, `F_SETFL`, `F_DUPFD`…), `ioctl(FIONBIO)`, `dup`, `dup2`, `dup3`, `socket`, `socketpair`, `pipe`, `pipe2` | keep the per-fd state right; otherwise the real call |
@@ -49,8 +52,10 @@
 //!   library directly: only code linked into the executable — all Rust code, and C code
 //!   built into it — is hooked. Likewise, calls the C library makes internally
 //!   (`fread`, the resolver's own sockets) are not hooked.
-//! - `epoll_wait`, `recvmmsg`/`sendmmsg`, `open` of a FIFO, `flock`, `wait`/`waitpid`,
-//!   futex-based locks (`std::sync::Mutex`): they block the worker.
+//! - `copy_file_range` works on regular files only (the kernel refuses pipes and sockets,
+//!   and std's `io::copy` then uses `splice` or `sendfile`): it never waits.
+//! - `epoll_wait`, `io_uring`, `open` of a FIFO, `flock`, `wait`/`waitpid`, futex-based
+//!   locks (`std::sync::Mutex`): they block the worker.
 //! - Static executables (musl): the feature needs a dynamically linked C library (glibc) to
 //!   find the real functions, and fails the build elsewhere.
 //!
@@ -481,16 +486,21 @@ impl Blocking {
             if self.ended(&seen) {
                 return 0;
             }
-            // A wait that found the fd ready at (or past) the timeout, and the call still
-            // would block: time is up (`errno` is the call's `EAGAIN`).
-            if matches!(self.deadline, Some(Some(d)) if Instant::now() >= d) {
-                return r;
-            }
-            if let Err(e) = self.wait(seen) {
+            if let Err(e) = self.again(seen) {
                 set_errno(e);
                 return -1;
             }
         }
+    }
+
+    /// After an attempt that would block: waits as [`Blocking::wait`], unless a wait
+    /// already found the fd ready at (or past) the timeout and the call still would block:
+    /// time is up, `Err(EAGAIN)`.
+    fn again(&mut self, seen: Option<(Arc<IoRecord>, u64)>) -> Result<(), c_int> {
+        if matches!(self.deadline, Some(Some(d)) if Instant::now() >= d) {
+            return Err(libc::EAGAIN);
+        }
+        self.wait(seen)
     }
 }
 
@@ -591,15 +601,9 @@ fn io(
     mut op: impl FnMut(usize) -> isize,
 ) -> isize {
     let whole = std::cell::LazyCell::new(whole);
-    let (b, start) = match route(fd) {
-        Route::Pass => {
-            let r = op(0);
-            match switched_under(fd, r, dir, || *whole) {
-                Some(go_on) => go_on,
-                None => return r,
-            }
-        }
-        Route::Wait(ctx, slot, state) => (Blocking::new(ctx, fd, slot, state, dir), 0),
+    let (b, start) = match start(fd, dir, || *whole, || op(0)) {
+        Ok(go_on) => go_on,
+        Err(r) => return r,
     };
     let call = |b: &mut Blocking| {
         let mut done = start;
@@ -618,14 +622,41 @@ fn io(
     blocking(b, call)
 }
 
+/// How a call on `fd` that may wait begins: `Ok` with the blocking call that goes on (and
+/// the bytes a first call already moved) if the fd waits, `Err` with the result of `first`
+/// (the real call, made here) if it does not. See [`io`] for `whole`, [`switched_under`] for
+/// a first call that met an fd switched while it was on its way.
+#[inline(always)]
+fn start(
+    fd: c_int,
+    dir: Dir,
+    whole: impl FnOnce() -> usize,
+    first: impl FnOnce() -> isize,
+) -> Result<(Blocking, usize), isize> {
+    match route(fd) {
+        Route::Pass => {
+            let r = first();
+            switched_under(fd, r, dir, whole).ok_or(r)
+        }
+        Route::Wait(ctx, slot, state) => Ok((Blocking::new(ctx, fd, slot, state, dir), 0)),
+    }
+}
+
 /// Makes a blocking call `call` with `b`: in a fiber, with the hook's cancellation.
 #[inline(always)]
 fn blocking(mut b: Blocking, call: impl FnOnce(&mut Blocking) -> isize) -> isize {
-    match b.ctx {
-        Ctx::Thread => call(&mut b),
+    in_ctx(b.ctx, || call(&mut b))
+}
+
+/// Runs `call`, a call that may wait, where `ctx` says: in a fiber, it spends a unit of the
+/// cooperative budget and a cancellation while it waits fails it with `ECANCELED`.
+#[inline(always)]
+fn in_ctx(ctx: Ctx, call: impl FnOnce() -> isize) -> isize {
+    match ctx {
+        Ctx::Thread => call(),
         Ctx::Fiber(meta) => in_fiber(meta, cancelled, || {
             crate::coop::spend();
-            call(&mut b)
+            call()
         }),
     }
 }

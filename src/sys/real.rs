@@ -81,4 +81,10 @@ real! {
     fn socketpair(domain: c_int, ty: c_int, proto: c_int, fds: *mut c_int) -> c_int;
     fn pipe(fds: *mut c_int) -> c_int;
     fn pipe2(fds: *mut c_int, flags: c_int) -> c_int;
+    fn splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: c_uint) -> ssize_t;
+    fn tee(fd_in: c_int, fd_out: c_int, len: size_t, flags: c_uint) -> ssize_t;
+    fn vmsplice(fd: c_int, iov: *const iovec, nr_segs: size_t, flags: c_uint) -> ssize_t;
+    fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut libc::off_t, count: size_t) -> ssize_t;
+    fn recvmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: c_uint, flags: c_int, timeout: *mut timespec) -> c_int;
+    fn sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int;
 }

@@ -12,3 +12,4 @@ mod fd_modes;
 mod interference;
 mod linking;
 mod std_calls;
+mod transfers;

@@ -48,7 +48,7 @@ fn wait_all(fd: c_int, flags: c_int, n: size_t) -> usize {
 }
 
 /// Whether `fd` is a stream socket (asked only for the rare `MSG_WAITALL`).
-fn is_stream(fd: c_int) -> bool {
+pub(super) fn is_stream(fd: c_int) -> bool {
     let mut kind: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as socklen_t;
     // SAFETY: `kind` and `len` are live and sized for SO_TYPE's int.
