@@ -1,6 +1,6 @@
 //! Criterion benchmarks of fibra alone (the comparison with tokio, may and Go lives in
 //! `benches/compare`). Workloads: spawn_many, yield_many and chained_spawn, as in that
-//! harness.
+//! harness, and spawn_join (spawn against spawn_local).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -116,5 +116,42 @@ fn chained_spawn(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, spawn_many, yield_many, chained_spawn);
+/// From inside a fiber, spawn N tasks and join each: `fibra::spawn` (any worker), a submit
+/// pinned to the spawner's worker, and `fibra::spawn_local` (the same worker, no `Send`
+/// bound: the same pinned path plus the thread checks of its `!Send` wrapper).
+fn spawn_local(c: &mut Criterion) {
+    const N: usize = 1_000;
+    let sched = scheduler();
+    let mut g = c.benchmark_group("spawn_join");
+    g.throughput(Throughput::Elements(N as u64));
+    g.bench_function("spawn", |b| {
+        b.iter(|| {
+            sched.block_on(|| {
+                let hs: Vec<_> = (0..N).map(|i| fibra::spawn(move || i)).collect();
+                hs.into_iter().map(|h| h.join().unwrap()).sum::<usize>()
+            })
+        })
+    });
+    g.bench_function("pinned", |b| {
+        b.iter(|| {
+            let s = sched.clone();
+            sched.block_on(move || {
+                let here = fibra::current_worker();
+                let hs: Vec<_> = (0..N).map(|i| s.submit(move || i, here).unwrap()).collect();
+                hs.into_iter().map(|h| h.join().unwrap()).sum::<usize>()
+            })
+        })
+    });
+    g.bench_function("spawn_local", |b| {
+        b.iter(|| {
+            sched.block_on(|| {
+                let hs: Vec<_> = (0..N).map(|i| fibra::spawn_local(move || i)).collect();
+                hs.into_iter().map(|h| h.join().unwrap()).sum::<usize>()
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, spawn_many, yield_many, chained_spawn, spawn_local);
 criterion_main!(benches);

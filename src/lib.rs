@@ -89,14 +89,14 @@ pub mod __bench {
 
 pub use dump::Dump;
 pub use error::{Error, SubmitError, WhenReadableError};
-pub use fiber::{Fiber, FiberId, FiberInfo, FiberState};
+pub use fiber::{Fiber, FiberId, FiberInfo, FiberLocal, FiberState};
 pub use join::{JoinError, JoinHandle};
 pub use join_set::JoinSet;
 pub use metrics::{Metrics, WorkerMetrics};
 pub use park::{park, park_timeout, ParkResult, Unparker};
 pub use sched::{
-    current_worker, spawn, Builder, Scheduler, TaskBuilder, CANCEL_GRACE, DEFAULT_WATCHDOG,
-    DROP_PATIENCE, MAX_THREADS,
+    current_worker, spawn, spawn_local, Builder, LocalJoinHandle, Scheduler, TaskBuilder,
+    CANCEL_GRACE, DEFAULT_WATCHDOG, DROP_PATIENCE, MAX_THREADS,
 };
 pub use scope::{scope, Scope, ScopedJoinHandle};
 pub use stack::{

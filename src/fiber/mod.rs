@@ -11,8 +11,11 @@
 //! This module owns the thread-local "current fiber" pointer, fiber ids and the standalone
 //! [`Fiber`]. It knows nothing of schedulers beyond the `Suspend` values it hands them.
 
+mod local;
 mod panic;
 
+pub(crate) use local::end_of_fiber;
+pub use local::FiberLocal;
 pub(crate) use panic::{install_overflow_handler, install_panic_hook};
 
 use crate::park::protocol::ParkRequest;
@@ -172,6 +175,8 @@ pub(crate) struct FiberMeta {
     pub(crate) worker: Option<usize>,
     /// What the fiber waits on, written as it parks (for `Scheduler::dump`).
     pub(crate) wait: Cell<crate::park::WaitOn>,
+    /// The fiber's [`FiberLocal`] values (a scheduled fiber's only).
+    pub(crate) locals: local::Locals,
 }
 
 impl FiberMeta {
@@ -190,6 +195,7 @@ impl FiberMeta {
             unconstrained: Cell::new(false),
             suspended_at: Cell::new(0),
             wait: Cell::new(crate::park::WaitOn::Park),
+            locals: local::Locals::new(),
             #[cfg(feature = "hook")]
             hooks_off: Cell::new(false),
             #[cfg(feature = "hook")]

@@ -7,6 +7,7 @@ pub(crate) mod cell;
 mod idle;
 mod injector;
 mod live;
+mod local;
 #[cfg(all(test, loom))]
 mod loom_model;
 mod observe;
@@ -17,6 +18,7 @@ pub(crate) mod watchdog;
 pub(crate) mod worker;
 
 pub use builder::Builder;
+pub use local::{spawn_local, LocalJoinHandle};
 pub use watchdog::DEFAULT_WATCHDOG;
 
 pub(crate) use worker::cancel_started;

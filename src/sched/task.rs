@@ -290,7 +290,7 @@ pub(crate) struct Header {
 
 // SAFETY: the shared fields are atomics or behind a lock. `placement` is written once by the
 // starting worker before it is published (see Placement). `home`, which holds the !Send
-// coroutine, is only touched by the home worker thread: a started fiber never changes thread
+// coroutine and the fiber's fiber-locals, is only touched by the home worker thread: a started fiber never changes thread
 // (docs/design.md, "Principles"), and the worker keeps the fiber in its registry until it has
 // ended, so the coroutine is created, resumed and dropped on that one thread. The one
 // exception is abandonment of `use_caller`'s worker 0 by another thread, which happens only
@@ -343,6 +343,20 @@ impl Header {
                 keep_alive: None,
             }),
         }
+    }
+
+    /// Drops the fiber-locals of this task's fiber, if the caller runs in that fiber (a
+    /// task an executor runs by hand has none of its own): `Some(payload)` if a destructor
+    /// panicked. See `crate::fiber::end_of_fiber`.
+    pub(crate) fn end_of_fiber(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        // SAFETY: a place projection only; the meta is read below only if it is the running
+        // fiber's, which only that fiber, on its home thread, touches while it runs.
+        let meta: *const FiberMeta = unsafe { &raw const (*self.home.get()).meta };
+        let current = crate::fiber::current_meta()?;
+        if !std::ptr::eq(current, meta) {
+            return None;
+        }
+        crate::fiber::end_of_fiber(current)
     }
 
     /// Records the cell this header is in (see `this`).

@@ -140,14 +140,28 @@ where
         // SAFETY: the starting worker is the only one touching `func` (see the Sync impl).
         let f = unsafe { (*self.func.get()).take() };
         let (result, ended) = match (start, f) {
-            (Start::Run, Some(f)) => match catch_unwind(AssertUnwindSafe(f)) {
-                Ok(value) => (Ok(value), Ended::Returned),
-                Err(p) if p.is::<Cancelled>() => {
-                    drop_catching(p);
-                    (Err(JoinError::cancelled()), Ended::Cancelled)
+            (Start::Run, Some(f)) => {
+                let r = catch_unwind(AssertUnwindSafe(f));
+                // The fiber's fiber-locals go as its body ends, inside it, before anyone
+                // can see the result; a destructor's panic fails a task that returned.
+                let dropped = self.header.end_of_fiber();
+                match (r, dropped) {
+                    (Ok(value), None) => (Ok(value), Ended::Returned),
+                    (Ok(value), Some(p)) => {
+                        drop_catching(value);
+                        (Err(JoinError::panic(p)), Ended::Panicked)
+                    }
+                    (Err(p), dropped) => {
+                        drop_catching(dropped);
+                        if p.is::<Cancelled>() {
+                            drop_catching(p);
+                            (Err(JoinError::cancelled()), Ended::Cancelled)
+                        } else {
+                            (Err(JoinError::panic(p)), Ended::Panicked)
+                        }
+                    }
                 }
-                Err(p) => (Err(JoinError::panic(p)), Ended::Panicked),
-            },
+            }
             (Start::Fail(err), f) => {
                 drop_catching(f);
                 let ended = if err.is_cancelled() {

@@ -9,6 +9,7 @@ mod drops_that_panic_or_wait;
 mod executor_edge_cases;
 mod executors;
 mod join_set;
+mod local;
 mod scope;
 mod thousands_cancelled;
 mod toolkit_misuse;
