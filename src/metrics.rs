@@ -100,13 +100,16 @@ impl Scheduler {
 
 /// Reads the figures of the scheduler behind `sh`.
 fn metrics(sh: &Shared) -> Metrics {
-    let now = crate::sys::mono_ns();
     let workers: Vec<WorkerMetrics> = sh
         .workers
         .iter()
         .enumerate()
         .map(|(index, w)| {
             let st = &w.stats.0;
+            // The four from one moment, then the clock: every interval open then is closed
+            // now, at or after its start (`busy` and `slept` only grow, read after read).
+            let t = st.read_times();
+            let now = crate::sys::mono_ns();
             // Closed intervals plus the one in progress (a start of 0: none).
             let open = |since: u64| {
                 if since == 0 {
@@ -115,8 +118,15 @@ fn metrics(sh: &Shared) -> Metrics {
                     now.saturating_sub(since)
                 }
             };
-            let run = st.run_ns.get() + open(st.run_since.get());
-            let slept = st.slept_ns.get() + open(st.asleep_since.get());
+            let run = t.run_ns + open(t.run_since);
+            // Never less than an earlier report (see `reported_times`).
+            let at_least = |i: usize, v: u64| {
+                let prev = w.reported_times[i].fetch_max(v, Ordering::Relaxed);
+                v.max(prev)
+            };
+            let slept = t.slept_ns + open(t.asleep_since);
+            let busy = at_least(0, run.saturating_sub(slept));
+            let slept = at_least(1, slept);
             WorkerMetrics {
                 index,
                 resumes: st.returned.get() + st.yields.get() + st.parks.get(),
@@ -129,7 +139,7 @@ fn metrics(sh: &Shared) -> Metrics {
                 cedes: st.cedes.get(),
                 sleeps: st.sleeps.get(),
                 slept: Duration::from_nanos(slept),
-                busy: Duration::from_nanos(run.saturating_sub(slept)),
+                busy: Duration::from_nanos(busy),
                 finished: st.finished.get(),
                 fibers: st.fibers.get() as usize,
                 ready: st.ready.get() as usize,
@@ -141,8 +151,9 @@ fn metrics(sh: &Shared) -> Metrics {
             }
         })
         .collect();
-    let finished: u64 = workers.iter().map(|w| w.finished).sum();
     let live_tasks = sh.live();
+    // Its own counters, which only grow (a pending continuation is not a task yet).
+    let spawned = sh.spawned();
     let continuations = sh.continuations.load(Ordering::SeqCst).min(live_tasks);
     let stacks = crate::stack_stats();
     let stack_mappings = if stacks.guard.starts_with("madvise") {
@@ -157,8 +168,7 @@ fn metrics(sh: &Shared) -> Metrics {
         uptime: sh.epoch.elapsed(),
         live_tasks,
         continuations,
-        // A pending continuation has not become a task yet.
-        spawned: finished + (live_tasks - continuations) as u64,
+        spawned,
         injector: sh.injector.len(),
         stack_size: sh.config.stack_size,
         stacks_free: stacks.stacks_free,

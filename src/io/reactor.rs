@@ -322,7 +322,16 @@ pub(crate) fn wait_any(records: &[(Arc<IoRecord>, u32)], deadline: Option<Instan
     // the top half of the id space, which per-record counters never reach.
     let id = (1 << 63) | NEXT.fetch_add(1, Ordering::Relaxed);
     let _counted = WaitingGuard::new(&reactor().waiting);
-    let r = park_until(deadline, WaitOn::Other("poll (several fds)"), |u| {
+    let on = match records {
+        // A poll of one fd waits for that fd, as the dump says.
+        [(rec, interest)] => WaitOn::Io {
+            fd: rec.fd,
+            readable: interest & READABLE != 0,
+            writable: interest & WRITABLE != 0,
+        },
+        _ => WaitOn::Other("poll (several fds)"),
+    };
+    let r = park_until(deadline, on, |u| {
         for (rec, interest) in records {
             let mut waiters = rec.waiters.lock();
             if rec.ready(*interest) {

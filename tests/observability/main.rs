@@ -5,4 +5,5 @@
 mod common;
 
 mod during_shutdown;
+mod exact;
 mod metrics_dump_watchdog;

@@ -100,10 +100,8 @@ impl Entry {
 
     /// How long it has been in its status: parked since it parked; running for at least
     /// this long (known only when the watchdog watches its worker); `None` for a ready
-    /// fiber. Read from a coarse clock that its worker refreshes every 64 fibers it runs:
-    /// accurate to a few milliseconds, unless the fiber parked right after a fiber that ran
-    /// long without suspending on a scheduler without a watchdog (with one, the worker
-    /// refreshes its clock after such a fiber).
+    /// fiber. The park is stamped from the coarse monotonic clock, read at the park:
+    /// accurate to a few milliseconds (the kernel's tick).
     pub fn duration(&self) -> Option<Duration> {
         self.for_
     }

@@ -166,8 +166,11 @@ impl Worker {
         if timeout.is_none_or(|t| !t.is_zero()) {
             self.publish_gauges();
             let _held = watched.and_then(|(_, peer)| self.hold_apart_from(peer));
-            let before = crate::sys::mono_ns();
-            self.stats().asleep_since.set(before);
+            let mut before = 0;
+            self.stats().update_times(|st| {
+                before = crate::sys::mono_ns();
+                st.asleep_since.set(before);
+            });
             let sleep = &self.own_shared().sleep;
             // Fibers of this worker wait for fds in its own epoll instance: it sleeps there,
             // so that the kernel wakes it for their readiness (see `crate::io::home`).
@@ -203,12 +206,13 @@ impl Worker {
             }
             // Awake (the sleep's SeqCst exchange made it visible): the monitor watches again.
             sh.monitor.nudge();
-            let after = crate::sys::mono_ns();
             let st = self.stats();
             st.sleeps.add(1);
-            st.slept_ns.add(after.saturating_sub(before));
-            st.asleep_since.set(0);
-            self.clock.set(after);
+            st.update_times(|st| {
+                st.slept_ns
+                    .add(crate::sys::mono_ns().saturating_sub(before));
+                st.asleep_since.set(0);
+            });
             // A sleep is where the kernel most often moves a thread.
             self.publish_cpu();
         }

@@ -343,13 +343,10 @@ impl Worker {
         task: &'j TaskRef,
         deadline: Option<Instant>,
     ) -> &'j mut HomeOnly {
-        if self.stats().stuck_since.load(Ordering::Relaxed) != 0 {
-            // The watchdog saw this worker inside one fiber for a while: the coarse clock,
-            // refreshed only every `CLOCK_INTERVAL` passes, is that much behind.
-            self.clock.set(crate::sys::coarse_ns());
-        }
         let home = self.home(&**task);
-        home.since = self.clock.get();
+        // The coarse clock (a read of the vDSO's page, a few ns): a reading cached for
+        // several passes was behind by as long as the fibers between ran.
+        home.since = crate::sys::coarse_ns();
         home.deadline = deadline;
         self.stats().parks.add(1);
         home

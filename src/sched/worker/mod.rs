@@ -115,6 +115,9 @@ pub(crate) struct WorkerShared {
     /// The OS thread id of the thread driving this worker (0: none yet), for the
     /// watchdog's look at what the kernel says it does.
     pub(crate) tid: std::sync::atomic::AtomicI32,
+    /// The largest `busy` and `slept` (ns) any `metrics()` has reported, so that no later
+    /// one reports less: the worker's clock reads and a reader's are a few ns apart.
+    pub(crate) reported_times: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl WorkerShared {
@@ -283,9 +286,6 @@ pub(crate) struct Worker {
     /// The last report request this worker answered.
     reported: Cell<usize>,
     rng: Cell<u32>,
-    /// A coarse `CLOCK_MONOTONIC` reading (ns), refreshed every `CLOCK_INTERVAL` ticks and
-    /// after a sleep: when fibers switched out, for the dump.
-    clock: Cell<u64>,
     /// Dumps being answered, a chunk per pass (see `dump_step`).
     dumps: DumpsInProgress,
     /// This worker's part of `shared` (one load away instead of an indexed lookup: its
@@ -341,7 +341,6 @@ impl Worker {
             phase: Cell::new(Phase::Running),
             reported: Cell::new(reported),
             rng: Cell::new(0x9E37_79B9 ^ (index as u32).wrapping_mul(0x85EB_CA6B) | 1),
-            clock: Cell::new(crate::sys::coarse_ns()),
             dumps: DumpsInProgress::default(),
         }
     }
@@ -358,7 +357,7 @@ impl Worker {
         &self.own_shared().stats.0
     }
 
-    /// Publishes the sizes of the ready queue and the stack pool: every `CLOCK_INTERVAL`
+    /// Publishes the sizes of the ready queue and the stack pool: every `GAUGE_INTERVAL`
     /// passes and before a sleep, not at every change. (The registry's size, which placement
     /// reads, is published at every change: see `launch`, `unregister`, `abandon_all`.)
     pub(super) fn publish_gauges(&self) {

@@ -1,5 +1,5 @@
 //! The worker loop: `Worker::run`, one pass of it (`next_task`, the order in which a worker
-//! looks at its queues), the chores of every few passes (timers, I/O, the coarse clock, the
+//! looks at its queues), the chores of every few passes (timers, I/O, the gauges, the
 //! dump in progress), and the loop's catch-up with the shutdown phase. It calls into every
 //! other concern of the worker; only the choice of what runs next is made here.
 //!
@@ -33,9 +33,9 @@ const TIMER_INTERVAL: u32 = 16;
 /// time, with their stacks prefetched, wakes due sleepers sooner than either all at once or
 /// one at a time.
 const FIRE_BATCH: usize = 8;
-/// Every this many ticks (a multiple of `TIMER_INTERVAL`) a worker refreshes its coarse
-/// clock (when fibers switched out, for the dump; about 5 ns) and its ready gauge.
-const CLOCK_INTERVAL: u32 = 64;
+/// Every this many ticks (a multiple of `TIMER_INTERVAL`) a worker publishes its gauges
+/// (the ready queue's and the stack cache's sizes).
+const GAUGE_INTERVAL: u32 = 64;
 /// After a yield, the least loaded worker takes a task from the injector first at every
 /// yield while at most this many fibers are ready on it, at every other one beyond (see
 /// `next_task`).
@@ -80,9 +80,11 @@ impl Drop for ExitWorker<'_> {
         // Until the next drive, the last fiber may end elsewhere (abandoned) or its worker
         // be dropped: nobody may read it through `current` any more.
         self.1.own_shared().watch.retire(&st.current);
-        let since = st.run_since.get();
-        st.run_ns.add(crate::sys::mono_ns().saturating_sub(since));
-        st.run_since.set_seqcst(0);
+        st.update_times(|st| {
+            let since = st.run_since.get();
+            st.run_ns.add(crate::sys::mono_ns().saturating_sub(since));
+            st.run_since.set_seqcst(0);
+        });
     }
 }
 
@@ -101,8 +103,7 @@ impl Worker {
             std::sync::atomic::Ordering::Relaxed,
         );
         self.stats()
-            .run_since
-            .set_seqcst(crate::sys::mono_ns().max(1));
+            .update_times(|st| st.run_since.set_seqcst(crate::sys::mono_ns().max(1)));
         self.shared.monitor.nudge();
         loop {
             if until() {
@@ -265,15 +266,14 @@ impl Worker {
     }
 
     /// The chores of every `TIMER_INTERVAL`-th pass: the next chunk of a dump in progress
-    /// (the other passes take one too), every `CLOCK_INTERVAL` ticks the coarse clock and the ready gauge, and the look for a
+    /// (the other passes take one too), every `GAUGE_INTERVAL` ticks the gauges, and the look for a
     /// peer waiting for this worker's CPU (`cede_cpu`).
     #[inline]
     fn every_few_passes(&self, tick: u32) {
         if self.dumps.active() {
             self.dump_step();
         }
-        if tick.is_multiple_of(CLOCK_INTERVAL) {
-            self.clock.set(crate::sys::coarse_ns());
+        if tick.is_multiple_of(GAUGE_INTERVAL) {
             self.publish_gauges();
         }
         if self.shared.workers.len() > 1 {

@@ -70,6 +70,7 @@ impl Shared {
                     watch: Watch::new(),
                     absent: AtomicBool::new(false),
                     tid: std::sync::atomic::AtomicI32::new(0),
+                    reported_times: Default::default(),
                 })
                 .collect(),
             injector: Injector::new(),
@@ -120,6 +121,11 @@ impl Shared {
         }
     }
 
+    /// Tasks scheduled so far (see `LiveCount::spawned`).
+    pub(crate) fn spawned(&self) -> u64 {
+        self.live.spawned() as u64
+    }
+
     /// Tasks admitted and not yet done (see `LiveCount::get`).
     pub(crate) fn live(&self) -> usize {
         self.live.get()
@@ -150,6 +156,7 @@ impl Shared {
     /// Queues a task that has never run.
     pub(crate) fn schedule_new(&self, task: TaskRef) {
         let here = self.local_worker();
+        self.live.spawned_one(here.map(|w| w.index));
         match task.header().pinned {
             Some(i) => {
                 self.workers[i].inbox.push(ScheduleTask::Start(task));
