@@ -9,15 +9,20 @@
 //!
 //! Futures that need a runtime's context — tokio's sockets and timers, and what is built on
 //! them (reqwest, hyper, tonic) — need that runtime: with the `tokio` feature, give a
-//! scheduler a handle ([`Builder::tokio_handle`](crate::Builder)) and `block_on` in its
-//! fibers enters the runtime's context around each poll, while tokio's own threads drive its
-//! reactor and timers. Without one, such a future fails the way tokio reports it: a panic
-//! saying there is no reactor running, which reaches the fiber's `JoinHandle`.
+//! scheduler a handle ([`Builder::tokio_handle`](crate::Builder)) and its worker threads
+//! are inside the runtime's context for as long as they run fibers, while tokio's own
+//! threads drive its reactor and timers. Every fiber can make, poll and drop tokio futures
+//! anywhere: inside `block_on` or before it, and in a destructor run as a cancelled fiber
+//! unwinds. Without a handle, such a future fails the way tokio reports it: a panic saying
+//! there is no reactor running, which reaches the fiber's `JoinHandle`.
 //!
 //! What blocks what: `block_on` in a fiber parks the fiber; on a plain thread it blocks the
 //! thread (do not call it on an async runtime's own threads: that blocks the executor). A
-//! poll must not block — as in any executor — and must not park the fiber through fibra's
-//! blocking calls either, since the runtime context entered around it belongs to the thread.
+//! poll must not block, as in any executor. fibra's own futures never suspend the fiber
+//! that polls them, and a poll made by `block_on` never yields for the
+//! [cooperative budget](crate::coop) (the poll as a whole spends one unit). Do not hold a
+//! tokio `EnterGuard` of your own across a suspension: the fibers of a worker share its
+//! thread's context stack.
 
 use crate::sync::select::Signal;
 use std::future::Future;
@@ -48,10 +53,9 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
         crate::coop::spend();
         // Forget earlier wakes: this poll sees whatever they announced.
         signal.reset();
-        #[cfg(feature = "tokio")]
-        let polled = crate::sched::in_tokio_context(|| fut.as_mut().poll(&mut cx));
-        #[cfg(not(feature = "tokio"))]
-        let polled = fut.as_mut().poll(&mut cx);
+        // One unit was spent above, for the whole poll: fibra calls inside it (a receiver's
+        // `try_recv`, say) never yield the fiber in the middle of someone's `poll`.
+        let polled = crate::coop::unconstrained(|| fut.as_mut().poll(&mut cx));
         if let Poll::Ready(v) = polled {
             return v;
         }

@@ -82,11 +82,11 @@ impl Builder {
     }
 
     /// The tokio runtime for async code run in this scheduler's fibers (feature `tokio`):
-    /// [`future::block_on`](crate::future::block_on) enters its context around every poll, so
-    /// futures that need one (tokio's sockets and timers, reqwest, hyper, tonic) work there.
-    /// The runtime's own threads drive its reactor and timers; the fiber only waits. Create
-    /// such futures inside the `async` block given to `block_on` (some, like tokio's `sleep`,
-    /// need the context as soon as they are made).
+    /// the worker threads are inside its context while they run fibers, so futures that need
+    /// one (tokio's sockets and timers, reqwest, hyper, tonic) work in
+    /// [`future::block_on`](crate::future::block_on), and may be made and dropped anywhere in
+    /// a fiber. The runtime's own threads drive its reactor and timers; the fiber only
+    /// waits.
     ///
     /// ```
     /// let rt = tokio::runtime::Builder::new_multi_thread()
@@ -102,10 +102,9 @@ impl Builder {
     /// sched.start();
     /// let slept = sched.block_on(|| {
     ///     let t = std::time::Instant::now();
-    ///     // Made inside the `async` block: tokio's `sleep` needs the context when created.
-    ///     fibra::future::block_on(async {
-    ///         tokio::time::sleep(std::time::Duration::from_millis(10)).await
-    ///     });
+    ///     // tokio's `sleep` needs the context as soon as it is made: the fiber has it.
+    ///     let sleep = tokio::time::sleep(std::time::Duration::from_millis(10));
+    ///     fibra::future::block_on(sleep);
     ///     t.elapsed()
     /// });
     /// assert!(slept >= std::time::Duration::from_millis(10));

@@ -658,16 +658,6 @@ where
         .unwrap_or_else(|refused| crate::join::cancelled(refused.into_inner()))
 }
 
-/// Runs `f` (one poll: it must not park) inside the context of the tokio runtime of the
-/// scheduler whose fiber calls it, if that scheduler has one.
-#[cfg(feature = "tokio")]
-pub(crate) fn in_tokio_context<R>(f: impl FnOnce() -> R) -> R {
-    worker::with_current_shared(|s| {
-        let _context = s.and_then(|s| s.config.tokio.as_ref()).map(|h| h.enter());
-        f()
-    })
-}
-
 /// Runs `f` as a new fiber of the scheduler whose fiber calls it (on any of its workers),
 /// like `tokio::spawn`. Its handle reports cancelled if that scheduler is shutting down and
 /// refuses new work.

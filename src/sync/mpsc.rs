@@ -198,7 +198,7 @@ impl<T> Future for RecvFuture<'_, T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         loop {
-            if let Some(r) = super::ready(this.rx.try_recv()) {
+            if let Some(r) = super::ready(this.rx.try_take()) {
                 this.done();
                 return Poll::Ready(r);
             }
@@ -291,6 +291,12 @@ impl<T> Receiver<T> {
     /// and every sender is gone.
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
         crate::coop::spend();
+        self.try_take()
+    }
+
+    /// [`try_recv`](Receiver::try_recv) without spending the budget: a future's `poll`
+    /// never yields the fiber that polls it.
+    fn try_take(&self) -> Result<T, TryRecvError> {
         if let Some(msg) = self.batch.pop() {
             return Ok(msg);
         }

@@ -189,6 +189,12 @@ impl<T> Receiver<T> {
     /// (the sender was dropped, or the value was already received).
     pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
         crate::coop::spend();
+        self.take()
+    }
+
+    /// [`try_recv`](Receiver::try_recv) without spending the budget: a future's `poll`
+    /// never yields the fiber that polls it.
+    fn take(&mut self) -> Result<T, TryRecvError> {
         let inner = &*self.inner;
         // Acquire: pairs with the sender's Release, for the value.
         let s = inner.state.load(Ordering::Acquire);
@@ -245,7 +251,7 @@ impl<T> std::future::Future for Receiver<T> {
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
         this.unpoll();
-        if let Some(r) = super::ready(this.try_recv()) {
+        if let Some(r) = super::ready(this.take()) {
             return std::task::Poll::Ready(r);
         }
         // As a parked receiver publishes its unparker: if the sender's side finished first,

@@ -6,3 +6,4 @@ mod common;
 
 mod bridge;
 mod misuse;
+mod tokio_context;

@@ -203,17 +203,6 @@ pub fn current_worker() -> Option<usize> {
     unsafe { w.as_ref() }.map(|w| w.index)
 }
 
-/// Calls `f` with the shared state of the scheduler whose worker runs on this thread, if any,
-/// borrowed (no reference count taken). `f` must not park the calling fiber.
-#[cfg(feature = "tokio")]
-pub(crate) fn with_current_shared<R>(f: impl FnOnce(Option<&Shared>) -> R) -> R {
-    let w = CURRENT_WORKER.with(|c| c.get());
-    // SAFETY: see `Shared::local_worker`; the worker, which owns a reference to the shared
-    // state, stays alive while its loop is below us on this thread, and `f` does not leave
-    // this thread (it may not park).
-    f(unsafe { w.as_ref() }.map(|w| &*w.shared))
-}
-
 /// The worker whose loop runs on this thread, of whichever scheduler, or null. While its
 /// loop is on this thread's stack it stays alive (see `Shared::local_worker`).
 #[inline(always)]

@@ -97,6 +97,11 @@ impl Worker {
         // worker code, not that fiber's; it is the current fiber again when the loop ends.
         let outer = fiber::leave_all();
         let _restore = ExitWorker(prev, self, outer);
+        // The tokio runtime's context, for the whole drive: every fiber may make, poll and
+        // drop tokio futures anywhere (a guard per poll, held by fibers that interleave on
+        // this thread, would be dropped out of order).
+        #[cfg(feature = "tokio")]
+        let _tokio = self.shared.config.tokio.as_ref().map(|h| h.enter());
         crate::stack::overflow::ensure_alt_stack(false);
         self.own_shared().tid.store(
             crate::sys::thread_view::gettid(),
