@@ -202,7 +202,56 @@ fn main() -> Result<(), fibra::Error> {
     structured_concurrency();
     async_bridge();
     observability();
+    staying_home();
     Ok(())
+}
+
+fibra::fiber_local! {
+    /// How many steps the running fiber has taken: one counter per fiber.
+    static STEPS: std::cell::Cell<u32> = std::cell::Cell::new(0);
+}
+
+/// What fibers that never change thread allow: `!Send` state shared by a worker's fibers,
+/// a value per fiber, and a coroutine written by hand scheduled like a task.
+fn staying_home() {
+    println!("\n== 15. Staying home: spawn_local, fiber_local!, a Fiber handed to its worker");
+    let sched = fibra::Scheduler::builder()
+        .threads(2)
+        .build()
+        .expect("scheduler");
+    let (total, log) = sched.block_on(|| {
+        // `Rc<RefCell<_>>` shared by local fibers: no lock, no Send.
+        let shared = Rc::new(RefCell::new(Vec::new()));
+        let fibers: Vec<_> = (0..3)
+            .map(|i| {
+                let shared = shared.clone();
+                fibra::spawn_local(move || {
+                    for _ in 0..i + 1 {
+                        STEPS.with(|s| s.set(s.get() + 1));
+                        fibra::Fiber::yield_now();
+                    }
+                    shared.borrow_mut().push((i, STEPS.with(|s| s.get())));
+                })
+            })
+            .collect();
+        // A standalone coroutine, resumed by the worker at each of its yields.
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let l = log.clone();
+        let coroutine = fibra::Fiber::new(move || {
+            for step in ["open", "read", "close"] {
+                l.borrow_mut().push(step);
+                fibra::Fiber::yield_now();
+            }
+        });
+        let handed = fibra::spawn_local_fiber(coroutine);
+        fibers.into_iter().for_each(|h| h.join().expect("no panic"));
+        handed.join().expect("no panic");
+        let total = shared.borrow().clone();
+        (total, log.take())
+    });
+    println!("   local fibers (index, its own step count): {total:?}");
+    println!("   the handed-over Fiber's steps, between its yields: {log:?}");
+    sched.stop();
 }
 
 /// Metrics, the fiber dump and the watchdog.

@@ -95,8 +95,8 @@ pub use join_set::JoinSet;
 pub use metrics::{Metrics, WorkerMetrics};
 pub use park::{park, park_timeout, ParkResult, Unparker};
 pub use sched::{
-    current_worker, spawn, spawn_local, Builder, LocalJoinHandle, Scheduler, TaskBuilder,
-    CANCEL_GRACE, DEFAULT_WATCHDOG, DROP_PATIENCE, MAX_THREADS,
+    current_worker, spawn, spawn_local, spawn_local_fiber, Builder, LocalJoinHandle, Scheduler,
+    TaskBuilder, CANCEL_GRACE, DEFAULT_WATCHDOG, DROP_PATIENCE, MAX_THREADS,
 };
 pub use scope::{scope, Scope, ScopedJoinHandle};
 pub use stack::{

@@ -151,6 +151,62 @@ where
     }
 }
 
+/// Hands a standalone [`Fiber`](crate::Fiber), made in the calling fiber, to its worker:
+/// the worker resumes it now and again after each of its yields, running its other fibers
+/// in between, and the handle's [`join`](LocalJoinHandle::join) waits until it has ended (a
+/// panic in it reaches the handle). This is the fiber half of `submit`: a coroutine written
+/// by hand, scheduled like a task. A fiber already resumed part-way goes on from its last
+/// yield; one that has ended is done at once.
+///
+/// Only its yields give the worker back: inside a standalone fiber, fibra's waits (`sleep`,
+/// locks, sockets) block the worker's thread, as on a plain thread.
+///
+/// # Panics
+/// Outside a fiber of a [`Scheduler`](crate::Scheduler), as [`spawn_local`].
+///
+/// ```
+/// use std::{cell::RefCell, rc::Rc};
+/// let sched = fibra::Scheduler::builder().threads(1).build().unwrap();
+/// let log = sched.block_on(|| {
+///     let log = Rc::new(RefCell::new(Vec::new()));
+///     let l = log.clone();
+///     let fiber = fibra::Fiber::new(move || {
+///         for i in 0..3 {
+///             l.borrow_mut().push(format!("fiber {i}"));
+///             fibra::Fiber::yield_now();
+///         }
+///     });
+///     let h = fibra::spawn_local_fiber(fiber);
+///     for i in 0..3 {
+///         log.borrow_mut().push(format!("caller {i}"));
+///         fibra::Fiber::yield_now();
+///     }
+///     h.join().unwrap();
+///     log.take()
+/// });
+/// // The caller and the handed-over fiber took turns on the worker.
+/// assert_eq!(log[..4], ["caller 0", "fiber 0", "caller 1", "fiber 1"]);
+/// ```
+#[track_caller]
+pub fn spawn_local_fiber(fiber: crate::Fiber) -> LocalJoinHandle<()> {
+    spawn_local(move || {
+        let mut fiber = fiber;
+        loop {
+            match fiber.resume() {
+                crate::FiberState::Suspended => crate::Fiber::yield_now(),
+                crate::FiberState::Panicked => {
+                    if let Some(p) = fiber.take_panic() {
+                        std::panic::resume_unwind(p);
+                    }
+                    // Its panic was taken before it was handed over: it has ended.
+                    return;
+                }
+                _ => return,
+            }
+        }
+    })
+}
+
 /// The handle of a fiber made by [`spawn_local`]: as a [`JoinHandle`], but it stays on the
 /// thread of the worker that runs the fiber (`!Send`).
 #[must_use = "dropping a LocalJoinHandle detaches the fiber; join() waits for it"]

@@ -18,7 +18,7 @@ pub(crate) mod watchdog;
 pub(crate) mod worker;
 
 pub use builder::Builder;
-pub use local::{spawn_local, LocalJoinHandle};
+pub use local::{spawn_local, spawn_local_fiber, LocalJoinHandle};
 pub use watchdog::DEFAULT_WATCHDOG;
 
 pub(crate) use worker::cancel_started;

@@ -318,3 +318,59 @@ fn destructors_that_panic_or_make_new_values_end_cleanly() {
         s.stop();
     });
 }
+
+#[test]
+fn a_standalone_fiber_handed_to_the_worker_runs_between_its_yields_to_its_end() {
+    with_deadline(|| {
+        let s = started(2);
+        s.block_on(|| {
+            // Resumed part-way by hand, then handed over: it goes on from its last yield.
+            let steps = Rc::new(Cell::new(0));
+            let st = steps.clone();
+            let mut fiber = fibra::Fiber::new(move || {
+                for _ in 0..5 {
+                    st.set(st.get() + 1);
+                    fibra::Fiber::yield_now();
+                }
+            });
+            fiber.resume();
+            assert_eq!(steps.get(), 1);
+            let h = fibra::spawn_local_fiber(fiber);
+            h.join().unwrap();
+            assert_eq!(steps.get(), 5);
+
+            // A panic inside reaches the handle.
+            let fiber = fibra::Fiber::new(|| {
+                fibra::Fiber::yield_now();
+                panic!("in the standalone fiber");
+            });
+            let e = fibra::spawn_local_fiber(fiber).join().unwrap_err();
+            assert_eq!(
+                panic_message(&*e.into_panic()).as_deref(),
+                Some("in the standalone fiber")
+            );
+
+            // Cancelled while it is suspended: the handle says so, and what the fiber held is
+            // dropped.
+            let held = Rc::new(());
+            let h2 = held.clone();
+            let fiber = fibra::Fiber::new(move || {
+                let _h = h2;
+                loop {
+                    fibra::Fiber::yield_now();
+                }
+            });
+            let h = fibra::spawn_local_fiber(fiber);
+            fibra::Fiber::yield_now();
+            h.cancel();
+            assert!(h.join().unwrap_err().is_cancelled());
+            assert_eq!(Rc::strong_count(&held), 1);
+
+            // One that has ended is done at once.
+            let mut ended = fibra::Fiber::new(|| ());
+            assert_eq!(ended.resume(), fibra::FiberState::Done);
+            fibra::spawn_local_fiber(ended).join().unwrap();
+        });
+        s.stop();
+    });
+}
