@@ -21,7 +21,7 @@
 //! wakes every blocked sender with `DISCONNECTED`, each sender's message staying in its slot
 //! and coming back in the error. Messages are never dropped under the internal lock.
 
-use super::select::{Offers, Signal, Watchers};
+use super::select::{Offers, RecvOffers, Signal, Watchers};
 use super::shim::{AtomicUsize, Ordering, UnsafeCell};
 use super::wait_queue::{wait, Guard, Lock, Wait, WaitList};
 use crate::dump::WaitOn;
@@ -106,6 +106,8 @@ pub(super) struct State<T> {
     pub(super) tx_watch: Watchers,
     /// Sends that waiting selects offer on a rendezvous channel (see `select`).
     pub(super) offers: Offers<T>,
+    /// Receives that waiting selects offer on a rendezvous channel (see `select`).
+    pub(super) recv_offers: RecvOffers<T>,
 }
 
 impl<T> Chan<T> {
@@ -122,6 +124,7 @@ impl<T> Chan<T> {
                 rx_watch: Watchers::default(),
                 tx_watch: Watchers::default(),
                 offers: Offers::default(),
+                recv_offers: RecvOffers::default(),
             }),
             senders: AtomicUsize::new(1),
         }
@@ -148,6 +151,16 @@ impl<T> Chan<T> {
         }
         let Some(msg) = deliver(&mut st, msg) else {
             return Ok(());
+        };
+        // A rendezvous channel whose receiving select waits: complete its receive.
+        let msg = if st.bound == Some(0) {
+            let (st, wakes) = st.parts();
+            match st.recv_offers.fill(msg, wakes) {
+                Ok(()) => return Ok(()),
+                Err(msg) => msg,
+            }
+        } else {
+            msg
         };
         let room = match st.bound {
             None => true,
@@ -263,6 +276,24 @@ impl<T> Chan<T> {
         }
     }
 
+    /// Whether a send would complete now, with its message or with an error: the receivers
+    /// are gone, one waits, there is room, or a waiting select offers its receive.
+    pub(super) fn can_send(&self) -> bool {
+        let st = self.state.lock();
+        st.receivers_gone
+            || !st.receivers.is_empty()
+            || match st.bound {
+                None => true,
+                Some(0) => st.recv_offers.any_open(),
+                Some(bound) => st.buffer.len() < bound && st.senders.is_empty(),
+            }
+    }
+
+    /// Whether this is a rendezvous channel, where a waiting select offers its sends.
+    pub(super) fn rendezvous(&self) -> bool {
+        self.state.lock().bound == Some(0)
+    }
+
     /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
     pub(super) fn offer(&self, msg: T, s: &std::sync::Arc<Signal>, arm: usize) -> Result<(), T> {
         let mut guard = self.state.lock();
@@ -273,6 +304,34 @@ impl<T> Chan<T> {
 
     pub(super) fn withdraw(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
         self.state.lock().offers.withdraw(s, arm)
+    }
+
+    /// A waiting select's receive on a rendezvous channel whose senders are alive (see
+    /// `select::RecvOffers`); returns whether it was offered.
+    pub(super) fn offer_recv(&self, s: &std::sync::Arc<Signal>, arm: usize) -> bool {
+        let mut guard = self.state.lock();
+        let (st, wakes) = guard.parts();
+        if st.bound != Some(0) || st.senders_gone {
+            return false;
+        }
+        st.recv_offers.offer(&st.tx_watch, wakes, s, arm);
+        true
+    }
+
+    /// A message received by a select that unwinds instead of taking it: to a waiting
+    /// receiver, else to the front of the buffer (where a cancelled `recv` puts its own, see
+    /// `wait_message`), and the selects waiting to receive hear of it.
+    pub(super) fn pass_on(&self, msg: T) {
+        let mut st = self.state.lock();
+        if let Some(msg) = deliver(&mut st, msg) {
+            st.buffer.push_front(msg);
+            st.notify(|s| &s.rx_watch);
+        }
+    }
+
+    /// Takes a select's receive offer back, with the message a sender put in it, if one did.
+    pub(super) fn withdraw_recv(&self, s: &std::sync::Arc<Signal>, arm: usize) -> Option<T> {
+        self.state.lock().recv_offers.withdraw(s, arm)
     }
 }
 
@@ -407,6 +466,25 @@ macro_rules! channel_handles {
             pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
                 self.chan.watch(true, s, on);
             }
+
+            /// A waiting select's offer of its receive (see `Chan::offer_recv`).
+            pub(crate) fn select_offer_recv(&self, s: &std::sync::Arc<Signal>, arm: usize) -> bool {
+                self.chan.offer_recv(s, arm)
+            }
+
+            /// A message a cancelled select received: to the next receiver, first in line.
+            pub(crate) fn select_pass_on(&self, msg: T) {
+                self.chan.pass_on(msg);
+            }
+
+            /// Takes a select's receive offer back, with its message if a sender filled it.
+            pub(crate) fn select_withdraw_recv(
+                &self,
+                s: &std::sync::Arc<Signal>,
+                arm: usize,
+            ) -> Option<T> {
+                self.chan.withdraw_recv(s, arm)
+            }
         }
 
         /// Iterator from [`Receiver::iter`]: waits for each message, ends on disconnection.
@@ -500,6 +578,16 @@ macro_rules! channel_handles {
         impl<T> $sender<T> {
             pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
                 self.chan.watch(false, s, on);
+            }
+
+            /// Whether a send would complete now (see `Chan::can_send`).
+            pub(crate) fn select_ready(&self) -> bool {
+                self.chan.can_send()
+            }
+
+            /// Whether a waiting select offers its sends here (a rendezvous channel).
+            pub(crate) fn select_may_offer(&self) -> bool {
+                self.chan.rendezvous()
             }
 
             /// A waiting select's offer of its send (see `Chan::offer`; never made on an

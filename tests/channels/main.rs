@@ -5,6 +5,7 @@
 mod common;
 
 mod broadcast;
+mod conformance;
 mod mpmc;
 mod mpsc;
 mod oneshot;

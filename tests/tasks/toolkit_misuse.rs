@@ -715,23 +715,40 @@ impl Drop for PanicOnDrop {
     }
 }
 
-/// The unselected send's message panics when the select drops it; the channels stay usable
-/// and no watcher is left behind (a later select still wakes).
+/// A send's message is made only when that send can complete or is offered: a select that
+/// completes another operation at once never makes it. A waiting select that offered it on
+/// a rendezvous channel and then completes another operation drops it, and that drop's
+/// panic reaches the select's caller; the channels stay usable and no watcher is left
+/// behind (a later select still wakes).
 #[test]
 fn a_panicking_drop_of_an_unselected_message() {
     with_deadline(|| {
         let sched = started(2);
         let (ready_tx, ready_rx) = mpsc::channel::<u32>();
         let (full_tx, full_rx) = mpsc::sync_channel::<PanicOnDrop>(0);
+        let (later_tx, later_rx) = mpsc::channel::<(u32, mpsc::Sender<u32>)>();
         let h = sched.spawn(move || {
             ready_tx.send(1).unwrap();
+            // The receive is ready and nobody waits on the rendezvous channel: the send's
+            // message is never made.
+            let r = fibra::select! {
+                recv(ready_rx) -> m => m.unwrap(),
+                send(full_tx, PanicOnDrop(7)) -> _ => 2,
+            };
+            assert_eq!(r, 1);
+            // Nothing ready: the select offers the send (making the message), then the
+            // receive completes; the withdrawn message panics as it is dropped.
+            later_tx.send((0, ready_tx.clone())).unwrap();
             let r = catch_unwind(AssertUnwindSafe(|| {
                 fibra::select! {
                     recv(ready_rx) -> m => m.unwrap(),
-                    send(full_tx, PanicOnDrop(7)) -> _ => 2,
+                    send(full_tx, PanicOnDrop(6)) -> _ => 2,
                 }
             }));
-            assert!(r.is_err(), "the dropped message panicked");
+            assert!(
+                r.is_err(),
+                "the withdrawn message panicked as it was dropped"
+            );
             // A waiting select on the same channels still wakes.
             let r = fibra::select! {
                 recv(ready_rx) -> m => m.unwrap(),
@@ -739,8 +756,12 @@ fn a_panicking_drop_of_an_unselected_message() {
             };
             (r, ready_tx)
         });
+        // Once the second select waits, its receive gets a message.
+        let (_, tx) = later_rx.recv_timeout(LIMIT).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        // Take the rendezvous send: the select completes with 99.
+        tx.send(5).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        // Take the rendezvous send: the third select completes with 99.
         let m = full_rx.recv_timeout(LIMIT).unwrap();
         std::mem::forget(m);
         let (r, _tx) = finish(h);
@@ -1314,8 +1335,9 @@ fn token_cancel_races_waiters() {
     });
 }
 
-/// A select blocked sending on a full channel is cancelled: its message is dropped once,
-/// and the channel's room later goes to others.
+/// A select blocked sending on a full channel is cancelled: its message was never made (a
+/// send's message is made only when that send can complete), and the channel's room later
+/// goes to others.
 #[test]
 fn cancelled_select_send_drops_its_message_once() {
     with_deadline(|| {
@@ -1342,12 +1364,12 @@ fn cancelled_select_send_drops_its_message_once() {
             }
         }
         assert_eq!(sent, 0, "nobody made room");
-        assert_eq!(dropped.load(Ordering::SeqCst), 50);
+        assert_eq!(dropped.load(Ordering::SeqCst), 0, "no message was made");
         drop(rx.recv().unwrap());
         tx.send(Counted(dropped.clone())).unwrap();
         drop(rx);
         drop(tx);
-        assert_eq!(dropped.load(Ordering::SeqCst), 52);
+        assert_eq!(dropped.load(Ordering::SeqCst), 2);
         sched.stop();
     });
 }
