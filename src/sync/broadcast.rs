@@ -106,6 +106,7 @@ pub fn channel<T: Clone>(capacity: usize) -> (Sender<T>, Receiver<T>) {
             senders: 1,
             receivers: 1,
             waiters: WaitList::new(),
+            closers: WaitList::new(),
         }),
         capacity,
         sent: AtomicU64::new(0),
@@ -130,6 +131,8 @@ struct State<T> {
     receivers: usize,
     /// Receivers waiting for a message.
     waiters: WaitList<()>,
+    /// Senders waiting in [`Sender::closed`] for the last receiver to go.
+    closers: WaitList<()>,
 }
 
 struct Entry<T> {
@@ -307,6 +310,36 @@ impl<T> Receiver<T> {
             missed: 0,
         }
     }
+
+    /// Messages sent since this receiver last received and not yet received by it. More
+    /// than the channel's capacity means some were overwritten: the next receive reports
+    /// [`RecvError::Lagged`].
+    pub fn len(&self) -> usize {
+        // Acquire: pairs with `send`'s Release of the tail.
+        let tail = self.chan.sent.load(Ordering::Acquire);
+        let first = self.next - self.taken.len() as u64;
+        usize::try_from(tail.saturating_sub(first)).unwrap_or(usize::MAX)
+    }
+
+    /// Whether this receiver has received every message sent so far.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A new receiver of the same channel that sees only the messages sent from now on
+    /// (not those this one has yet to receive), as [`Sender::subscribe`] makes.
+    pub fn resubscribe(&self) -> Receiver<T> {
+        Receiver::at_tail(&self.chan)
+    }
+
+    /// A new receiver of `chan` that sees the messages sent from now on.
+    fn at_tail(chan: &Arc<Chan<T>>) -> Receiver<T> {
+        let mut st = chan.state.lock();
+        st.receivers += 1;
+        let next = st.tail;
+        drop(st);
+        Receiver::new(chan.clone(), next)
+    }
 }
 
 impl<T> Sender<T> {
@@ -358,16 +391,78 @@ impl<T> Sender<T> {
 
     /// A new receiver that sees every message sent from now on.
     pub fn subscribe(&self) -> Receiver<T> {
-        let mut st = self.chan.state.lock();
-        st.receivers += 1;
-        let next = st.tail;
-        drop(st);
-        Receiver::new(self.chan.clone(), next)
+        Receiver::at_tail(&self.chan)
     }
 
     /// How many receivers exist now.
     pub fn receiver_count(&self) -> usize {
         self.chan.state.lock().receivers
+    }
+
+    /// Messages the channel holds for receivers that have not taken them yet: each stays
+    /// until every receiver that existed when it was sent took it, or a later send
+    /// overwrote it. Unlike tokio's, a message a receiver has taken (a receive takes up to
+    /// 16 waiting messages at once) and not yet returned is not counted: it is no longer in
+    /// the channel. [`Receiver::len`] counts it.
+    pub fn len(&self) -> usize {
+        self.chan
+            .state
+            .lock()
+            .ring
+            .iter()
+            .filter(|e| e.rem > 0)
+            .count()
+    }
+
+    /// Whether the channel holds no message any receiver has yet to take.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether every receiver is gone (a send would fail, until a
+    /// [`subscribe`](Sender::subscribe)).
+    pub fn is_closed(&self) -> bool {
+        self.chan.state.lock().receivers == 0
+    }
+
+    /// Waits until every receiver is gone — suspending a fiber, blocking a thread — and
+    /// returns at once if none is left. tokio's is a future; this waits like fibra's other
+    /// calls.
+    ///
+    /// ```
+    /// let (tx, rx) = fibra::sync::broadcast::channel::<u8>(4);
+    /// let waiter = std::thread::spawn(move || tx.closed());
+    /// drop(rx);
+    /// waiter.join().unwrap();
+    /// ```
+    pub fn closed(&self) {
+        let st = self.chan.state.lock();
+        if st.receivers == 0 {
+            return;
+        }
+        match wait(
+            st,
+            |st| &mut st.closers,
+            (),
+            None,
+            WaitOn::Channel("broadcast::Sender::closed"),
+            || {},
+            |_, _| {},
+        ) {
+            Wait::Woken(_) => {}
+            Wait::TimedOut(_) => unreachable!("a wait without deadline"),
+        }
+    }
+}
+
+impl<T: Clone> Sender<T> {
+    /// A sender of a new channel with room for `capacity` messages, and no receiver yet
+    /// (see [`subscribe`](Sender::subscribe)).
+    ///
+    /// # Panics
+    /// If `capacity` is 0, as [`channel`].
+    pub fn new(capacity: usize) -> Sender<T> {
+        channel(capacity).0
     }
 }
 
@@ -579,6 +674,10 @@ impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let mut st = self.chan.state.lock();
         st.receivers -= 1;
+        if st.receivers == 0 {
+            let (st, wakes) = st.parts();
+            st.closers.wake_all(CLOSED, wakes);
+        }
         // This receiver no longer counts for the messages it has not seen.
         let len = st.ring.len() as u64;
         let start = self.next.max(st.tail.saturating_sub(len));

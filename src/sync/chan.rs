@@ -289,6 +289,17 @@ impl<T> Chan<T> {
             }
     }
 
+    /// Messages in the buffer: sent and not yet received (a blocked sender's message is not
+    /// in it yet).
+    pub(super) fn len(&self) -> usize {
+        self.state.lock().buffer.len()
+    }
+
+    /// The bound, `None` if unbounded.
+    pub(super) fn capacity(&self) -> Option<usize> {
+        self.state.lock().bound
+    }
+
     /// Whether this is a rendezvous channel, where a waiting select offers its sends.
     pub(super) fn rendezvous(&self) -> bool {
         self.state.lock().bound == Some(0)
@@ -461,7 +472,20 @@ macro_rules! channel_handles {
             }
         }
 
+        impl<T> std::panic::UnwindSafe for Receiver<T> {}
+        impl<T> std::panic::RefUnwindSafe for Receiver<T> {}
+
         impl<T> Receiver<T> {
+            /// Whether `self` and `other` receive from the same channel.
+            pub fn same_channel(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.chan, &other.chan)
+            }
+
+            /// The bound of a [`sync_channel`], `None` for a [`channel`].
+            pub fn capacity(&self) -> Option<usize> {
+                self.chan.capacity()
+            }
+
             /// Registers (or removes) a waiting select's signal.
             pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
                 self.chan.watch(true, s, on);
@@ -575,7 +599,17 @@ macro_rules! channel_handles {
             }
         }
 
+        // A panic never leaves a channel half-changed (no lock is held while user code runs):
+        // a handle seen after one is usable, as crossbeam's are.
+        impl<T> std::panic::UnwindSafe for $sender<T> {}
+        impl<T> std::panic::RefUnwindSafe for $sender<T> {}
+
         impl<T> $sender<T> {
+            /// Whether `self` and `other` send to the same channel.
+            pub fn same_channel(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.chan, &other.chan)
+            }
+
             pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {
                 self.chan.watch(false, s, on);
             }

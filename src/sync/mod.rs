@@ -143,6 +143,7 @@ mod pool;
 mod rwlock;
 pub mod select;
 mod semaphore;
+mod timed;
 mod waitgroup;
 
 #[cfg(all(test, loom))]
@@ -157,6 +158,7 @@ pub use pool::{ManageConnection, Pool, PoolBuilder, PoolError, PoolState, Pooled
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use select::Select;
 pub use semaphore::{Semaphore, SemaphorePermit};
+pub use timed::{after, never, tick, After, Never, Tick};
 pub use waitgroup::WaitGroup;
 
 // The wait queue every primitive here waits in, and the loom shim under it, are the core's

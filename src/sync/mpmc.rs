@@ -183,7 +183,67 @@ pub struct Receiver<T> {
     chan: Arc<Chan<T>>,
 }
 
+/// How full the channel is, as crossbeam-channel's handles tell it: on each of the three.
+macro_rules! occupancy {
+    ($handle:ident) => {
+        impl<T> $handle<T> {
+            /// Messages sent and not yet received (a blocked sender's, on a full channel,
+            /// is not counted until it moves in; a rendezvous channel holds none).
+            pub fn len(&self) -> usize {
+                self.chan.len()
+            }
+
+            /// Whether no message waits to be received.
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
+
+            /// Whether a send would find no room: a bounded channel holding its bound (a
+            /// rendezvous channel always); never for an unbounded one.
+            pub fn is_full(&self) -> bool {
+                self.chan
+                    .capacity()
+                    .is_some_and(|bound| self.len() >= bound)
+            }
+        }
+    };
+}
+occupancy!(Sender);
+occupancy!(SyncSender);
+occupancy!(Receiver);
+
+impl<T> Sender<T> {
+    /// The bound: `None`, as for every [`channel`].
+    pub fn capacity(&self) -> Option<usize> {
+        None
+    }
+
+    /// Sends a message; as [`send`](Sender::send), it never waits (the channel is
+    /// unbounded), so it fails only when every receiver is gone. For code written against
+    /// crossbeam's `Sender`, which has one type for bounded and unbounded channels.
+    ///
+    /// # Errors
+    /// [`TrySendError::Disconnected`], with the message.
+    pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        self.chan.send(msg, None, SEND)
+    }
+
+    /// [`send`](Sender::send), which never waits; the timeout is never reached.
+    ///
+    /// # Errors
+    /// [`SendTimeoutError::Disconnected`], with the message.
+    pub fn send_timeout(&self, msg: T, _timeout: Duration) -> Result<(), SendTimeoutError<T>> {
+        self.send(msg)
+            .map_err(|e| SendTimeoutError::Disconnected(e.0))
+    }
+}
+
 impl<T> SyncSender<T> {
+    /// The channel's bound (`Some(0)` for a rendezvous).
+    pub fn capacity(&self) -> Option<usize> {
+        self.chan.capacity()
+    }
+
     /// Sends a message, waiting at most `timeout` for room (with bound 0: for a receiver).
     /// `Duration::MAX` waits for ever.
     ///

@@ -126,7 +126,7 @@ impl<T> Batch<T> {
         }
     }
 
-    /// Runs `f` on the queue. `f` must be a `pop_front`, a `push_front` or a swap: it must
+    /// Runs `f` on the queue. `f` must be a `pop_front`, a `push_front`, a swap or a `len`: it must
     /// not panic, block or call back into the channel.
     #[inline]
     fn with<R>(&self, f: impl FnOnce(&mut VecDeque<T>) -> R) -> R {
@@ -339,6 +339,19 @@ impl<T> Receiver<T> {
     /// Takes the next message under the lock; from an unbounded channel holding several,
     /// moves them all into `batch` (no sender waits for room there, so nothing changes for
     /// the senders).
+    /// Messages sent and not yet received (a blocked sender's, on a full channel, is not
+    /// counted until it moves in; a rendezvous channel holds none).
+    pub fn len(&self) -> usize {
+        let st = self.chan.state.lock();
+        // The batch is refilled only under the channel's lock, held here.
+        st.buffer.len() + self.batch.with(|b| b.len())
+    }
+
+    /// Whether no message waits to be received.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     fn take(&self, st: &mut Guard<'_, State<T>>) -> Option<T> {
         // Another receiver sharing this one may have refilled the batch since we looked.
         if let Some(msg) = self.batch.pop() {

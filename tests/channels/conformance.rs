@@ -337,3 +337,204 @@ fn select_biased_prefers_the_first_ready_arm_and_offers_in_order() {
         assert_eq!(firsts, 50);
     });
 }
+
+// ------------------------------------------------------------ after, tick, never
+
+#[test]
+fn after_delivers_one_message_at_its_time() {
+    // crossbeam after: one message, the instant it was due, not before; then nothing.
+    both(|m| {
+        let start = Instant::now();
+        let r = fibra::sync::after(Duration::from_millis(30));
+        assert!(r.try_recv().is_err());
+        let due = r.recv().unwrap();
+        assert!(
+            due >= start + Duration::from_millis(30)
+                && start.elapsed() >= Duration::from_millis(30)
+        );
+        assert!(r.try_recv().is_err());
+        assert!(r.recv_timeout(Duration::from_millis(10)).is_err());
+        // Zero: due at once. Clones share the one message.
+        let r = fibra::sync::after(Duration::ZERO);
+        let c = r.clone();
+        assert!(r.try_recv().is_ok());
+        assert!(c.try_recv().is_err());
+        // Duration::MAX: never.
+        let r = fibra::sync::after(Duration::MAX);
+        assert!(r.recv_timeout(Duration::from_millis(5)).is_err());
+        // In a select: the timeout arm of a loop.
+        let (_tx, rx) = mpsc::channel::<u32>();
+        let timeout = fibra::sync::after(Duration::from_millis(20));
+        let t = Instant::now();
+        let timed_out = fibra::select! {
+            recv(rx) -> _ => false,
+            recv(timeout) -> _ => true,
+        };
+        assert!(timed_out && t.elapsed() >= Duration::from_millis(20));
+        let _ = m;
+    });
+}
+
+#[test]
+fn tick_delivers_each_period_and_skips_what_was_not_received() {
+    both(|m| {
+        let start = Instant::now();
+        let r = fibra::sync::tick(Duration::from_millis(10));
+        let mut last = start;
+        for _ in 0..3 {
+            let due = r.recv().unwrap();
+            assert!(due >= last + Duration::from_millis(10), "{:?}", due - last);
+            last = due;
+        }
+        // Late: one tick waits, the ones missed meanwhile are gone.
+        m.sleep(Duration::from_millis(50));
+        assert!(r.try_recv().is_ok());
+        assert!(r.try_recv().is_err());
+        // In a select with other work: it wakes the select each period.
+        let (_tx, rx) = mpsc::channel::<u32>();
+        let ticker = fibra::sync::tick(Duration::from_millis(5));
+        let t = Instant::now();
+        let mut ticks = 0;
+        while ticks < 4 {
+            fibra::select! {
+                recv(rx) -> _ => unreachable!(),
+                recv(ticker) -> _ => ticks += 1,
+            }
+        }
+        assert!(t.elapsed() >= Duration::from_millis(20));
+    });
+}
+
+#[test]
+fn never_is_never_chosen() {
+    both(|_| {
+        let n = fibra::sync::never::<u32>();
+        assert!(n.try_recv().is_err());
+        assert!(n.recv_timeout(Duration::from_millis(5)).is_err());
+        let (tx, rx) = mpsc::channel::<u32>();
+        tx.send(1).unwrap();
+        for _ in 0..20 {
+            let v = fibra::select! {
+                recv(n) -> _ => unreachable!(),
+                recv(rx) -> v => v.unwrap(),
+                default(Duration::from_millis(1)) => 0,
+            };
+            assert!(v <= 1);
+        }
+        let v = fibra::select! {
+            recv(n) -> _ => 1,
+            default => 2,
+        };
+        assert_eq!(v, 2);
+    });
+}
+
+// ------------------------------------------------------------ handles
+
+#[test]
+fn lengths_capacities_and_same_channel_as_crossbeam_reports_them() {
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>(_: &T) {}
+    both(|m| {
+        let (s, r) = mpmc::sync_channel::<u32>(2);
+        assert_eq!((s.capacity(), r.capacity()), (Some(2), Some(2)));
+        assert!(s.is_empty() && !s.is_full());
+        s.send(1).unwrap();
+        assert_eq!((s.len(), r.len()), (1, 1));
+        s.send(2).unwrap();
+        assert!(s.is_full() && r.is_full());
+        // A blocked sender's message is not counted until it moves in.
+        let s2 = s.clone();
+        let blocked = m.go(move || s2.send(3).unwrap());
+        m.sleep(Duration::from_millis(20));
+        assert_eq!(r.len(), 2);
+        assert_eq!(r.recv(), Ok(1));
+        blocked.join();
+        assert_eq!(r.len(), 2);
+        // Unbounded: never full; try_send and send_timeout never wait.
+        let (s, r) = mpmc::channel::<u32>();
+        assert_eq!((s.capacity(), r.capacity()), (None, None));
+        s.try_send(1).unwrap();
+        s.send_timeout(2, Duration::ZERO).unwrap();
+        assert!(!s.is_full() && s.len() == 2);
+        drop(r);
+        assert!(matches!(
+            s.try_send(3),
+            Err(mpmc::TrySendError::Disconnected(3))
+        ));
+        assert!(matches!(
+            s.send_timeout(4, Duration::from_secs(1)),
+            Err(mpmc::SendTimeoutError::Disconnected(4))
+        ));
+        // A rendezvous channel holds nothing and is always full.
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        assert!(s.is_full() && r.is_empty() && s.capacity() == Some(0));
+        // same_channel.
+        let (s2, r2) = mpmc::channel::<u32>();
+        assert!(r.same_channel(&r.clone()) && !r.same_channel(&mpmc::sync_channel(0).1));
+        assert!(s2.same_channel(&s2.clone()) && s.same_channel(&s.clone()));
+        unwind_safe(&s);
+        unwind_safe(&s2);
+        unwind_safe(&r2);
+        // mpsc's receiver counts what it took in a batch too.
+        let (tx, rx) = mpsc::channel::<u32>();
+        for i in 0..10 {
+            tx.send(i).unwrap();
+        }
+        assert_eq!(rx.recv(), Ok(0));
+        assert_eq!(rx.len(), 9);
+        assert_eq!(rx.capacity(), None);
+        unwind_safe(&tx);
+        unwind_safe(&rx);
+    });
+}
+
+// ------------------------------------------------------------ broadcast (tokio's shape)
+
+#[test]
+fn broadcast_lengths_resubscribe_and_closed_as_tokio_reports_them() {
+    use fibra::sync::broadcast;
+    both(|m| {
+        let (tx, mut rx) = broadcast::channel::<u32>(4);
+        assert!(tx.is_empty() && rx.is_empty());
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        assert_eq!((tx.len(), rx.len()), (2, 2));
+        let mut late = rx.resubscribe();
+        assert_eq!(
+            late.len(),
+            0,
+            "a resubscribed receiver sees only what comes next"
+        );
+        // A receive takes what is waiting at once (up to 16): the channel holds nothing
+        // for rx any more, though rx has one message still to return (tokio: 1 and 1).
+        assert_eq!(rx.recv(), Ok(1));
+        assert_eq!((tx.len(), rx.len()), (0, 1));
+        assert_eq!(rx.recv(), Ok(2));
+        assert_eq!(tx.len(), 0);
+        tx.send(3).unwrap();
+        assert_eq!(late.recv(), Ok(3));
+        // More than the capacity unread: the receiver's len says so, and it lags.
+        for i in 0..6 {
+            tx.send(10 + i).unwrap();
+        }
+        assert_eq!(rx.len(), 7);
+        assert!(matches!(rx.recv(), Err(broadcast::RecvError::Lagged(3))));
+        // closed() waits for the last receiver.
+        assert!(!tx.is_closed());
+        let t2 = tx.clone();
+        let waiter = m.go(move || {
+            t2.closed();
+            t2.is_closed()
+        });
+        m.sleep(Duration::from_millis(20));
+        drop((rx, late));
+        assert!(waiter.join());
+        tx.closed();
+        // A sender made alone, with a receiver later.
+        let tx = broadcast::Sender::<u32>::new(2);
+        assert!(tx.is_closed() && tx.send(1).is_err());
+        let mut rx = tx.subscribe();
+        tx.send(5).unwrap();
+        assert_eq!(rx.recv(), Ok(5));
+    });
+}

@@ -32,6 +32,7 @@ mod run;
 
 pub use dynamic::Select;
 pub(crate) use offers::{Offers, RecvOffers};
+pub(crate) use ops::sealed::Sealed as SelectRecvSealed;
 #[doc(hidden)]
 pub use ops::{Op, RecvOp, SelectRecvRef, SelectSendRef, SendOp};
 pub use ops::{SelectRecv, SelectSend};

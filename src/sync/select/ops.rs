@@ -22,6 +22,10 @@ pub trait Op {
     /// The select unwinds (its fiber was cancelled) after the other side completed this
     /// operation's offer: a received message goes on to the channel's next receiver.
     fn pass_on(&mut self) {}
+    /// When the operation becomes possible by the clock alone, if it does.
+    fn ready_at(&self) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// What `recv(..)` in [`select!`](crate::select) accepts: fibra's [`mpsc::Receiver`],
@@ -49,6 +53,12 @@ pub trait SelectRecv: sealed::Sealed {
     /// receiver, first in line.
     #[doc(hidden)]
     fn pass_on(&self, _msg: Self::Item) {}
+    /// When a receive becomes possible by the clock alone (`after`, `tick`): a waiting
+    /// select parks no longer than that.
+    #[doc(hidden)]
+    fn ready_at(&self) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// What `send(..)` in [`select!`](crate::select) accepts: the senders of fibra's
@@ -99,7 +109,7 @@ pub trait SelectSendRef: SelectSend {
 }
 impl<S: SelectSend> SelectSendRef for S {}
 
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
@@ -155,6 +165,9 @@ impl<R: SelectRecv> Op for RecvOp<'_, R> {
         if let Some(Ok(msg)) = self.out.take() {
             self.r.pass_on(msg);
         }
+    }
+    fn ready_at(&self) -> Option<std::time::Instant> {
+        self.r.ready_at()
     }
 }
 

@@ -93,7 +93,13 @@ fn run_with(ops: &mut [&mut dyn Op], mode: Mode, biased: bool) -> Option<usize> 
                 let i = (start + k) % n;
                 ops[i].offer(&signal, i);
             }
-            (None, signal.park(deadline, WaitOn::Channel("select")))
+            // An arm ready by the clock (`after`, `tick`) ends the park at its time.
+            let due = ops.iter().filter_map(|op| op.ready_at()).min();
+            let until = match (deadline, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            (None, signal.park(until, WaitOn::Channel("select")))
         }));
         // From here on the select decides: the other side that took an offer before this
         // completed that arm, and no other arm may complete.
@@ -116,7 +122,7 @@ fn run_with(ops: &mut [&mut dyn Op], mode: Mode, biased: bool) -> Option<usize> 
         if done.is_some() {
             return done;
         }
-        if parked == ParkResult::TimedOut {
+        if parked == ParkResult::TimedOut && deadline.is_some_and(|d| Instant::now() >= d) {
             // One last look: a change may have come with the deadline.
             return attempt(ops);
         }
