@@ -6,6 +6,17 @@
 //! receivers. `recv` waits by suspending the fiber (or blocking the thread) while nothing
 //! new is there; `send` never waits.
 //!
+//! # Differences from tokio's, on purpose
+//! - The capacity is exactly what is asked for (tokio rounds it up to a power of two), so
+//!   a receiver lags after exactly `capacity` unread messages.
+//! - A receiver that holds the last reference to a message moves the value out instead of
+//!   cloning it: one clone fewer, so a `Clone` that counts or fails is called less often.
+//! - A receive takes up to 16 waiting messages at once (one lock for many): those it has
+//!   taken and not yet returned are no longer in the channel, so [`Sender::len`] does not
+//!   count them (tokio's does); [`Receiver::len`] does.
+//! - [`Sender::closed`] waits like fibra's other calls (suspending a fiber, blocking a
+//!   thread) rather than being a future.
+//!
 //! # Design
 //! One ring of `capacity` entries, the position of the next message (`tail`, counting every
 //! message ever sent), the handle counts and a wait list of receivers share the internal

@@ -289,6 +289,14 @@ impl<T> Chan<T> {
             }
     }
 
+    /// Whether a receive would complete now, with a message or with an error: one is
+    /// buffered, a sender is blocked, a waiting select offers its send, or every sender is
+    /// gone.
+    pub(super) fn can_recv(&self) -> bool {
+        let st = self.state.lock();
+        !st.buffer.is_empty() || !st.senders.is_empty() || st.offers.any_open() || st.senders_gone
+    }
+
     /// Messages in the buffer: sent and not yet received (a blocked sender's message is not
     /// in it yet).
     pub(super) fn len(&self) -> usize {

@@ -156,7 +156,10 @@ pub use mutex::{Mutex, MutexGuard};
 pub use once_lock::OnceLock;
 pub use pool::{ManageConnection, Pool, PoolBuilder, PoolError, PoolState, PooledConnection};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-pub use select::Select;
+pub use select::{
+    ReadyTimeoutError, Select, SelectArms, SelectTimeoutError, SelectedOperation, TryReadyError,
+    TrySelectError,
+};
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use timed::{after, never, tick, After, Never, Tick};
 pub use waitgroup::WaitGroup;

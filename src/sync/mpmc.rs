@@ -333,6 +333,11 @@ impl<T> Chan<T> {
 }
 
 impl<T> Receiver<T> {
+    /// Whether a receive would complete now (see `Chan::can_recv`).
+    pub(crate) fn select_ready_to_recv(&self) -> bool {
+        self.chan.can_recv()
+    }
+
     /// Waits for a message, suspending a fiber (or blocking a thread) while the channel is
     /// empty.
     ///

@@ -352,6 +352,11 @@ impl<T> Receiver<T> {
         self.len() == 0
     }
 
+    /// Whether a receive would complete now (see `Chan::can_recv`), the batch included.
+    pub(crate) fn select_ready_to_recv(&self) -> bool {
+        self.batch.filled.load(std::sync::atomic::Ordering::Relaxed) || self.chan.can_recv()
+    }
+
     fn take(&self, st: &mut Guard<'_, State<T>>) -> Option<T> {
         // Another receiver sharing this one may have refilled the batch since we looked.
         if let Some(msg) = self.batch.pop() {

@@ -73,7 +73,7 @@ struct TickState {
     period: Duration,
 }
 
-/// The receiver of [`never`].
+/// The receiver of [`never()`].
 pub struct Never<T>(PhantomData<fn() -> T>);
 
 impl<T> Clone for Never<T> {
@@ -187,6 +187,9 @@ macro_rules! receiving {
             type Item = $item;
             fn try_recv_now(&self) -> Option<Result<$item, RecvError>> {
                 self.take_due().map(Ok)
+            }
+            fn ready_to_recv(&self) -> bool {
+                self.due().is_some_and(|due| Instant::now() >= due)
             }
             fn watch_recv(&self, _s: &Arc<super::select::Signal>, _on: bool) {
                 // Nothing to watch: the select parks until `ready_at`.

@@ -538,3 +538,141 @@ fn broadcast_lengths_resubscribe_and_closed_as_tokio_reports_them() {
         assert_eq!(rx.recv(), Ok(5));
     });
 }
+
+// ------------------------------------------------------------ Select, by index (crossbeam's)
+
+#[test]
+fn select_by_index_chooses_receives_and_sends_and_finishes_them() {
+    use fibra::sync::Select;
+    both(|m| {
+        let (s1, r1) = mpmc::channel::<u32>();
+        let (s2, r2) = mpmc::sync_channel::<u32>(0);
+        // Nothing ready: try_select fails, select_timeout times out.
+        {
+            let mut sel = Select::new();
+            sel.recv(&r1);
+            sel.recv(&r2);
+            assert!(sel.try_select().is_err());
+            let t = Instant::now();
+            assert!(sel.select_timeout(Duration::from_millis(20)).is_err());
+            assert!(t.elapsed() >= Duration::from_millis(20));
+            assert!(sel.try_ready().is_err());
+        }
+        // A buffered message: the receive is chosen and finished with its message.
+        s1.send(5).unwrap();
+        let mut sel = Select::new();
+        let i1 = sel.recv(&r1);
+        let i2 = sel.recv(&r2);
+        let oper = sel.select();
+        assert_eq!(oper.index(), i1);
+        assert_eq!(oper.recv(&r1), Ok(5));
+        // A rendezvous receive chosen against a sender that arrives later.
+        let keep = s2.clone();
+        let sender = m.go(move || s2.send(7).unwrap());
+        let oper = sel.select();
+        assert_eq!(oper.index(), i2);
+        assert_eq!(oper.recv(&r2), Ok(7));
+        sender.join();
+        // Disconnected: the receive is chosen, with the error.
+        drop(s1);
+        let oper = sel.select();
+        assert_eq!(oper.index(), i1);
+        assert!(oper.recv(&r1).is_err());
+        // Removed operations are never chosen; indices stay.
+        sel.remove(i1);
+        assert!(sel.try_select().is_err());
+        drop(keep);
+        // Sends: chosen when the channel could take a message, finished with one.
+        let (s3, r3) = mpmc::sync_channel::<u32>(1);
+        let (s4, r4) = mpmc::sync_channel::<u32>(0);
+        let mut sel = Select::new();
+        let i3 = sel.send(&s3);
+        let i4 = sel.send(&s4);
+        let oper = sel.select();
+        assert_eq!(oper.index(), i3);
+        oper.send(&s3, 30).unwrap();
+        // s3 full, s4 has no receiver: the select waits for a receiver of s4.
+        let receiver = m.go(move || r4.recv().unwrap());
+        let oper = sel.select();
+        assert_eq!(oper.index(), i4);
+        oper.send(&s4, 40).unwrap();
+        assert_eq!(receiver.join(), 40);
+        assert_eq!(r3.recv(), Ok(30));
+    });
+}
+
+#[test]
+fn ready_reports_an_operation_that_could_complete_without_completing_it() {
+    use fibra::sync::Select;
+    both(|m| {
+        let (s, r) = mpmc::channel::<u32>();
+        let (s2, r2) = mpmc::sync_channel::<u32>(0);
+        let mut sel = Select::new();
+        let i = sel.recv(&r);
+        let j = sel.recv(&r2);
+        assert!(sel.try_ready().is_err());
+        assert!(sel.ready_timeout(Duration::from_millis(10)).is_err());
+        s.send(1).unwrap();
+        assert_eq!(sel.ready(), i);
+        // Nothing was taken.
+        assert_eq!(r.try_recv(), Ok(1));
+        // A blocked sender makes a rendezvous receive ready.
+        let sender = m.go(move || s2.send(2).unwrap());
+        assert_eq!(sel.ready(), j);
+        assert_eq!(r2.recv(), Ok(2));
+        sender.join();
+        // Biased: the first added of the ready ones.
+        s.send(3).unwrap();
+        let (t, tr) = mpmc::channel::<u32>();
+        t.send(4).unwrap();
+        let mut sel = Select::new_biased();
+        let a = sel.recv(&tr);
+        sel.recv(&r);
+        for _ in 0..10 {
+            assert_eq!(sel.ready(), a);
+        }
+    });
+}
+
+#[test]
+fn a_selected_operation_is_checked_and_must_be_finished() {
+    use fibra::sync::Select;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    both(|_| {
+        let (s, r) = mpmc::channel::<u32>();
+        let (_s2, other) = mpmc::channel::<u32>();
+        s.send(1).unwrap();
+        let mut sel = Select::new();
+        sel.recv(&r);
+        let oper = sel.select();
+        // The wrong receiver panics; so does dropping a chosen operation unfinished.
+        let p = catch_unwind(AssertUnwindSafe(|| oper.recv(&other))).unwrap_err();
+        let msg = crate::common::panic_message(&*p).unwrap();
+        assert!(msg.contains("another receiver"), "{msg}");
+        s.send(2).unwrap();
+        let p = catch_unwind(AssertUnwindSafe(|| drop(sel.select()))).unwrap_err();
+        let msg = crate::common::panic_message(&*p).unwrap();
+        assert!(msg.contains("without being finished"), "{msg}");
+    });
+}
+
+#[test]
+fn select_arms_and_select_wake_for_a_timed_arm() {
+    // Every form of select parks no later than its `after` arm is due.
+    both(|_| {
+        let (_tx, rx) = mpsc::channel::<u32>();
+        let t = Instant::now();
+        let timeout = fibra::sync::after(Duration::from_millis(20));
+        let mut arms = fibra::sync::SelectArms::new();
+        arms.recv(&rx, |_| false).recv(&timeout, |_| true);
+        assert!(arms.wait());
+        let timeout = fibra::sync::after(Duration::from_millis(20));
+        let mut sel = fibra::sync::Select::new();
+        sel.recv(&rx);
+        let i = sel.recv(&timeout);
+        let oper = sel.select();
+        assert_eq!(oper.index(), i);
+        assert!(oper.recv(&timeout).is_ok());
+        assert!(t.elapsed() >= Duration::from_millis(40));
+    });
+}

@@ -292,7 +292,7 @@ fn a_dynamic_select_over_many_channels() {
                 None,
             )
             .unwrap();
-        let mut sel = fibra::sync::Select::new();
+        let mut sel = fibra::sync::SelectArms::new();
         for (i, rx) in receivers.iter().enumerate() {
             sel.recv(rx, move |m| (i, m.unwrap()));
         }
@@ -300,14 +300,14 @@ fn a_dynamic_select_over_many_channels() {
         assert_eq!(sel.wait(), (41, 4100));
         finish(h);
         // Nothing ready: try_wait and wait_timeout say so.
-        let mut sel = fibra::sync::Select::new();
+        let mut sel = fibra::sync::SelectArms::new();
         sel.recv(&receivers[0], |_| ());
         assert!(sel.try_wait().is_none());
-        let mut sel = fibra::sync::Select::new();
+        let mut sel = fibra::sync::SelectArms::new();
         sel.recv(&receivers[0], |_| ());
         sel.send(&senders[1], 5, |_| ());
         assert!(sel.wait_timeout(Duration::from_millis(5)).is_none());
-        assert!(fibra::sync::Select::<()>::new().try_wait().is_none());
+        assert!(fibra::sync::SelectArms::<()>::new().try_wait().is_none());
         sched.stop();
     });
 }
@@ -574,7 +574,7 @@ fn several_offers_of_one_select_keep_their_own_messages() {
             let (tx, rx) = mpmc::sync_channel::<u32>(0);
             let (tx2, rx2) = mpsc::sync_channel::<u32>(0);
             let sel = sched.spawn(move || {
-                let mut s = fibra::sync::Select::new();
+                let mut s = fibra::sync::SelectArms::new();
                 s.send(&tx, 10, |r| r.map(|()| 10))
                     .send(&tx, 20, |r| r.map(|()| 20))
                     .send(&tx2, 30, |r| r.map(|()| 30));

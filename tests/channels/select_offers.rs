@@ -572,7 +572,7 @@ fn stop_timeout_with_selects_offering_drops_each_message_once() {
                         recv(token) -> _ => unreachable!(),
                     }
                 } else {
-                    let mut s = fibra::sync::Select::new();
+                    let mut s = fibra::sync::SelectArms::new();
                     s.send(&tx, Counted(d.clone()), |_| panic!("nobody"));
                     s.send(&tx2, Counted(d), |_| panic!("nobody"));
                     s.wait();

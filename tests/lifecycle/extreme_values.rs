@@ -291,7 +291,7 @@ fn every_timed_wait_with_max_huge_and_one_nanosecond() {
                 default(d) => true,
             };
             assert!(hit);
-            let mut sel = fibra::sync::Select::new();
+            let mut sel = fibra::sync::SelectArms::new();
             sel.recv(&rx1, |_| 1);
             assert_eq!(sel.wait_timeout(d), None);
         }
@@ -386,7 +386,7 @@ fn every_timed_wait_with_max_huge_and_one_nanosecond() {
                 thread::sleep(Duration::from_millis(10));
                 tx1.send(6).unwrap();
             });
-            let mut sel = fibra::sync::Select::new();
+            let mut sel = fibra::sync::SelectArms::new();
             sel.recv(&rx1, |m| m.unwrap());
             assert_eq!(sel.wait_timeout(d), Some(6));
             t.join().unwrap();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{finish, started, wait_until, with_deadline, Counted, LIMIT};
-use fibra::sync::{mpmc, mpsc, CancellationToken, Mutex, Select};
+use fibra::sync::{mpmc, mpsc, CancellationToken, Mutex, SelectArms};
 use fibra::{JoinHandle, JoinSet, Scheduler};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -175,7 +175,7 @@ fn cancel_inside_every_kind_of_wait() {
                     }
                     9 => drop(rtx.send(9)),
                     10 => {
-                        let mut sel = Select::new();
+                        let mut sel = SelectArms::new();
                         sel.recv(&prx, |_| ()).recv(&token, |_| ());
                         sel.wait();
                     }
@@ -494,7 +494,7 @@ fn select_with_default_duration_max_is_a_blocking_select() {
         // A Select with wait_timeout(MAX).
         let (tx, rx) = mpsc::channel::<u32>();
         let h = sched.spawn(move || {
-            let mut s = Select::new();
+            let mut s = SelectArms::new();
             s.recv(&rx, |m| m.unwrap());
             s.wait_timeout(Duration::MAX)
         });

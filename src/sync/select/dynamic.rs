@@ -1,29 +1,31 @@
-//! [`Select`]: a select over operations chosen at run time, each with a closure for its
+//! [`SelectArms`]: a select over operations chosen at run time, each with a closure for its
 //! result.
 
+use super::ops::forward_op;
 use super::{run, Mode, Op, RecvOp, SelectRecv, SelectSend, SendOp, Signal};
 use crate::sync::mpsc::{RecvError, SendError};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// A select over a set of operations built at run time — any number of them, each with
-/// the closure that handles its result; [`select!`](crate::select) is the fixed-set form.
+/// the closure that handles its result; [`select!`](crate::select) is the fixed-set form,
+/// and [`Select`](super::Select) crossbeam's form, by index.
 ///
-/// [`wait`](Select::wait) completes exactly one operation (chosen at random among the ready
+/// [`wait`](SelectArms::wait) completes exactly one operation (chosen at random among the ready
 /// ones), runs its closure and returns what it returns.
 ///
 /// ```
-/// use fibra::sync::{mpsc, Select};
+/// use fibra::sync::{mpsc, SelectArms};
 ///
 /// let channels: Vec<_> = (0..5).map(|_| mpsc::channel::<u32>()).collect();
 /// channels[3].0.send(30).unwrap();
-/// let mut sel = Select::new();
+/// let mut sel = SelectArms::new();
 /// for (i, (_, rx)) in channels.iter().enumerate() {
 ///     sel.recv(rx, move |msg| (i, msg.unwrap()));
 /// }
 /// assert_eq!(sel.wait(), (3, 30));
 /// ```
-pub struct Select<'a, R> {
+pub struct SelectArms<'a, R> {
     arms: Vec<Box<dyn Arm<R> + 'a>>,
 }
 
@@ -48,18 +50,10 @@ macro_rules! delegate_op {
             fn try_complete(&mut self) -> bool {
                 self.op.try_complete()
             }
-            fn watch(&self, s: &Arc<Signal>) {
-                self.op.watch(s);
-            }
-            fn unwatch(&self, s: &Arc<Signal>) {
-                self.op.unwatch(s);
-            }
             fn offer(&mut self, s: &Arc<Signal>, arm: usize) {
                 self.op.offer(s, arm);
             }
-            fn withdraw(&mut self, s: &Arc<Signal>, arm: usize, taken: bool) {
-                self.op.withdraw(s, arm, taken);
-            }
+            forward_op!();
         }
         impl<Ch: $bound, F: FnOnce($out) -> R, R> Arm<R> for $arm<'_, Ch, F> {
             fn finish(&mut self) -> R {
@@ -72,16 +66,16 @@ macro_rules! delegate_op {
 delegate_op!(RecvArm, SelectRecv, Result<Ch::Item, RecvError>);
 delegate_op!(SendArm, SelectSend, Result<(), SendError<Ch::Item>>);
 
-impl<R> Default for Select<'_, R> {
+impl<R> Default for SelectArms<'_, R> {
     fn default() -> Self {
-        Select::new()
+        SelectArms::new()
     }
 }
 
-impl<'a, R> Select<'a, R> {
+impl<'a, R> SelectArms<'a, R> {
     /// No operations yet.
     pub fn new() -> Self {
-        Select { arms: Vec::new() }
+        SelectArms { arms: Vec::new() }
     }
 
     /// Adds a receive from `r`; `f` gets its result if it is the one completed.
@@ -127,7 +121,7 @@ impl<'a, R> Select<'a, R> {
     /// # Panics
     /// With no operations (it would wait for ever).
     pub fn wait(self) -> R {
-        assert!(!self.is_empty(), "Select::wait with no operations");
+        assert!(!self.is_empty(), "SelectArms::wait with no operations");
         self.finish(Mode::Block)
             .expect("a blocking select completes an operation")
     }
@@ -158,9 +152,9 @@ impl<'a, R> Select<'a, R> {
     }
 }
 
-impl<R> std::fmt::Debug for Select<'_, R> {
+impl<R> std::fmt::Debug for SelectArms<'_, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Select")
+        f.debug_struct("SelectArms")
             .field("operations", &self.len())
             .finish()
     }

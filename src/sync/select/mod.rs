@@ -15,22 +15,40 @@
 //! claim word that the other side moves from open to the offering arm, and that the select
 //! itself closes when it wakes, before it looks at anything else.
 //!
+//! # Differences from crossbeam-channel, on purpose
+//! - `select!`'s send message is evaluated in a closure, so that it is made only when the
+//!   send is chosen: `?` and `return` in it act on that closure.
+//! - A waiting `select!` offers a rendezvous send by making its message (the other side must
+//!   be able to take it without waiting for the select): if another operation then
+//!   completes, that message is dropped unsent, where crossbeam never makes it.
+//! - [`Select`]'s receives need `'static` message types (the chosen message waits,
+//!   type-erased, in the [`SelectedOperation`]), and a chosen send that another sender beat
+//!   to the room waits for room when given its message (crossbeam reserves the room).
+//! - `after`, `tick` and `never` are receivers of their own types, not `Receiver<Instant>`.
+//! - [`Select::ready`] may report an operation that another fiber or thread completes before
+//!   the caller does, as crossbeam's may.
+//!
 //! | file | what |
 //! | --- | --- |
 //! | `mod.rs` | [`Signal`], the watchers a channel keeps |
 //! | `offers` | the offers of waiting selects on rendezvous channels |
 //! | `ops` | one operation (`Op`, `RecvOp`, `SendOp`) and what channels it takes |
 //! | `run` | a select's run: tries, watches, offers, parks |
-//! | `dynamic` | [`Select`], a select built at run time |
+//! | `indexed` | [`Select`], crossbeam's select of operations added at run time |
+//! | `dynamic` | [`SelectArms`], the same with a closure per operation |
 //! | `macros` | `select!` and `select_biased!` |
 
 mod dynamic;
+mod indexed;
 mod macros;
 mod offers;
 mod ops;
 mod run;
 
-pub use dynamic::Select;
+pub use dynamic::SelectArms;
+pub use indexed::{
+    ReadyTimeoutError, Select, SelectTimeoutError, SelectedOperation, TryReadyError, TrySelectError,
+};
 pub(crate) use offers::{Offers, RecvOffers};
 pub(crate) use ops::sealed::Sealed as SelectRecvSealed;
 #[doc(hidden)]

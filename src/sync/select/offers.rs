@@ -57,6 +57,14 @@ impl<T> Offers<T> {
         Ok(())
     }
 
+    /// Whether a receiver would find an offer to claim now.
+    pub(crate) fn any_open(&self) -> bool {
+        self.0.as_ref().is_some_and(|list| {
+            list.iter()
+                .any(|o| o.signal.claim.load(Ordering::Acquire) == OPEN)
+        })
+    }
+
     /// Takes back the offer of arm `arm` of the select waiting on `signal`: `None` if a
     /// receiver took it.
     pub(crate) fn withdraw(&mut self, signal: &Arc<Signal>, arm: usize) -> Option<T> {

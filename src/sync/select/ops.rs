@@ -35,6 +35,10 @@ pub trait SelectRecv: sealed::Sealed {
     type Item;
     #[doc(hidden)]
     fn try_recv_now(&self) -> Option<Result<Self::Item, RecvError>>;
+    /// Whether a receive would complete now (with an error, if every sender is gone),
+    /// without taking anything.
+    #[doc(hidden)]
+    fn ready_to_recv(&self) -> bool;
     #[doc(hidden)]
     fn watch_recv(&self, s: &Arc<Signal>, on: bool);
     /// Offers the receive as arm `arm` of the select waiting on `s`, if this is a
@@ -80,6 +84,9 @@ pub trait SelectSend: sealed::Sealed {
     /// Whether a waiting select may offer a send here (a rendezvous channel).
     #[doc(hidden)]
     fn may_offer(&self) -> bool;
+    /// A send that waits for room if it must (for `Select`'s selected operation).
+    #[doc(hidden)]
+    fn send_waiting(&self, msg: Self::Item) -> Result<(), SendError<Self::Item>>;
     /// Offers `msg` as arm `arm` of the select waiting on `s`, if this is a rendezvous
     /// channel with its receiver alive and none blocked in `recv`; else gives it back.
     #[doc(hidden)]
@@ -89,6 +96,29 @@ pub trait SelectSend: sealed::Sealed {
     #[doc(hidden)]
     fn withdraw_send(&self, s: &Arc<Signal>, arm: usize) -> Option<Self::Item>;
 }
+
+/// The [`Op`] methods a wrapper forwards to its `op` field as they are: `watch`, `unwatch`,
+/// `withdraw`, `pass_on` and `ready_at` (each wrapper writes `try_complete` and `offer`).
+macro_rules! forward_op {
+    () => {
+        fn watch(&self, s: &Arc<Signal>) {
+            self.op.watch(s);
+        }
+        fn unwatch(&self, s: &Arc<Signal>) {
+            self.op.unwatch(s);
+        }
+        fn withdraw(&mut self, s: &Arc<Signal>, arm: usize, taken: bool) {
+            self.op.withdraw(s, arm, taken);
+        }
+        fn pass_on(&mut self) {
+            self.op.pass_on();
+        }
+        fn ready_at(&self) -> Option<std::time::Instant> {
+            self.op.ready_at()
+        }
+    };
+}
+pub(super) use forward_op;
 
 /// The channel a `recv(..)` arm names, reached by method-call auto-deref (`&r`, `Arc`,
 /// `Box`): the macros call this, with the trait in scope.
@@ -129,6 +159,11 @@ impl<'a, R: SelectRecv> RecvOp<'a, R> {
             out: None,
             offered: false,
         }
+    }
+
+    /// The receiver.
+    pub(super) fn channel(&self) -> &'a R {
+        self.r
     }
 
     /// The result of the completed receive.
@@ -268,6 +303,9 @@ macro_rules! select_recv {
                     Err(TryRecvError::Empty) => None,
                 }
             }
+            fn ready_to_recv(&self) -> bool {
+                self.select_ready_to_recv()
+            }
             fn watch_recv(&self, s: &Arc<Signal>, on: bool) {
                 self.watch(s, on);
             }
@@ -291,6 +329,9 @@ impl SelectRecv for CancellationToken {
     type Item = ();
     fn try_recv_now(&self) -> Option<Result<(), RecvError>> {
         self.is_cancelled().then_some(Ok(()))
+    }
+    fn ready_to_recv(&self) -> bool {
+        self.is_cancelled()
     }
     fn watch_recv(&self, s: &Arc<Signal>, on: bool) {
         self.watch(s, on);
@@ -317,6 +358,9 @@ macro_rules! select_send {
             }
             fn may_offer(&self) -> bool {
                 self.select_may_offer()
+            }
+            fn send_waiting(&self, msg: T) -> Result<(), SendError<T>> {
+                self.send(msg)
             }
             fn offer_send(&self, msg: T, s: &Arc<Signal>, arm: usize) -> Result<(), T> {
                 self.select_offer(msg, s, arm)
