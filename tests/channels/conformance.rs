@@ -676,3 +676,166 @@ fn select_arms_and_select_wake_for_a_timed_arm() {
         assert!(t.elapsed() >= Duration::from_millis(40));
     });
 }
+
+// ------------------------------------------------------------ the three flavours alike
+
+/// A send the way one flavour sends (`Err`: the message back, disconnected).
+type SendFn = Box<dyn Fn(u32) -> Result<(), u32> + Send + Sync>;
+
+/// An mpmc channel of each of crossbeam's flavours: list (unbounded), array (bound 2) and
+/// zero (rendezvous), as a sender that sends the way the flavour does and a receiver.
+fn flavours() -> Vec<(&'static str, SendFn, mpmc::Receiver<u32>)> {
+    let (s, r) = mpmc::channel::<u32>();
+    let list: SendFn = Box::new(move |v| s.send(v).map_err(|e| e.0));
+    let (s, ra) = mpmc::sync_channel::<u32>(2);
+    let array: SendFn = Box::new(move |v| s.send(v).map_err(|e| e.0));
+    let (s, rz) = mpmc::sync_channel::<u32>(0);
+    let zero: SendFn = Box::new(move |v| s.send(v).map_err(|e| e.0));
+    vec![("list", list, r), ("array", array, ra), ("zero", zero, rz)]
+}
+
+#[test]
+fn every_flavour_delivers_in_order_once_and_reports_disconnection() {
+    // crossbeam list/array/zero: spsc and mpmc delivery, order per sender, nothing lost or
+    // doubled, disconnection waking a waiting receiver, recv_timeout.
+    both(|m| {
+        for (name, send, r) in flavours() {
+            assert!(r.recv_timeout(Duration::from_millis(5)).is_err(), "{name}");
+            let send = Arc::new(send);
+            let senders: Vec<_> = (0..3u32)
+                .map(|k| {
+                    let send = send.clone();
+                    m.go(move || {
+                        for i in 0..200 {
+                            send(k * 1000 + i).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            let receivers: Vec<_> = (0..2)
+                .map(|_| {
+                    let r = r.clone();
+                    m.go(move || {
+                        let mut got = Vec::new();
+                        while got.len() < 300 {
+                            got.push(r.recv().unwrap());
+                        }
+                        got
+                    })
+                })
+                .collect();
+            senders.into_iter().for_each(|s| s.join());
+            let mut all = Vec::new();
+            for rx in receivers {
+                let got = rx.join();
+                // Each receiver sees each sender's messages in the order they were sent.
+                for k in 0..3 {
+                    let mine: Vec<_> = got.iter().filter(|v| **v / 1000 == k).collect();
+                    assert!(
+                        mine.windows(2).all(|w| w[0] < w[1]),
+                        "{name}: order of sender {k}"
+                    );
+                }
+                all.extend(got);
+            }
+            all.sort_unstable();
+            let want: Vec<u32> = (0..3)
+                .flat_map(|k| (0..200).map(move |i| k * 1000 + i))
+                .collect();
+            assert_eq!(all, want, "{name}: every message once");
+            // The last sender gone wakes a waiting receiver with the error.
+            let waiter = {
+                let r = r.clone();
+                m.go(move || r.recv())
+            };
+            m.sleep(Duration::from_millis(10));
+            drop(send);
+            assert!(waiter.join().is_err(), "{name}");
+            assert!(r.try_recv().is_err() && r.recv().is_err(), "{name}");
+        }
+    });
+}
+
+#[test]
+fn messages_are_dropped_exactly_once_whatever_becomes_of_them() {
+    // crossbeam drops: a random mix of sends and receives, then the channel dropped with
+    // messages inside; every message is dropped once.
+    both(|_| {
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        struct D;
+        impl Drop for D {
+            fn drop(&mut self) {
+                DROPS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        for bound in [None, Some(5)] {
+            DROPS.store(0, Ordering::SeqCst);
+            let (made, taken) = {
+                let (s, r) = match bound {
+                    None => {
+                        let (s, r) = mpmc::channel::<D>();
+                        (
+                            Box::new(move |d| s.send(d).map_err(drop))
+                                as Box<dyn Fn(D) -> Result<(), ()>>,
+                            r,
+                        )
+                    }
+                    Some(b) => {
+                        let (s, r) = mpmc::sync_channel::<D>(b);
+                        (
+                            Box::new(move |d| s.try_send(d).map_err(drop))
+                                as Box<dyn Fn(D) -> Result<(), ()>>,
+                            r,
+                        )
+                    }
+                };
+                let (mut made, mut taken) = (0, 0);
+                for i in 0..100usize {
+                    if i % 3 == 2 {
+                        if r.try_recv().is_ok() {
+                            taken += 1;
+                        }
+                    } else {
+                        made += 1;
+                        let _ = s(D);
+                    }
+                }
+                (made, taken)
+            };
+            assert_eq!(
+                DROPS.load(Ordering::SeqCst),
+                made,
+                "bound {bound:?}, {taken} taken"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_channel_sent_through_a_channel_works_and_iterators_end_with_the_senders() {
+    // crossbeam channel_through_channel and iter: recv_iter stops at disconnection,
+    // try_iter takes only what is there, into_iter owns the receiver.
+    both(|m| {
+        let (s, r) = mpmc::channel::<mpmc::Sender<u32>>();
+        let (inner_s, inner_r) = mpmc::channel::<u32>();
+        let peer = m.go(move || {
+            let back = r.recv().unwrap();
+            for i in 0..5 {
+                back.send(i).unwrap();
+            }
+        });
+        s.send(inner_s).unwrap();
+        peer.join();
+        assert_eq!(inner_r.try_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+        assert!(inner_r.try_iter().next().is_none());
+        let (s, r) = mpmc::sync_channel::<u32>(1);
+        let producer = m.go(move || (0..10).for_each(|i| s.send(i).unwrap()));
+        let got: Vec<_> = r.iter().collect();
+        producer.join();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        let (s, r) = mpmc::channel::<u32>();
+        s.send(1).unwrap();
+        drop(s);
+        assert_eq!(r.into_iter().collect::<Vec<_>>(), [1]);
+    });
+}
