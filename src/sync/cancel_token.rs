@@ -85,6 +85,13 @@ pub struct CancellationToken {
     inner: Arc<Inner>,
 }
 
+impl CancellationToken {
+    /// The token's identity, the same for its clones (for `Select`).
+    pub(crate) fn select_id(&self) -> *const () {
+        Arc::as_ptr(&self.inner).cast()
+    }
+}
+
 impl Default for CancellationToken {
     fn default() -> Self {
         CancellationToken::new()

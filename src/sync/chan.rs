@@ -489,6 +489,11 @@ macro_rules! channel_handles {
                 Arc::ptr_eq(&self.chan, &other.chan)
             }
 
+            /// The channel's identity, for `Select`.
+            pub(crate) fn select_channel_id(&self) -> *const () {
+                Arc::as_ptr(&self.chan).cast()
+            }
+
             /// The bound of a [`sync_channel`], `None` for a [`channel`].
             pub fn capacity(&self) -> Option<usize> {
                 self.chan.capacity()
@@ -616,6 +621,11 @@ macro_rules! channel_handles {
             /// Whether `self` and `other` send to the same channel.
             pub fn same_channel(&self, other: &Self) -> bool {
                 Arc::ptr_eq(&self.chan, &other.chan)
+            }
+
+            /// The channel's identity, for `Select`.
+            pub(crate) fn select_channel_id(&self) -> *const () {
+                Arc::as_ptr(&self.chan).cast()
             }
 
             pub(crate) fn watch(&self, s: &std::sync::Arc<Signal>, on: bool) {

@@ -91,6 +91,8 @@ impl<T> std::fmt::Debug for Never<T> {
 /// What the three share: a message due at a time, taken at most once each time.
 trait Timed {
     type Item;
+    /// The receiver's identity, the same for its clones (every `Never` is alike).
+    fn id(&self) -> *const ();
     /// When the next message is due (`None`: never).
     fn due(&self) -> Option<Instant>;
     /// The message, if one is due now.
@@ -99,6 +101,9 @@ trait Timed {
 
 impl Timed for After {
     type Item = Instant;
+    fn id(&self) -> *const () {
+        Arc::as_ptr(&self.0).cast()
+    }
     fn due(&self) -> Option<Instant> {
         self.0.due.filter(|_| !self.0.taken.load(Ordering::Acquire))
     }
@@ -110,6 +115,9 @@ impl Timed for After {
 
 impl Timed for Tick {
     type Item = Instant;
+    fn id(&self) -> *const () {
+        Arc::as_ptr(&self.0).cast()
+    }
     fn due(&self) -> Option<Instant> {
         self.0.lock().due
     }
@@ -127,6 +135,9 @@ impl Timed for Tick {
 
 impl<T> Timed for Never<T> {
     type Item = T;
+    fn id(&self) -> *const () {
+        std::ptr::null()
+    }
     fn due(&self) -> Option<Instant> {
         None
     }
@@ -190,6 +201,9 @@ macro_rules! receiving {
             }
             fn ready_to_recv(&self) -> bool {
                 self.due().is_some_and(|due| Instant::now() >= due)
+            }
+            fn channel_id(&self) -> *const () {
+                self.id()
             }
             fn watch_recv(&self, _s: &Arc<super::select::Signal>, _on: bool) {
                 // Nothing to watch: the select parks until `ready_at`.

@@ -648,7 +648,7 @@ fn a_selected_operation_is_checked_and_must_be_finished() {
         // The wrong receiver panics; so does dropping a chosen operation unfinished.
         let p = catch_unwind(AssertUnwindSafe(|| oper.recv(&other))).unwrap_err();
         let msg = crate::common::panic_message(&*p).unwrap();
-        assert!(msg.contains("another receiver"), "{msg}");
+        assert!(msg.contains("another channel"), "{msg}");
         s.send(2).unwrap();
         let p = catch_unwind(AssertUnwindSafe(|| drop(sel.select()))).unwrap_err();
         let msg = crate::common::panic_message(&*p).unwrap();
@@ -837,5 +837,158 @@ fn a_channel_sent_through_a_channel_works_and_iterators_end_with_the_senders() {
         s.send(1).unwrap();
         drop(s);
         assert_eq!(r.into_iter().collect::<Vec<_>>(), [1]);
+    });
+}
+
+#[test]
+fn a_select_that_returns_nothing_could_not_have_completed_anything() {
+    // crossbeam linearizable_default/_timeout/_try: a thread sends on its channel 1 and
+    // selects at once without waiting, while a thief first sends on channel 2 and then takes
+    // from channel 1: at every moment one of the two holds a message, so the select never
+    // takes its default.
+    both(|m| {
+        const ROUNDS: usize = 20_000;
+        for bound in [1, 1 << 20] {
+            let bounded = bound == 1;
+            let ((s1, r1), (s2, r2)) = (
+                mpmc::sync_channel::<u32>(bound),
+                mpmc::sync_channel::<u32>(bound),
+            );
+            let (go_s, go_r) = mpmc::sync_channel::<()>(0);
+            let (done_s, done_r) = mpmc::sync_channel::<()>(0);
+            let (t1, t2) = (r1.clone(), s2.clone());
+            let thief = m.go(move || {
+                for _ in 0..ROUNDS {
+                    go_r.recv().unwrap();
+                    t2.send(2).unwrap();
+                    let _ = t1.try_recv();
+                    done_r.recv().unwrap();
+                }
+            });
+            for round in 0..ROUNDS {
+                go_s.send(()).unwrap();
+                s1.send(1).unwrap();
+                let got = match round % 4 {
+                    0 => fibra::select! {
+                        recv(r1) -> _ => true,
+                        recv(r2) -> _ => true,
+                        default => false,
+                    },
+                    // Channel 2 first: the order in which a single round can miss.
+                    3 => fibra::select_biased! {
+                        recv(r2) -> _ => true,
+                        recv(r1) -> _ => true,
+                        default => false,
+                    },
+                    1 => fibra::select! {
+                        recv(r1) -> _ => true,
+                        recv(r2) -> _ => true,
+                        default(Duration::ZERO) => false,
+                    },
+                    _ => {
+                        let mut sel = fibra::sync::Select::new();
+                        sel.recv(&r1);
+                        sel.recv(&r2);
+                        match sel.try_select() {
+                            Ok(oper) if oper.index() == 0 => oper.recv(&r1).is_ok(),
+                            Ok(oper) => oper.recv(&r2).is_ok(),
+                            Err(_) => false,
+                        }
+                    }
+                };
+                assert!(
+                    got,
+                    "round {round} (bounded: {bounded}): a ready channel was missed"
+                );
+                done_s.send(()).unwrap();
+                let _ = r2.try_recv();
+                let _ = r1.try_recv();
+            }
+            thief.join();
+        }
+    });
+}
+
+#[test]
+fn a_chosen_operation_is_finished_on_any_handle_of_its_channel() {
+    // crossbeam issue 1096: the chosen operation is the channel's, not the handle's.
+    use fibra::sync::Select;
+    both(|_| {
+        let (s, r) = mpmc::channel::<u32>();
+        s.send(1).unwrap();
+        let mut sel = Select::new();
+        sel.recv(&r);
+        let oper = sel.select();
+        assert_eq!(oper.recv(&r.clone()), Ok(1));
+        let mut sel = Select::new();
+        sel.send(&s);
+        let oper = sel.select();
+        oper.send(&s.clone(), 2).unwrap();
+        assert_eq!(r.recv(), Ok(2));
+    });
+}
+
+#[test]
+fn rendezvous_edges_as_crossbeam_and_std_report_them() {
+    both(|m| {
+        // A plain send blocked on a rendezvous channel fails when the receiver goes, with
+        // its message; try_send with no receiver left says Disconnected, not Full.
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        let s2 = s.clone();
+        let blocked = m.go(move || s2.send(7));
+        m.sleep(Duration::from_millis(20));
+        drop(r);
+        assert_eq!(blocked.join().unwrap_err().0, 7);
+        assert!(matches!(
+            s.try_send(8),
+            Err(mpmc::TrySendError::Disconnected(8))
+        ));
+        // try_recv takes a blocked sender's message.
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        let sender = m.go(move || s.send(9).unwrap());
+        eventually(m, "try_recv to take the blocked send", || {
+            r.try_recv() == Ok(9)
+        });
+        sender.join();
+        // A disconnected receive and a send with no receiver are ready.
+        let (s, r) = mpmc::channel::<u32>();
+        drop(s);
+        let (s3, r3) = mpmc::channel::<u32>();
+        drop(r3);
+        let mut sel = fibra::sync::Select::new();
+        let i = sel.recv(&r);
+        assert_eq!(sel.try_ready(), Ok(i));
+        let mut sel = fibra::sync::Select::new();
+        let j = sel.send(&s3);
+        assert_eq!(sel.ready_timeout(Duration::from_secs(1)), Ok(j));
+        // Every message dropped once on a rendezvous channel too.
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        struct D;
+        impl Drop for D {
+            fn drop(&mut self) {
+                DROPS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        DROPS.store(0, Ordering::SeqCst);
+        let (s, r) = mpmc::sync_channel::<D>(0);
+        let senders: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                m.go(move || (0..25).filter(|_| s.send(D).is_ok()).count())
+            })
+            .collect();
+        let mut received = 0;
+        for _ in 0..50 {
+            drop(r.recv().unwrap());
+            received += 1;
+        }
+        drop(r);
+        let sent: usize = senders.into_iter().map(|h| h.join()).sum();
+        assert_eq!(sent, received);
+        assert_eq!(
+            DROPS.load(Ordering::SeqCst),
+            100,
+            "every message made was dropped once"
+        );
     });
 }

@@ -119,11 +119,6 @@ impl<S: SelectSend> IndexedOp for SendEntry<'_, S> {
     }
 }
 
-/// The address that identifies a channel handle `c` passed to [`Select`].
-fn address<C>(c: &C) -> *const () {
-    (c as *const C).cast()
-}
-
 impl Default for Select<'_> {
     fn default() -> Self {
         Select::new()
@@ -160,14 +155,14 @@ impl<'a> Select<'a> {
                 op: RecvOp::new(r),
                 probe: false,
             }),
-            address(r),
+            r.channel_id(),
         )
     }
 
     /// Adds a send on `s` (its message is given to [`SelectedOperation::send`]). Returns its
     /// index.
     pub fn send<S: SelectSend>(&mut self, s: &'a S) -> usize {
-        self.push(Box::new(SendEntry { s }), address(s))
+        self.push(Box::new(SendEntry { s }), s.channel_id())
     }
 
     fn push(&mut self, op: Box<dyn IndexedOp + 'a>, chan: *const ()) -> usize {
@@ -346,14 +341,15 @@ impl SelectedOperation<'_> {
     /// Finishes the chosen receive: its message, or [`RecvError`] if every sender was gone.
     ///
     /// # Panics
-    /// If `r` is not the receiver the operation was added with, or the operation is a send.
+    /// If `r` is not a receiver of the channel the operation was added with (a clone of the
+    /// handle is one), or the operation is a send.
     pub fn recv<R: SelectRecv>(mut self, r: &R) -> Result<R::Item, RecvError>
     where
         R::Item: 'static,
     {
         assert!(
-            address(r) == self.chan,
-            "SelectedOperation::recv with another receiver than the chosen operation's"
+            r.channel_id() == self.chan,
+            "SelectedOperation::recv with a receiver of another channel than the chosen operation's"
         );
         let got = self
             .got
@@ -371,11 +367,12 @@ impl SelectedOperation<'_> {
     /// Gives the message back if every receiver is gone.
     ///
     /// # Panics
-    /// If `s` is not the sender the operation was added with, or the operation is a receive.
+    /// If `s` is not a sender of the channel the operation was added with (a clone of the
+    /// handle is one), or the operation is a receive.
     pub fn send<S: SelectSend>(mut self, s: &S, msg: S::Item) -> Result<(), SendError<S::Item>> {
         assert!(
-            address(s) == self.chan && self.got.is_none(),
-            "SelectedOperation::send with another sender than the chosen operation's"
+            s.channel_id() == self.chan && self.got.is_none(),
+            "SelectedOperation::send with a sender of another channel than the chosen operation's"
         );
         self.finished = true;
         s.send_waiting(msg)

@@ -39,6 +39,10 @@ pub trait SelectRecv: sealed::Sealed {
     /// without taking anything.
     #[doc(hidden)]
     fn ready_to_recv(&self) -> bool;
+    /// What identifies the channel, the same for every handle of it (`Select` checks that a
+    /// chosen operation is finished on its own channel).
+    #[doc(hidden)]
+    fn channel_id(&self) -> *const ();
     #[doc(hidden)]
     fn watch_recv(&self, s: &Arc<Signal>, on: bool);
     /// Offers the receive as arm `arm` of the select waiting on `s`, if this is a
@@ -87,6 +91,9 @@ pub trait SelectSend: sealed::Sealed {
     /// A send that waits for room if it must (for `Select`'s selected operation).
     #[doc(hidden)]
     fn send_waiting(&self, msg: Self::Item) -> Result<(), SendError<Self::Item>>;
+    /// What identifies the channel (see `SelectRecv::channel_id`).
+    #[doc(hidden)]
+    fn channel_id(&self) -> *const ();
     /// Offers `msg` as arm `arm` of the select waiting on `s`, if this is a rendezvous
     /// channel with its receiver alive and none blocked in `recv`; else gives it back.
     #[doc(hidden)]
@@ -306,6 +313,9 @@ macro_rules! select_recv {
             fn ready_to_recv(&self) -> bool {
                 self.select_ready_to_recv()
             }
+            fn channel_id(&self) -> *const () {
+                self.select_channel_id()
+            }
             fn watch_recv(&self, s: &Arc<Signal>, on: bool) {
                 self.watch(s, on);
             }
@@ -332,6 +342,9 @@ impl SelectRecv for CancellationToken {
     }
     fn ready_to_recv(&self) -> bool {
         self.is_cancelled()
+    }
+    fn channel_id(&self) -> *const () {
+        self.select_id()
     }
     fn watch_recv(&self, s: &Arc<Signal>, on: bool) {
         self.watch(s, on);
@@ -361,6 +374,9 @@ macro_rules! select_send {
             }
             fn send_waiting(&self, msg: T) -> Result<(), SendError<T>> {
                 self.send(msg)
+            }
+            fn channel_id(&self) -> *const () {
+                self.select_channel_id()
             }
             fn offer_send(&self, msg: T, s: &Arc<Signal>, arm: usize) -> Result<(), T> {
                 self.select_offer(msg, s, arm)

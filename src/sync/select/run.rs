@@ -69,7 +69,12 @@ fn run_with(ops: &mut [&mut dyn Op], mode: Mode, biased: bool) -> Option<usize> 
             return Some(i);
         }
         if matches!(mode, Mode::Now) || deadline.is_some_and(|d| Instant::now() >= d) {
-            return None;
+            // The tries looked at the channels one after another: another thread may have
+            // filled one already looked at and then emptied one not looked at yet, so that
+            // no moment saw them all empty. A second round sees the first change, whose
+            // channel only the select may empty now: a select that returns `None` could
+            // not have completed anything (crossbeam's `linearizable` tests).
+            return attempt(ops);
         }
         let signal = Signal::new();
         for op in ops.iter() {
@@ -110,7 +115,9 @@ fn run_with(ops: &mut [&mut dyn Op], mode: Mode, biased: bool) -> Option<usize> 
         for op in ops.iter() {
             op.unwatch(&signal);
         }
-        let (done, parked) = waited.unwrap_or_else(|unwind| {
+        // Woken, or timed out (by the select's deadline or an arm's due time): the loop
+        // looks again; past the deadline, its top makes the last two rounds.
+        let (done, _parked) = waited.unwrap_or_else(|unwind| {
             if let Some(i) = claimed {
                 ops[i].pass_on();
             }
@@ -121,10 +128,6 @@ fn run_with(ops: &mut [&mut dyn Op], mode: Mode, biased: bool) -> Option<usize> 
         }
         if done.is_some() {
             return done;
-        }
-        if parked == ParkResult::TimedOut && deadline.is_some_and(|d| Instant::now() >= d) {
-            // One last look: a change may have come with the deadline.
-            return attempt(ops);
         }
     }
 }
