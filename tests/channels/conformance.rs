@@ -992,3 +992,298 @@ fn rendezvous_edges_as_crossbeam_and_std_report_them() {
         );
     });
 }
+
+#[test]
+fn a_sender_clone_dropped_while_a_select_waits_neither_ends_the_wait_nor_loses_a_message() {
+    // crossbeam cloning1/2/3: only the last sender's drop disconnects.
+    both(|m| {
+        let (s, r) = mpmc::channel::<u32>();
+        let (s2, r2) = mpmc::channel::<u32>();
+        let clone = s.clone();
+        let waiter = m.go(move || {
+            fibra::select! {
+                recv(r) -> v => v.unwrap(),
+                recv(r2) -> v => v.unwrap() + 100,
+            }
+        });
+        m.sleep(Duration::from_millis(10));
+        drop(clone);
+        m.sleep(Duration::from_millis(10));
+        s.send(1).unwrap();
+        assert_eq!(waiter.join(), 1);
+        drop(s2);
+    });
+}
+
+#[test]
+fn duplicated_arms_and_sends_with_room_are_chosen_evenly() {
+    // crossbeam fairness_duplicates / duplicate_operations / fairness_send / fairness1.
+    both(|_| {
+        const N: usize = 4_000;
+        let (s, r) = mpmc::channel::<()>();
+        for _ in 0..N {
+            s.send(()).unwrap();
+        }
+        let mut hits = [0usize; 4];
+        for _ in 0..N {
+            fibra::select! {
+                recv(r) -> _ => hits[0] += 1,
+                recv(r) -> _ => hits[1] += 1,
+                recv(r) -> _ => hits[2] += 1,
+                recv(r) -> _ => hits[3] += 1,
+            }
+        }
+        assert!(
+            hits.iter().all(|&h| h >= N / 4 / 2),
+            "duplicated receives {hits:?}"
+        );
+        let (a, _ra) = mpmc::channel::<()>();
+        let (b, _rb) = mpmc::sync_channel::<()>(N);
+        let mut sent = [0usize; 2];
+        for _ in 0..N {
+            fibra::select! {
+                send(a, ()) -> _ => sent[0] += 1,
+                send(b, ()) -> _ => sent[1] += 1,
+            }
+        }
+        assert!(
+            sent.iter().all(|&h| h >= N / 2 / 2),
+            "sends with room {sent:?}"
+        );
+        // Across flavours and the clock's receivers, all ready.
+        let (u, ru) = mpmc::channel::<()>();
+        let (bb, rb) = mpmc::sync_channel::<()>(N);
+        for _ in 0..N {
+            u.send(()).unwrap();
+            bb.send(()).unwrap();
+        }
+        let mut hits = [0usize; 4];
+        for _ in 0..N {
+            let after = fibra::sync::after(Duration::ZERO);
+            let tick = fibra::sync::tick(Duration::ZERO);
+            fibra::select! {
+                recv(ru) -> _ => hits[0] += 1,
+                recv(rb) -> _ => hits[1] += 1,
+                recv(after) -> _ => hits[2] += 1,
+                recv(tick) -> _ => hits[3] += 1,
+            }
+        }
+        assert!(
+            hits.iter().all(|&h| h >= N / 4 / 2),
+            "across flavours {hits:?}"
+        );
+    });
+}
+
+#[test]
+fn after_and_tick_shared_between_threads_deliver_each_message_once() {
+    // crossbeam after/tick select, recv_two, recv_race, stress_default, intervals.
+    both(|m| {
+        // One after, two takers: exactly one gets it.
+        let a = fibra::sync::after(Duration::from_millis(10));
+        let takers: Vec<_> = (0..2)
+            .map(|_| {
+                let a = a.clone();
+                m.go(move || a.recv_timeout(Duration::from_millis(200)).is_ok())
+            })
+            .collect();
+        let got = takers
+            .into_iter()
+            .filter(|_| true)
+            .map(|t| t.join() as u32)
+            .sum::<u32>();
+        assert_eq!(got, 1);
+        // The earlier of two afters wins; an after(0) beats a default, a far one does not.
+        let early = fibra::sync::after(Duration::from_millis(5));
+        let late = fibra::sync::after(Duration::from_millis(500));
+        let first = fibra::select! {
+            recv(late) -> _ => "late",
+            recv(early) -> _ => "early",
+        };
+        assert_eq!(first, "early");
+        let zero = fibra::sync::after(Duration::ZERO);
+        assert!(fibra::select! { recv(zero) -> _ => true, default => false });
+        let far = fibra::sync::after(Duration::from_millis(100));
+        assert!(fibra::select! { recv(far) -> _ => false, default => true });
+        // A tick received late gives the first missed due time, and the next is due a
+        // period after that receive.
+        let period = Duration::from_millis(10);
+        let start = Instant::now();
+        let t = fibra::sync::tick(period);
+        m.sleep(Duration::from_millis(35));
+        let due = t.recv().unwrap();
+        assert!(due >= start + period && due < start + 2 * period + Duration::from_millis(50));
+        // The receive came at least 35 ms in: the next is due a period after it, not on
+        // the first schedule (20, 30, 40 ms).
+        let next = t.recv().unwrap();
+        assert!(
+            next >= start + Duration::from_millis(45),
+            "{:?}",
+            next - start
+        );
+        // recv_timeout shorter than the period times out, then the tick comes.
+        let t = fibra::sync::tick(Duration::from_millis(30));
+        assert!(t.recv_timeout(Duration::from_millis(5)).is_err());
+        assert!(t.recv_timeout(Duration::from_millis(100)).is_ok());
+        // Two ticks shared by three takers for ~100 ms: every delivery goes to one taker.
+        let ticks = [
+            fibra::sync::tick(Duration::from_millis(10)),
+            fibra::sync::tick(Duration::from_millis(10)),
+        ];
+        let until = Instant::now() + Duration::from_millis(100);
+        let takers: Vec<_> = (0..3)
+            .map(|_| {
+                let [a, b] = ticks.clone();
+                m.go(move || {
+                    let mut got = Vec::new();
+                    while Instant::now() < until {
+                        fibra::select! {
+                            recv(a) -> d => got.push((0, d.unwrap())),
+                            recv(b) -> d => got.push((1, d.unwrap())),
+                            default(Duration::from_millis(5)) => {},
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut all: Vec<(i32, Instant)> = takers.into_iter().flat_map(|t| t.join()).collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "a tick was delivered twice");
+        assert!(n >= 4, "{n} ticks in 100 ms of two 10 ms tickers");
+    });
+}
+
+#[test]
+fn selects_pairing_on_one_rendezvous_channel_leave_nothing_over() {
+    // crossbeam matching / matching_with_leftover: an odd number of selects that each
+    // either send or receive on one rendezvous channel, plus one plain send: all pair up.
+    both(|m| {
+        const PARTIES: usize = 21;
+        let (s, r) = mpmc::sync_channel::<usize>(0);
+        let parties: Vec<_> = (0..PARTIES)
+            .map(|i| {
+                let (s, r) = (s.clone(), r.clone());
+                m.go(move || {
+                    fibra::select! {
+                        recv(r) -> v => { v.unwrap(); }
+                        send(s, i) -> v => v.unwrap(),
+                    }
+                })
+            })
+            .collect();
+        s.send(99).unwrap();
+        for p in parties {
+            p.join();
+        }
+        assert!(r.try_recv().is_err(), "nothing left over");
+    });
+}
+
+#[test]
+fn lengths_stay_exact_under_traffic_and_zero_on_a_rendezvous_channel() {
+    // crossbeam array len / zero len / list+array linearizable (send then try_recv).
+    both(|m| {
+        let (s, r) = mpmc::sync_channel::<u32>(5);
+        for round in 0..200u32 {
+            for i in 0..(round % 5) {
+                s.send(i).unwrap();
+                assert_eq!(s.len(), i as usize + 1);
+                assert!(s.len() <= 5 && r.len() == s.len());
+            }
+            while r.try_recv().is_ok() {}
+            assert_eq!(r.len(), 0);
+        }
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        let sender = m.go(move || {
+            for i in 0..100 {
+                s.send(i).unwrap();
+            }
+        });
+        for i in 0..100 {
+            assert_eq!(r.len(), 0);
+            assert_eq!(r.recv(), Ok(i));
+        }
+        sender.join();
+        // A send followed by a try_recv always finds a message, whatever other threads do.
+        let (s, r) = mpmc::channel::<u32>();
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let (s, r) = (s.clone(), r.clone());
+                m.go(move || {
+                    for i in 0..2_000 {
+                        s.send(i).unwrap();
+                        assert!(r.try_recv().is_ok());
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().for_each(|w| w.join());
+    });
+}
+
+#[test]
+fn rendezvous_timed_sends_and_receives_race_without_losing_or_reordering() {
+    // crossbeam zero/array stress_timeout_two_threads, std's stress_recv_timeout_*.
+    both(|m| {
+        for bound in [0usize, 2] {
+            let (s, r) = mpmc::sync_channel::<u32>(bound);
+            let sender = m.go(move || {
+                for i in 0..300u32 {
+                    loop {
+                        match s.send_timeout(i, Duration::from_micros(200)) {
+                            Ok(()) => break,
+                            Err(mpmc::SendTimeoutError::Timeout(_)) => {}
+                            Err(e) => panic!("{e:?}"),
+                        }
+                    }
+                }
+            });
+            let mut next = 0;
+            while next < 300 {
+                if let Ok(v) = r.recv_timeout(Duration::from_micros(150)) {
+                    assert_eq!(v, next, "bound {bound}");
+                    next += 1;
+                }
+            }
+            sender.join();
+        }
+    });
+}
+
+#[test]
+fn broadcast_resubscribe_and_closed_at_the_edges() {
+    // tokio resubscribe_lagged, resubscribe_to_closed_channel,
+    // broadcast_sender_closed_with_extra_subscribe, receiver_len_after_lag_error.
+    use fibra::sync::broadcast;
+    both(|m| {
+        let (tx, mut rx) = broadcast::channel::<u32>(2);
+        for i in 0..5 {
+            tx.send(i).unwrap();
+        }
+        let mut fresh = rx.resubscribe();
+        assert!(matches!(rx.recv(), Err(broadcast::RecvError::Lagged(3))));
+        assert_eq!(rx.len(), 2, "after the lag: the retained messages only");
+        assert!(fresh.is_empty() && fresh.try_recv().is_err());
+        tx.send(9).unwrap();
+        assert_eq!(fresh.recv(), Ok(9));
+        drop(tx);
+        let mut again = fresh.resubscribe();
+        assert!(matches!(again.recv(), Err(broadcast::RecvError::Closed)));
+        // closed() waits again once a receiver is subscribed after the channel closed.
+        let tx = broadcast::Sender::<u32>::new(2);
+        tx.closed();
+        let rx = tx.subscribe();
+        let t2 = tx.clone();
+        let waiter = m.go(move || {
+            t2.closed();
+            true
+        });
+        m.sleep(Duration::from_millis(20));
+        drop(rx);
+        assert!(waiter.join());
+        drop((again, fresh));
+    });
+}
