@@ -1287,3 +1287,216 @@ fn broadcast_resubscribe_and_closed_at_the_edges() {
         drop((again, fresh));
     });
 }
+
+#[test]
+fn selects_nest_and_panics_in_channel_expressions_propagate() {
+    // crossbeam nesting, parse_nesting, panic_sender, panic_receiver.
+    both(|_| {
+        let (s, r) = mpmc::channel::<u32>();
+        s.send(1).unwrap();
+        s.send(2).unwrap();
+        let v = fibra::select! {
+            recv(r) -> a => fibra::select! {
+                recv(r) -> b => a.unwrap() * 10 + b.unwrap(),
+                default => 0,
+            },
+            default => 0,
+        };
+        assert_eq!(v, 12);
+        fn no_sender() -> mpmc::Sender<u32> {
+            panic!("no sender")
+        }
+        let p = std::panic::catch_unwind(|| {
+            fibra::select! { send(no_sender(), unreachable!("the message")) -> _ => {} }
+        })
+        .unwrap_err();
+        assert_eq!(
+            crate::common::panic_message(&*p).as_deref(),
+            Some("no sender")
+        );
+        fn no_receiver() -> mpmc::Receiver<u32> {
+            panic!("no receiver")
+        }
+        let p = std::panic::catch_unwind(|| fibra::select! { recv(no_receiver()) -> _ => {} })
+            .unwrap_err();
+        assert_eq!(
+            crate::common::panic_message(&*p).as_deref(),
+            Some("no receiver")
+        );
+    });
+}
+
+#[test]
+fn a_non_waiting_select_takes_a_waiting_selects_offer_and_a_select_alone_sends_to_itself() {
+    // crossbeam select_macro try_recv, send_recv_same_channel (unbounded half), sync3.
+    both(|m| {
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        let offering = m.go(move || {
+            fibra::select! {
+                send(s, 5) -> v => v.unwrap(),
+            }
+        });
+        eventually(m, "a select with default to take the offered send", || {
+            fibra::select! {
+                recv(r) -> v => v == Ok(5),
+                default => false,
+            }
+        });
+        offering.join();
+        // On an unbounded channel a select on both ends completes its send at once.
+        let (s, r) = mpmc::channel::<u32>();
+        let which = fibra::select! {
+            send(s, 1) -> _ => "send",
+            recv(r) -> _ => "recv",
+        };
+        assert_eq!(which, "send");
+        // Both ready (a rendezvous sender waiting, an unbounded message): one completes,
+        // the other is left as it was.
+        let (zs, zr) = mpmc::sync_channel::<u32>(0);
+        let (us, ur) = mpmc::channel::<u32>();
+        us.send(2).unwrap();
+        let sender = m.go(move || zs.send(1).unwrap());
+        m.sleep(Duration::from_millis(20));
+        let got = fibra::select! {
+            recv(zr) -> v => v.unwrap(),
+            recv(ur) -> v => v.unwrap(),
+        };
+        if got == 1 {
+            assert_eq!(ur.try_recv(), Ok(2));
+        } else {
+            assert_eq!(zr.recv(), Ok(1));
+        }
+        sender.join();
+    });
+}
+
+#[test]
+fn receivers_travel_through_channels_a_thousand_hops_via_select() {
+    // crossbeam channel_through_channel: each hop sends the receiver of a new channel
+    // through the current one, with select!, on rendezvous and bounded channels.
+    type Hop = Box<dyn std::any::Any + Send>;
+    both(|m| {
+        for bound in [0usize, 1, 2] {
+            let (s, r) = mpmc::sync_channel::<Hop>(bound);
+            let sender = m.go(move || {
+                let mut s = s;
+                for _ in 0..1_000 {
+                    let (next_s, next_r) = mpmc::sync_channel::<Hop>(bound);
+                    let hop: Hop = Box::new(Some(next_r));
+                    fibra::select! { send(s, hop) -> res => res.unwrap() }
+                    s = next_s;
+                }
+            });
+            let mut r = r;
+            for _ in 0..1_000 {
+                r = fibra::select! {
+                    recv(r) -> hop => hop
+                        .unwrap()
+                        .downcast_mut::<Option<mpmc::Receiver<Hop>>>()
+                        .unwrap()
+                        .take()
+                        .unwrap(),
+                };
+            }
+            sender.join();
+            assert!(r.recv().is_err(), "the last sender is gone");
+        }
+    });
+}
+
+#[test]
+fn select_by_index_in_lockstep_with_peers_and_after_a_forgotten_choice() {
+    // crossbeam select both_ready, loop_try, forget_select_*.
+    use fibra::sync::Select;
+    both(|m| {
+        // One Select holding a rendezvous receive and a rendezvous send, against a peer
+        // that sends then receives: both complete over two selects.
+        let (s1, r1) = mpmc::sync_channel::<u32>(0);
+        let (s2, r2) = mpmc::sync_channel::<u32>(0);
+        let peer = m.go(move || {
+            s1.send(1).unwrap();
+            r2.recv().unwrap()
+        });
+        let mut done = (false, false);
+        while done != (true, true) {
+            let mut sel = Select::new();
+            let a = (!done.0).then(|| sel.recv(&r1));
+            let b = (!done.1).then(|| sel.send(&s2));
+            let oper = sel.select();
+            if Some(oper.index()) == a {
+                assert_eq!(oper.recv(&r1), Ok(1));
+                done.0 = true;
+            } else if Some(oper.index()) == b {
+                oper.send(&s2, 2).unwrap();
+                done.1 = true;
+            } else {
+                unreachable!();
+            }
+        }
+        assert_eq!(peer.join(), 2);
+        // try_select in a loop meets a peer waiting in select_timeout.
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        let waiting = m.go(move || {
+            let mut sel = Select::new();
+            sel.recv(&r);
+            match sel.select_timeout(Duration::from_secs(10)) {
+                Ok(oper) => oper.recv(&r).unwrap(),
+                Err(_) => 0,
+            }
+        });
+        eventually(m, "a try_select send to meet the waiting select", || {
+            let mut sel = Select::new();
+            sel.send(&s);
+            match sel.try_select() {
+                Ok(oper) => oper.send(&s, 3).is_ok(),
+                Err(_) => false,
+            }
+        });
+        assert_eq!(waiting.join(), 3);
+        // A chosen operation forgotten: the channels drop cleanly afterwards.
+        let (s, r) = mpmc::channel::<u32>();
+        s.send(1).unwrap();
+        let mut sel = Select::new();
+        sel.recv(&r);
+        std::mem::forget(sel.select());
+        drop(sel);
+        drop((s, r));
+    });
+}
+
+#[test]
+fn iterators_left_early_and_try_sends_waking_receivers() {
+    // std's test_recv_iter_break and issue_15761, crossbeam stress_oneshot.
+    both(|m| {
+        let (s, r) = mpmc::sync_channel::<u32>(3);
+        let taker = m.go(move || {
+            let mut n = 0;
+            for v in r.iter() {
+                n += v;
+                if n >= 6 {
+                    break;
+                }
+            }
+            n
+        });
+        for _ in 0..3 {
+            s.send(2).unwrap();
+        }
+        assert_eq!(taker.join(), 6);
+        // The receiver is gone with the iterator: further sends fail quietly.
+        assert!(s.send(2).is_err() || s.send(2).is_err());
+        // A try_send into a bounded channel wakes a receiver blocked in recv.
+        let (s, r) = mpmc::sync_channel::<u32>(3);
+        let blocked = m.go(move || r.recv().unwrap());
+        m.sleep(Duration::from_millis(10));
+        s.try_send(4).unwrap();
+        assert_eq!(blocked.join(), 4);
+        // Many fresh channels, one message each, across two parties.
+        for _ in 0..2_000 {
+            let (s, r) = mpmc::sync_channel::<u32>(1);
+            let t = m.go(move || s.send(1).unwrap());
+            assert_eq!(r.recv(), Ok(1));
+            t.join();
+        }
+    });
+}
