@@ -1500,3 +1500,120 @@ fn iterators_left_early_and_try_sends_waking_receivers() {
         }
     });
 }
+
+#[test]
+fn ready_and_select_by_index_cover_the_select_macros_cases() {
+    // crossbeam ready/select: default_only, both_ready, send_recv_same_channel, fairness,
+    // duplicate_operations, nesting; select_macro unfairness_timeout/_try.
+    use fibra::sync::Select;
+    both(|m| {
+        // An empty Select: try_* return at once, *_timeout wait their timeout.
+        let mut sel = Select::new();
+        assert!(sel.try_ready().is_err() && sel.try_select().is_err());
+        let t = Instant::now();
+        assert!(sel.ready_timeout(Duration::from_millis(20)).is_err());
+        assert!(sel.select_timeout(Duration::from_millis(20)).is_err());
+        assert!(t.elapsed() >= Duration::from_millis(40));
+        // A rendezvous send is ready while a receiver waits.
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        let receiver = m.go(move || r.recv().unwrap());
+        let mut sel = Select::new();
+        let i = sel.send(&s);
+        assert_eq!(sel.ready(), i);
+        s.send(8).unwrap();
+        assert_eq!(receiver.join(), 8);
+        // Alone on both ends of a rendezvous channel: nothing is ever ready; of an
+        // unbounded one, the send is.
+        let (s, r) = mpmc::sync_channel::<u32>(0);
+        let mut sel = Select::new();
+        sel.recv(&r);
+        sel.send(&s);
+        assert!(sel.ready_timeout(Duration::from_millis(20)).is_err());
+        let (s, r) = mpmc::channel::<u32>();
+        let mut sel = Select::new();
+        sel.recv(&r);
+        let j = sel.send(&s);
+        assert_eq!(sel.ready(), j);
+        // Duplicated receives on one channel, chosen evenly by index, and a Select inside
+        // the finishing of another.
+        let (s, r) = mpmc::channel::<u32>();
+        const N: usize = 2_000;
+        for i in 0..N as u32 {
+            s.send(i).unwrap();
+        }
+        let mut hits = [0usize; 3];
+        let mut sel = Select::new();
+        let ids = [sel.recv(&r), sel.recv(&r), sel.recv(&r)];
+        for _ in 0..N / 2 {
+            let oper = sel.select();
+            let k = ids.iter().position(|i| *i == oper.index()).unwrap();
+            hits[k] += 1;
+            oper.recv(&r).unwrap();
+            let mut inner = Select::new();
+            inner.recv(&r);
+            inner.select().recv(&r).unwrap();
+        }
+        assert!(hits.iter().all(|&h| h >= N / 2 / 3 / 2), "{hits:?}");
+        // A biased select with a default still prefers its first ready arm.
+        let (a, ra) = mpmc::channel::<()>();
+        let (b, rb) = mpmc::channel::<()>();
+        for _ in 0..50 {
+            a.send(()).unwrap();
+            b.send(()).unwrap();
+        }
+        for k in 0..100 {
+            let first = if k % 2 == 0 {
+                fibra::select_biased! {
+                    recv(ra) -> _ => true,
+                    recv(rb) -> _ => false,
+                    default(Duration::from_secs(1)) => unreachable!(),
+                }
+            } else {
+                fibra::select_biased! {
+                    recv(ra) -> _ => true,
+                    recv(rb) -> _ => false,
+                    default() => unreachable!(),
+                }
+            };
+            assert_eq!(first, k < 50, "round {k}");
+        }
+    });
+}
+
+/// A message of `K` bytes through an unbounded channel, from a sender started as `m` does.
+fn big_message<const K: usize>(m: Mode) {
+    let (s, r) = mpmc::channel::<[u8; K]>();
+    let sender = m.go(move || s.send([7; K]).unwrap());
+    assert_eq!(r.recv().unwrap()[K - 1], 7);
+    sender.join();
+}
+
+#[test]
+fn big_messages_on_fiber_stacks_and_clones_of_timed_receivers_across_threads() {
+    // crossbeam list::stack_overflow (a 32 KiB message), after/tick stress_clone. In a debug
+    // build a send or receive holds many copies of its message on the stack (unoptimised
+    // code gives every temporary a slot): 32 KiB ones overflow a fiber's 256 KiB there, so
+    // fibers move 1 KiB messages in debug builds and 32 KiB ones in optimised builds.
+    both(|m| {
+        match m {
+            Mode::Threads => big_message::<{ 32 * 1024 }>(m),
+            Mode::Fibers if cfg!(debug_assertions) => big_message::<1024>(m),
+            Mode::Fibers => big_message::<{ 32 * 1024 }>(m),
+        }
+        for _ in 0..10 {
+            let a = fibra::sync::after(Duration::from_millis(1));
+            let takers: Vec<_> = (0..4)
+                .map(|_| {
+                    let a = a.clone();
+                    m.go(move || {
+                        let c = a.clone();
+                        drop(a);
+                        c.recv_timeout(Duration::from_millis(20)).is_ok() as u32
+                    })
+                })
+                .collect();
+            drop(a);
+            assert_eq!(takers.into_iter().map(|t| t.join()).sum::<u32>(), 1);
+        }
+    });
+}
