@@ -6,7 +6,7 @@
 //! asleep at home, and a `fork`.
 
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -233,12 +233,18 @@ fn a_homed_fd_deregistered_and_its_number_reused_is_watched_anew() {
                 b = writer.join().unwrap();
             }
             fibra::io::deregister(fd);
-            drop(a);
             drop(b);
-            // The lowest free numbers: one of the new pair gets the old fd's.
-            let (c, d) = std::os::unix::net::UnixStream::pair().unwrap();
-            let (mine, mut other) = if c.as_raw_fd() == fd { (c, d) } else { (d, c) };
-            assert_eq!(mine.as_raw_fd(), fd, "the fd number was reused");
+            // A new socket under the old number: `dup2` onto it closes the old one and
+            // gives its number to the new (other tests of this binary open fds meanwhile,
+            // so the lowest free number may be taken by then).
+            let (c, mut other) = std::os::unix::net::UnixStream::pair().unwrap();
+            // SAFETY: `fd` is `a`'s, which `dup2` closes and replaces; `a` is forgotten so
+            // that it does not close the number again.
+            assert_eq!(unsafe { libc::dup2(c.as_raw_fd(), fd) }, fd);
+            std::mem::forget(a);
+            drop(c);
+            // SAFETY: `fd` now names the new socket, owned here alone.
+            let mine = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
             mine.set_nonblocking(true).unwrap();
             let writer = std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(5));
