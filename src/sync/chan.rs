@@ -91,6 +91,8 @@ pub(super) struct Chan<T> {
     pub(super) state: Lock<State<T>>,
     /// Live `Sender`s and `SyncSender`s.
     senders: AtomicUsize,
+    /// `State::bound`, which never changes, readable without the lock.
+    bound: Option<usize>,
 }
 
 pub(super) struct State<T> {
@@ -127,6 +129,7 @@ impl<T> Chan<T> {
                 recv_offers: RecvOffers::default(),
             }),
             senders: AtomicUsize::new(1),
+            bound,
         }
     }
 
@@ -279,6 +282,11 @@ impl<T> Chan<T> {
     /// Whether a send would complete now, with its message or with an error: the receivers
     /// are gone, one waits, there is room, or a waiting select offers its receive.
     pub(super) fn can_send(&self) -> bool {
+        if self.bound.is_none() {
+            // Unbounded: a send always completes (with an error once the receivers are
+            // gone), so no need for the lock.
+            return true;
+        }
         let st = self.state.lock();
         st.receivers_gone
             || !st.receivers.is_empty()
@@ -305,12 +313,12 @@ impl<T> Chan<T> {
 
     /// The bound, `None` if unbounded.
     pub(super) fn capacity(&self) -> Option<usize> {
-        self.state.lock().bound
+        self.bound
     }
 
     /// Whether this is a rendezvous channel, where a waiting select offers its sends.
     pub(super) fn rendezvous(&self) -> bool {
-        self.state.lock().bound == Some(0)
+        self.bound == Some(0)
     }
 
     /// A waiting select's send on a rendezvous channel (see `select::Offers::offer`).
