@@ -121,9 +121,14 @@ thread_local! {
     static THREAD: ThreadLocals = const { ThreadLocals(Locals::new()) };
 }
 
+/// The values of a table: the address of each one's static, and the value.
+type Entries = Vec<(usize, Box<dyn Any>)>;
+
 /// One fiber's (or thread's) values: the address of each one's static, and the value.
 pub(crate) struct Locals {
-    entries: UnsafeCell<Vec<(usize, Box<dyn Any>)>>,
+    /// Boxed, and only once a value is made: one word in every fiber's metadata.
+    #[allow(clippy::box_collection)]
+    entries: UnsafeCell<Option<Box<Entries>>>,
 }
 
 /// How many times the values of a fiber that ends are dropped, while destructors make new
@@ -133,7 +138,7 @@ const DROP_ROUNDS: usize = 8;
 impl Locals {
     pub(crate) const fn new() -> Self {
         Locals {
-            entries: UnsafeCell::new(Vec::new()),
+            entries: UnsafeCell::new(None),
         }
     }
 
@@ -153,19 +158,29 @@ impl Locals {
         let p: *const T = &*value;
         // SAFETY: only the owning fiber or thread reaches the table, and no reference into
         // the vector outlives a call (values are boxed: references to them stay valid).
-        unsafe { (*self.entries.get()).push((key, value)) };
+        unsafe {
+            (*self.entries.get())
+                .get_or_insert_default()
+                .push((key, value))
+        };
         p
     }
 
     fn find<T: 'static>(&self, key: usize) -> Option<*const T> {
         // SAFETY: as in `get_or_init`; the borrow ends before this returns.
-        let entries = unsafe { &*self.entries.get() };
+        let entries = unsafe { &*self.entries.get() }.as_deref()?;
         entries.iter().find(|(k, _)| *k == key).map(|(_, v)| {
             let v: &T = v
                 .downcast_ref()
                 .expect("a fiber-local's key is its static's address");
             v as *const T
         })
+    }
+
+    /// Whether the table holds no value.
+    pub(crate) fn is_empty(&self) -> bool {
+        // SAFETY: as in `get_or_init`.
+        unsafe { (*self.entries.get()).as_ref().is_none_or(|e| e.is_empty()) }
     }
 
     /// Drops every value (and those their destructors make, for a few rounds), catching
@@ -175,11 +190,11 @@ impl Locals {
         for _ in 0..DROP_ROUNDS {
             // SAFETY: as in `get_or_init`; the values are moved out before any destructor
             // runs, so a destructor that reaches the table finds it empty.
-            let values = std::mem::take(unsafe { &mut *self.entries.get() });
+            let values = std::mem::take(unsafe { &mut *self.entries.get() }).unwrap_or_default();
             if values.is_empty() {
                 return first;
             }
-            for (_, value) in values {
+            for (_, value) in *values {
                 match catch_unwind(AssertUnwindSafe(move || drop(value))) {
                     Ok(()) => {}
                     // The fiber was cancelled while a destructor waited: the destructor

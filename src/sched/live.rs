@@ -38,9 +38,6 @@ use std::sync::atomic::Ordering;
 struct Line {
     admitted: AtomicUsize,
     done: AtomicUsize,
-    /// Tasks scheduled (for `Metrics::spawned`; a readiness continuation is admitted when
-    /// registered but becomes a task only when submitted).
-    spawned: AtomicUsize,
 }
 
 /// Tasks admitted and not yet done, over one line per worker plus one for other threads.
@@ -57,7 +54,6 @@ impl LiveCount {
                     Padded(Line {
                         admitted: AtomicUsize::new(0),
                         done: AtomicUsize::new(0),
-                        spawned: AtomicUsize::new(0),
                     })
                 })
                 .collect(),
@@ -79,20 +75,6 @@ impl LiveCount {
     /// Counts a task out, on the line of `worker` (the calling thread's worker, if it is one).
     pub(crate) fn done(&self, worker: Option<usize>) {
         self.line(worker).done.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Counts a task scheduled, on the line of `worker` (as `admit`).
-    pub(crate) fn spawned_one(&self, worker: Option<usize>) {
-        self.line(worker).spawned.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Tasks scheduled so far: each line's count only grows, so a later call never returns
-    /// less than an earlier one.
-    pub(crate) fn spawned(&self) -> usize {
-        self.lines
-            .iter()
-            .map(|l| l.0.spawned.load(Ordering::Relaxed))
-            .fold(0, usize::wrapping_add)
     }
 
     /// Tasks admitted and not done: never less than those live when the call began (see the

@@ -349,9 +349,15 @@ impl Header {
     /// task an executor runs by hand has none of its own): `Some(payload)` if a destructor
     /// panicked. See `crate::fiber::end_of_fiber`.
     pub(crate) fn end_of_fiber(&self) -> Option<Box<dyn std::any::Any + Send>> {
-        // SAFETY: a place projection only; the meta is read below only if it is the running
-        // fiber's, which only that fiber, on its home thread, touches while it runs.
+        // SAFETY: a place projection only.
         let meta: *const FiberMeta = unsafe { &raw const (*self.home.get()).meta };
+        // Most fibers have no fiber-local: one look at the table's length, no thread-local.
+        // SAFETY: the table is written only by the fiber it belongs to, on its home thread,
+        // which is this thread if the caller is that fiber; a task run by hand has no fiber
+        // of its own, and nothing ever writes its table.
+        if unsafe { (*meta).locals.is_empty() } {
+            return None;
+        }
         let current = crate::fiber::current_meta()?;
         if !std::ptr::eq(current, meta) {
             return None;

@@ -36,6 +36,9 @@ pub(crate) struct Shared {
     pub(crate) cancelled: AtomicUsize,
     /// Readiness continuations registered and not yet submitted (each is also in `live`).
     pub(crate) continuations: AtomicUsize,
+    /// Tasks scheduled by threads that are not this scheduler's workers (theirs are in
+    /// their statistics), for `Metrics::spawned`.
+    spawned_outside: std::sync::atomic::AtomicU64,
     /// Bumped to ask every worker to print its live fibers (a shutdown that takes long).
     pub(super) report: AtomicUsize,
     /// Who waits in `wait_drained`: fibers of other schedulers park, threads block.
@@ -79,6 +82,7 @@ impl Shared {
             idle: Idlers::new(n),
             cancelled: AtomicUsize::new(0),
             kept_deadline: parking_lot::Mutex::new(None),
+            spawned_outside: std::sync::atomic::AtomicU64::new(0),
             continuations: AtomicUsize::new(0),
             report: AtomicUsize::new(0),
             drained: Lock::new(WaitList::new()),
@@ -121,9 +125,11 @@ impl Shared {
         }
     }
 
-    /// Tasks scheduled so far (see `LiveCount::spawned`).
+    /// Tasks scheduled so far: every worker's count, then the other threads'. Each only
+    /// grows, so a later call never returns less than an earlier one.
     pub(crate) fn spawned(&self) -> u64 {
-        self.live.spawned() as u64
+        let by_workers: u64 = self.workers.iter().map(|w| w.stats.0.spawned.get()).sum();
+        by_workers + self.spawned_outside.load(Ordering::Relaxed)
     }
 
     /// Tasks admitted and not yet done (see `LiveCount::get`).
@@ -156,7 +162,14 @@ impl Shared {
     /// Queues a task that has never run.
     pub(crate) fn schedule_new(&self, task: TaskRef) {
         let here = self.local_worker();
-        self.live.spawned_one(here.map(|w| w.index));
+        // Counted for `Metrics::spawned`: by a worker in its own statistics (a load and a
+        // store on a line only it writes), by any other thread on a shared counter.
+        match here {
+            Some(w) => w.stats().spawned.add(1),
+            None => {
+                self.spawned_outside.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         match task.header().pinned {
             Some(i) => {
                 self.workers[i].inbox.push(ScheduleTask::Start(task));

@@ -51,6 +51,8 @@ pub(crate) struct WorkerStats {
     pub(crate) injected: Counter,
     pub(crate) cedes: Counter,
     pub(crate) sleeps: Counter,
+    /// Tasks this worker's thread scheduled (see `Shared::schedule_new`).
+    pub(crate) spawned: Counter,
     pub(crate) slept_ns: Counter,
     pub(crate) finished: Counter,
     /// Gauges, as of the worker's last pass or change.
