@@ -35,7 +35,7 @@ pub(crate) fn poll_fd(fd: RawFd, interest: u32, deadline: Option<Instant>) -> io
 /// One `poll(2)` of `fd` for `interest` waiting at most `timeout` ms (-1: for ever): the
 /// readiness it reports, 0 if none. A hang-up or an error (whose call then reports it) is
 /// `CLOSED` with both directions.
-pub(super) fn poll_once(fd: RawFd, interest: u32, timeout: i32) -> io::Result<u32> {
+pub(crate) fn poll_once(fd: RawFd, interest: u32, timeout: i32) -> io::Result<u32> {
     let mut events = 0;
     if interest & READABLE != 0 {
         events |= libc::POLLIN | libc::POLLRDHUP;

@@ -26,8 +26,8 @@
 //! wait is therefore never lost.
 
 use super::home::{epoll_wait_on, Waiters};
-pub(crate) use super::poll::poll_fd;
-use super::poll::{poll_once, timed_out};
+use super::poll::timed_out;
+pub(crate) use super::poll::{poll_fd, poll_once};
 use crate::park::WaitOn;
 use crate::park::{park_until, ParkResult, Unparker};
 use crate::sched::worker::Shared;

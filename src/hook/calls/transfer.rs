@@ -163,9 +163,9 @@ fn transfer(
                 return if done > 0 { done as isize } else { r };
             }
             // Which side held it up?
-            let (fd, dir, b, seen) = if !ready(src, libc::POLLIN) {
+            let (fd, dir, b, seen) = if !ready(src, READ.interest) {
                 (src, READ, &mut from, seen_from)
-            } else if !ready(dst, libc::POLLOUT) {
+            } else if !ready(dst, WRITE.interest) {
                 (dst, WRITE, &mut to, seen_to)
             } else {
                 // Both look ready, yet the call would block (a pipe with room for less than
@@ -195,19 +195,13 @@ fn transfer(
     })
 }
 
-/// Whether `fd` is ready for `events` now (an error or a hang-up counts: the call reports
-/// it). Keeps `errno`.
-fn ready(fd: c_int, events: i16) -> bool {
+/// Whether `fd` is ready for `interest` now (an error or a hang-up counts: the call
+/// reports it). Keeps `errno`.
+fn ready(fd: c_int, interest: u32) -> bool {
     let saved = errno();
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, no wait.
-    let r = unsafe { real::poll(&mut p, 1, 0) };
+    let r = crate::io::reactor::poll_once(fd, interest, 0).map_or(true, |bits| bits != 0);
     set_errno(saved);
-    r != 0
+    r
 }
 
 /// Whether `fd`'s open file is in non-blocking mode in the kernel. Keeps `errno`.

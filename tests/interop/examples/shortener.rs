@@ -25,24 +25,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use redis::{Commands, ConnectionLike};
+use redis::Commands;
 
-/// Opens and checks redis connections for the pool.
-struct Redis(redis::Client);
-
-impl fibra::sync::ManageConnection for Redis {
-    type Connection = redis::Connection;
-    type Error = redis::RedisError;
-    fn connect(&self) -> Result<redis::Connection, redis::RedisError> {
-        self.0.get_connection()
-    }
-    fn is_valid(&self, conn: &mut redis::Connection) -> Result<(), redis::RedisError> {
-        redis::cmd("PING").query::<String>(conn).map(drop)
-    }
-    fn has_broken(&self, conn: &mut redis::Connection) -> bool {
-        !conn.is_open()
-    }
-}
+#[path = "../tests/interop/redis_manager.rs"]
+mod redis_manager;
+use redis_manager::RedisManager as Redis;
 
 type Pool = fibra::sync::Pool<Redis>;
 

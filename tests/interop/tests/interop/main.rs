@@ -7,6 +7,8 @@
 mod common;
 
 mod blocking_clients;
+#[cfg(feature = "redis-tests")]
+mod redis_manager;
 mod redis_server;
 mod tokio_futures;
 mod tracing_events;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{finish, with_deadline};
-use redis::{Commands, ConnectionLike};
+use crate::redis_manager::RedisManager;
+use redis::Commands;
 
 /// A `redis-server` on a free loopback port, killed on drop.
 struct Server {
@@ -160,23 +161,6 @@ fn the_sync_redis_client_in_a_thousand_fibers_on_two_workers() {
         assert!(left.is_empty(), "{left:?}");
         sched.stop();
     });
-}
-
-/// Sync redis connections for `fibra::sync::Pool`, as r2d2-redis makes them.
-struct RedisManager(redis::Client);
-
-impl fibra::sync::ManageConnection for RedisManager {
-    type Connection = redis::Connection;
-    type Error = redis::RedisError;
-    fn connect(&self) -> Result<redis::Connection, redis::RedisError> {
-        self.0.get_connection()
-    }
-    fn is_valid(&self, conn: &mut redis::Connection) -> Result<(), redis::RedisError> {
-        redis::cmd("PING").query::<String>(conn).map(drop)
-    }
-    fn has_broken(&self, conn: &mut redis::Connection) -> bool {
-        !conn.is_open()
-    }
 }
 
 /// 1 000 fibers on two workers increment one counter 5 times each through 8 pooled sync
