@@ -1,5 +1,6 @@
 //! Channels and `select!`: `mpsc`, `mpmc`, `oneshot`, `broadcast`, and selects over them,
-//! including the offers a waiting select makes on rendezvous channels.
+//! including the offers a waiting select makes on rendezvous channels; and property tests
+//! of every kind against a sequential model.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -9,5 +10,6 @@ mod conformance;
 mod mpmc;
 mod mpsc;
 mod oneshot;
+mod props;
 mod select;
 mod select_offers;
