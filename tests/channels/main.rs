@@ -4,6 +4,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/props.rs"]
+mod props_common;
 
 mod broadcast;
 mod conformance;

@@ -18,68 +18,21 @@
 //!   same message at each position of one order, its lags counted exactly).
 //!
 //! Case counts are explicit and small enough for a loaded two-core machine; failures are
-//! not persisted to files (a failing run prints its minimal input and the seed).
+//! not persisted to files (see `tests/common/props.rs`).
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
-use crate::common::{finish, started, with_deadline};
+use crate::props_common::{check, ctx, go, in_both_contexts, pause, pick, poll_once, Ctx, Joiner};
 use fibra::sync::{broadcast, mpmc, mpsc, oneshot};
 use fibra::{Fiber, Scheduler};
-
-// ------------------------------------------------------------------------------ harness
-
-/// The runner's configuration: `cases` cases, no regression files written into the
-/// repository (a failure prints its minimal input; `PROPTEST_RNG_SEED` replays a run).
-fn config(cases: u32) -> Config {
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
-
-/// Checks `test` on `cases` values of the strategy `strategy()` makes (made in the body,
-/// which `with_deadline` bounds), each with a started two-worker scheduler.
-fn check<S>(
-    cases: u32,
-    strategy: fn() -> S,
-    test: fn(&Scheduler, S::Value) -> Result<(), TestCaseError>,
-) where
-    S: Strategy + 'static,
-    S::Value: Debug + 'static,
-{
-    with_deadline(move || {
-        let sched = started(2);
-        let mut runner = TestRunner::new(config(cases));
-        let result = runner.run(&strategy(), |v| test(&sched, v));
-        sched.stop();
-        if let Err(e) = result {
-            panic!("{e}");
-        }
-    });
-}
-
-/// Runs one sequential case on this (plain) thread, then in a fiber of `sched`.
-fn in_both_contexts<V: Clone + Send + 'static>(
-    sched: &Scheduler,
-    v: V,
-    run: fn(V) -> Result<(), String>,
-) -> Result<(), TestCaseError> {
-    run(v.clone()).map_err(|e| TestCaseError::fail(format!("on a plain thread: {e}")))?;
-    sched
-        .block_on(move || run(v))
-        .map_err(|e| TestCaseError::fail(format!("in a fiber: {e}")))
-}
 
 /// A message that counts the live copies of every message of its run: made, cloned, dropped.
 #[derive(Debug)]
@@ -133,17 +86,6 @@ enum Got {
     Cap(Option<usize>),
     Msgs(Vec<u32>),
     List(Vec<Got>),
-}
-
-/// Polls `fut` once with a waker that does nothing.
-fn poll_once<F: Future>(fut: F) -> Poll<F::Output> {
-    let mut fut = pin!(fut);
-    fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
-}
-
-/// Takes handle `i` (modulo the count), if there is one.
-fn pick<T>(v: &[T], i: u8) -> Option<usize> {
-    (!v.is_empty()).then(|| usize::from(i) % v.len())
 }
 
 /// Compares one step's results and the live messages against the model's.
@@ -1191,56 +1133,7 @@ fn broadcast_matches_the_sequential_model_on_threads_and_in_fibers() {
     );
 }
 
-// -------------------------------------------------------------- concurrent: the harness
-
-/// Where a producer or a consumer runs.
-#[derive(Debug, Clone, Copy)]
-enum Ctx {
-    /// A fiber of the two-worker scheduler.
-    Fiber,
-    Thread,
-}
-
-fn ctx() -> impl Strategy<Value = Ctx> {
-    prop_oneof![Just(Ctx::Fiber), Just(Ctx::Thread)]
-}
-
-/// A started fiber or thread.
-enum Joiner<T> {
-    Fiber(fibra::JoinHandle<T>),
-    Thread(std::thread::JoinHandle<T>),
-}
-
-fn go<T: Send + 'static>(
-    sched: &Scheduler,
-    ctx: Ctx,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Joiner<T> {
-    match ctx {
-        Ctx::Fiber => Joiner::Fiber(sched.submit(f, None).expect("submit")),
-        Ctx::Thread => Joiner::Thread(std::thread::spawn(f)),
-    }
-}
-
-impl<T: Send + 'static> Joiner<T> {
-    fn join(self) -> T {
-        match self {
-            Joiner::Fiber(h) => finish(h),
-            Joiner::Thread(h) => h.join().expect("the thread panicked"),
-        }
-    }
-}
-
-/// Lets others run now and then: a yield or a zero sleep every `every`-th time (never if 0).
-fn pause(every: u8, n: u32) {
-    if every != 0 && n.is_multiple_of(u32::from(every)) {
-        if n.is_multiple_of(2) {
-            Fiber::yield_now();
-        } else {
-            fibra::sleep(Duration::ZERO);
-        }
-    }
-}
+// -------------------------------------------------------------------------- concurrent
 
 /// How a producer sends: `send` (waiting), `try_send` retried after a yield, or a send with
 /// a short timeout retried (`mpmc`'s bounded channels; `try_send` elsewhere).
