@@ -1,8 +1,11 @@
 //! `fibra::sync`'s locks and meeting points between fibers and threads: `Mutex`, `RwLock`,
-//! `Condvar`, `Semaphore`, `Barrier`, `WaitGroup`, `OnceLock`, and their misuse.
+//! `Condvar`, `Semaphore`, `Barrier`, `WaitGroup`, `OnceLock`, `Pool`, their misuse, and property
+//! tests against sequential models.
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/props.rs"]
+mod props_common;
 
 mod barrier;
 mod condvar;
@@ -10,6 +13,7 @@ mod misuse;
 mod mutex;
 mod once_lock;
 mod pool;
+mod props;
 mod rwlock;
 mod semaphore;
 mod waitgroup;
