@@ -25,6 +25,9 @@ pub fn config(cases: u32) -> Config {
         config.cases = cases;
     }
     config.failure_persistence = None;
+    // Shrinking stops after 20 s, so that a failure is reported (with its smallest input so
+    // far) before `with_deadline` gives up on the test at 60 s.
+    config.max_shrink_time = 20_000;
     if config.rng_seed == RngSeed::Random {
         use std::hash::{BuildHasher, RandomState};
         config.rng_seed = RngSeed::Fixed(RandomState::new().hash_one(std::time::SystemTime::now()));
