@@ -460,7 +460,7 @@ fn run_mpsc((kind, ops): (Kind, Vec<ChanOp>)) -> Result<(), String> {
 #[test]
 fn mpsc_matches_the_sequential_model_on_threads_and_in_fibers() {
     check(
-        192,
+        128,
         || (kinds(), chan_ops(false)),
         |s, v| in_both_contexts(s, v, run_mpsc),
     );
@@ -648,7 +648,7 @@ fn run_mpmc((kind, ops): (Kind, Vec<ChanOp>)) -> Result<(), String> {
 #[test]
 fn mpmc_matches_the_sequential_model_on_threads_and_in_fibers() {
     check(
-        192,
+        128,
         || (kinds(), chan_ops(true)),
         |s, v| in_both_contexts(s, v, run_mpmc),
     );
@@ -1104,7 +1104,7 @@ fn run_broadcast((capacity, ops): (usize, Vec<BcOp>)) -> Result<(), String> {
 #[test]
 fn broadcast_matches_the_sequential_model_on_threads_and_in_fibers() {
     check(
-        192,
+        96,
         || {
             let h = any::<u8>();
             let op = prop_oneof![

@@ -190,7 +190,7 @@ fn run_semaphore((initial, ops): (usize, Vec<SemOp>)) -> Result<(), String> {
 #[test]
 fn semaphore_matches_the_sequential_model_on_threads_and_in_fibers() {
     check(
-        192,
+        128,
         || {
             let n = prop::option::of(0u8..=3);
             let i = any::<u8>();
@@ -361,7 +361,7 @@ fn run_mutex(ops: Vec<MutexOp>) -> Result<(), String> {
 #[test]
 fn mutex_and_condvar_match_the_sequential_model_on_threads_and_in_fibers() {
     check(
-        192,
+        128,
         || {
             let op = prop_oneof![
                 3 => Just(MutexOp::Lock),
@@ -507,7 +507,7 @@ fn run_rwlock(ops: Vec<RwOp>) -> Result<(), String> {
 #[test]
 fn rwlock_matches_the_sequential_model_on_threads_and_in_fibers() {
     check(
-        192,
+        128,
         || {
             let i = any::<u8>();
             let op = prop_oneof![
