@@ -69,7 +69,7 @@ use super::Unparker;
 use crate::sched::task::{Cancel, ScheduleTask, TaskRef};
 use crate::sched::worker::{this_thread_worker, Worker};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -330,7 +330,7 @@ pub(crate) struct WakerCount(WakerAtomic);
 #[cfg(loom)]
 type WakerAtomic = loom::sync::atomic::AtomicUsize;
 #[cfg(not(loom))]
-type WakerAtomic = AtomicUsize;
+type WakerAtomic = std::sync::atomic::AtomicUsize;
 
 impl WakerCount {
     pub(crate) fn new() -> WakerCount {
