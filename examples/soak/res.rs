@@ -1,9 +1,57 @@
 //! The process's resources as the kernel reports them: open file descriptors
 //! (`/proc/self/fd`), threads and resident memory (`/proc/self/status`).
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
+
+/// Live heap bytes, as [`Counting`] sees them.
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+/// The system allocator, counting the bytes it has handed out and not had back: a leak
+/// check finer than RSS (fibra's own caches of task cells live here too, bounded; its stacks
+/// and slabs are mapped outside it).
+pub struct Counting;
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
+// `System`'s guarantees hold; the counting touches only an atomic.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for `alloc` is `System.alloc`'s.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, that is from `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from `System` with `layout`; the caller's contract is
+        // `System.realloc`'s.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+}
 
 /// One reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,16 +59,19 @@ pub struct Resources {
     pub fds: usize,
     pub threads: usize,
     pub rss_kib: u64,
+    /// Bytes allocated through the global allocator and not freed ([`Counting`]).
+    pub heap: u64,
 }
 
 impl fmt::Display for Resources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} fds, {} threads, RSS {:.1} MiB",
+            "{} fds, {} threads, RSS {:.1} MiB, heap {:.2} MiB",
             self.fds,
             self.threads,
-            self.rss_kib as f64 / 1024.0
+            self.rss_kib as f64 / 1024.0,
+            self.heap as f64 / (1024.0 * 1024.0)
         )
     }
 }
@@ -42,6 +93,7 @@ pub fn read() -> Resources {
         fds,
         threads: field("Threads:") as usize,
         rss_kib: field("VmRSS:"),
+        heap: LIVE.load(Ordering::Relaxed).max(0) as u64,
     }
 }
 
