@@ -57,6 +57,7 @@ ops! {
     SpawnJoin = "spawn+join",
     SpawnFromThread = "spawn+join from a thread",
     BlockOn = "block_on",
+    Futures = "future::block_on",
     Pinned = "pinned submit",
     Cancel = "cancel",
     YieldSleep = "yield/sleep",

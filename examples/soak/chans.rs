@@ -460,12 +460,133 @@ fn broadcast_op(r: &Arc<Round>, rng: &mut Rng) {
 }
 
 fn select_op(r: &Arc<Round>, rng: &mut Rng) {
-    match rng.below(4) {
+    match rng.below(6) {
         0 => select_recv(r, rng),
         1 => select_rendezvous(r, rng),
         2 => select_buffered(r, rng),
+        3 => select_indexed(r, rng),
+        4 => select_arms(r, rng),
         _ => select_biased(rng),
     }
+}
+
+/// `Select` (operations added at run time, by index) over a few channels, each removed once
+/// its senders are gone, with timeouts.
+fn select_indexed(r: &Arc<Round>, rng: &mut Rng) {
+    let k = rng.range(1, 4) as u32;
+    let mut rxs = Vec::new();
+    let mut producers = Vec::new();
+    for id in 0..k {
+        let (tx, rx) = match bound(rng) {
+            None => {
+                let (tx, rx) = mpsc::channel();
+                (Tx::Mpsc(tx), rx)
+            }
+            Some(b) => {
+                let (tx, rx) = mpsc::sync_channel(b);
+                (Tx::MpscSync(tx), rx)
+            }
+        };
+        let n = rng.range(0, 20);
+        producers.push(start_producer(r, rng, tx, Kind::Mpsc, id, n));
+        rxs.push(rx);
+    }
+    let mut sel = if rng.chance(50) {
+        fibra::sync::Select::new()
+    } else {
+        fibra::sync::Select::new_biased()
+    };
+    let index: Vec<usize> = rxs.iter().map(|rx| sel.recv(rx)).collect();
+    let mut fifo = Fifo::default();
+    let mut live = rxs.len();
+    let mut timeouts = 0;
+    while live > 0 && timeouts < 20 {
+        match sel.select_timeout(Duration::from_micros(rng.range(0, 5000))) {
+            Ok(op) => {
+                let i = op.index();
+                let Some(j) = index.iter().position(|&x| x == i) else {
+                    fail(format!("Select: chose index {i}, never added"));
+                    return;
+                };
+                match op.recv(&rxs[j]) {
+                    Ok(m) => fifo.receive(m, "Select"),
+                    Err(_) => {
+                        sel.remove(i);
+                        live -= 1;
+                    }
+                }
+            }
+            Err(_) => timeouts += 1,
+        }
+    }
+    drop(sel);
+    drop(rxs);
+    for p in producers {
+        p.join();
+    }
+}
+
+/// `SelectArms`, a closure per operation: a receive from a producer's channel, or a send
+/// (its message made up front: dropped unsent if the receive completes) to a consumer that
+/// takes everything.
+fn select_arms(r: &Arc<Round>, rng: &mut Rng) {
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let n = rng.range(0, 20);
+    let producer = start_producer(r, rng, Tx::Mpsc(tx), Kind::Mpsc, 0, n);
+    let (ctx, crx) = if rng.chance(50) {
+        mpsc::sync_channel::<Msg>(0)
+    } else {
+        mpsc::sync_channel::<Msg>(rng.range_usize(1, 3))
+    };
+    let mut crng = rng.fork();
+    let consumer = r.spawn(rng, move || {
+        consume(&Rx::Mpsc(crx), u64::MAX, "SelectArms (sends)", &mut crng)
+    });
+    enum Done {
+        Got,
+        Gone,
+        Sent,
+    }
+    let mut fifo = Fifo::default();
+    let mut sent = 0u64;
+    let mut seq = 0u64;
+    for _ in 0..rng.range(0, 40) {
+        let timeout = Duration::from_micros(rng.range(0, 3000));
+        let fifo = &mut fifo;
+        let mut arms = fibra::sync::SelectArms::new();
+        arms.recv(&rx, |m| match m {
+            Ok(m) => {
+                fifo.receive(m, "SelectArms");
+                Done::Got
+            }
+            Err(_) => Done::Gone,
+        })
+        .send(&ctx, Msg::offer(Kind::Select, 2, seq), |res| match res {
+            Ok(()) => Done::Sent,
+            Err(e) => {
+                e.0.refused();
+                fail("SelectArms: a send failed with its consumer alive".into());
+                Done::Gone
+            }
+        });
+        let done = arms.wait_timeout(timeout);
+        match done {
+            Some(Done::Sent) => {
+                sent += 1;
+                seq += 1;
+            }
+            Some(Done::Gone) => break,
+            Some(Done::Got) | None => {}
+        }
+    }
+    drop(ctx);
+    drop(rx);
+    producer.join();
+    let got = consumer.join("a SelectArms consumer").completed();
+    check!(
+        got == Some(sent),
+        "SelectArms: {sent} sends completed, {got:?} received"
+    );
 }
 
 /// Receives from two channels until a token is cancelled, a deadline (`after`) passes, a

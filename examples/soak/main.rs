@@ -2,9 +2,9 @@
 //! threads, for a given time, with every task, message and byte accounted for.
 //!
 //! ```text
-//! cargo run --example soak -- [--seconds 60] [--seed S] [--threads 3] [--round-secs 10]
-//!                             [--warmup-secs 2] [--hang-secs 30] [--rss-slack-mib 48]
-//!                             [--heap-slack-mib 16]
+//! cargo run --example soak -- [--seconds 60] [--seed S] [--threads 3] [--actors 2]
+//!                             [--round-secs 10] [--warmup-secs 2] [--hang-secs 30]
+//!                             [--rss-slack-mib 48] [--heap-slack-mib 16]
 //! ```
 //!
 //! The seed (by default taken from the clock) is printed first and again with any failure:
@@ -13,11 +13,12 @@
 //! stream of its own, derived from the seed.
 //!
 //! The run is a warm-up round, then rounds of `--round-secs` until `--seconds` have passed.
-//! In a round, actors pick operations at random, area by area: tasks (spawn and join from
-//! fibers and threads, pinned submits, cancel, yield, sleep, park/unpark, panics by design,
-//! `JoinSet`, `scope`, `spawn_local`, fiber-locals, continuations, `block_on`), `sync` (locks,
-//! condition variables, semaphores, barriers, wait groups, `OnceLock`, cancellation tokens),
-//! channels (mpsc, mpmc, oneshot and broadcast, receivers dropped at random, `select!` with
+//! In a round, `--actors` fibers per area, and as many plain threads, pick operations at
+//! random: tasks (spawn and join from fibers and threads, pinned submits, cancel, yield,
+//! sleep, park/unpark, panics by design, `JoinSet`, `scope`, `spawn_local`, fiber-locals,
+//! continuations, `block_on`, futures), `sync` (locks, condition variables, semaphores,
+//! barriers, wait groups, `OnceLock`, cancellation tokens), channels (mpsc, mpmc, oneshot
+//! and broadcast, receivers dropped at random, `select!`, `Select` and `SelectArms` with
 //! timeouts), the network (loopback TCP echo, connections closed mid-stream by either side,
 //! `sync::Pool`) and the rest (`unblock`, `time::Timer`, a second scheduler started and
 //! stopped). After each round the soak waits for quiescence and checks that
@@ -88,6 +89,7 @@ pub struct Options {
     pub seconds: u64,
     pub seed: u64,
     pub threads: usize,
+    pub actors: u64,
     pub round: Duration,
     pub warmup: Duration,
     pub hang: Duration,
@@ -109,6 +111,7 @@ impl Options {
                 "--seconds" => o.seconds = value("a number of seconds"),
                 "--seed" => o.seed = value("a number"),
                 "--threads" => o.threads = value("a number of workers").max(1) as usize,
+                "--actors" => o.actors = value("a number of actors").max(1),
                 "--round-secs" => o.round = Duration::from_secs(value("seconds").max(1)),
                 "--warmup-secs" => o.warmup = Duration::from_secs(value("seconds").max(1)),
                 "--hang-secs" => o.hang = Duration::from_secs(value("seconds").max(1)),
@@ -127,6 +130,7 @@ impl Options {
             seconds: 60,
             seed,
             threads: 3,
+            actors: 2,
             round: Duration::from_secs(10),
             warmup: Duration::from_secs(2),
             hang: Duration::from_secs(30),
@@ -141,7 +145,7 @@ fn usage(why: &str) -> ! {
         eprintln!("soak: {why}");
     }
     eprintln!(
-        "usage: soak [--seconds N] [--seed S] [--threads N] [--round-secs N] \
+        "usage: soak [--seconds N] [--seed S] [--threads N] [--actors N] [--round-secs N] \
          [--warmup-secs N] [--hang-secs N] [--rss-slack-mib N] [--heap-slack-mib N]"
     );
     std::process::exit(2)
@@ -297,14 +301,16 @@ struct Soak {
     last: Option<Resources>,
     peak_rss_kib: u64,
     peak_heap: u64,
+    /// How long the last round's actors took to finish their operations once told to stop.
+    wind_down: Duration,
 }
 
 /// Runs the soak; true if every check held.
 pub fn run(opts: &Options) -> bool {
     acct::set_seed(opts.seed);
     println!(
-        "soak: seed {} ({} s, {} workers; replay with --seed {})",
-        opts.seed, opts.seconds, opts.threads, opts.seed
+        "soak: seed {} ({} s, {} workers, {} actors per area; replay with --seed {})",
+        opts.seed, opts.seconds, opts.threads, opts.actors, opts.seed
     );
     hook::install();
     // Short, so that the pool's threads come and go within a round and are gone at
@@ -334,6 +340,7 @@ pub fn run(opts: &Options) -> bool {
         last: None,
         peak_rss_kib: 0,
         peak_heap: 0,
+        wind_down: Duration::ZERO,
     };
 
     // The warm-up: every worker gets its own epoll instance (kept for good, see
@@ -352,10 +359,14 @@ pub fn run(opts: &Options) -> bool {
         }
         soak.round(left.min(opts.round));
         let label = format!("round {}", soak.rounds);
+        let quiet = Instant::now();
         if let Some(r) = soak.quiesce(&label) {
             println!(
-                "soak: after {label} ({:.0} s): {r}; {} ops so far",
+                "soak: after {label} ({:.0} s; wound down in {:.1} s, quiet {:.1} s later): \
+                 {r}; {} ops so far",
                 started.elapsed().as_secs_f64(),
+                soak.wind_down.as_secs_f64(),
+                quiet.elapsed().as_secs_f64(),
                 ACCT.ops.iter().map(|c| c.get()).sum::<u64>()
             );
         }
@@ -396,7 +407,7 @@ impl Soak {
         });
         let mut actors = Vec::new();
         for (a, area) in Area::FIBERS.into_iter().enumerate() {
-            for i in 0..2u64 {
+            for i in 0..self.opts.actors {
                 let r2 = r.clone();
                 let mut rng = Rng::stream(seed, number * 64 + a as u64, i);
                 actors.push(r.submit(None, move || {
@@ -406,7 +417,7 @@ impl Soak {
                 }));
             }
         }
-        let threads: Vec<_> = (0..2u64)
+        let threads: Vec<_> = (0..self.opts.actors)
             .map(|i| {
                 let r2 = r.clone();
                 let mut rng = Rng::stream(seed, number * 64 + 63, i);
@@ -425,6 +436,7 @@ impl Soak {
             std::thread::sleep(Duration::from_millis(20));
         }
         r.stop.store(true, Ordering::SeqCst);
+        let stopped = Instant::now();
         for a in actors {
             if a.join("an actor").completed().is_none() {
                 fail("an actor fiber did not complete".into());
@@ -438,6 +450,7 @@ impl Soak {
         syncs::end_of_round(&r);
         drop(r);
         server.stop();
+        self.wind_down = stopped.elapsed();
     }
 
     /// Waits until everything submitted has ended and the blocking pool's threads are gone,

@@ -9,17 +9,18 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use fibra::sync::{mpsc, Condvar, Mutex};
+use fibra::sync::{mpsc, oneshot, Condvar, Mutex};
 use fibra::{Fiber, JoinSet, ParkResult, Unparker};
 
-use crate::acct::{classify, designed_panic, wrap, Op, Outcome, Ticket, ACCT};
+use crate::acct::{classify, designed_panic, wrap, Fifo, Kind, Msg, Op, Outcome, Ticket, ACCT};
 use crate::rng::Rng;
 use crate::Round;
 
 /// A fiber actor's operation.
 pub fn step(r: &Arc<Round>, rng: &mut Rng) -> Op {
-    const OPS: [(Op, u32); 13] = [
+    const OPS: [(Op, u32); 14] = [
         (Op::SpawnJoin, 10),
+        (Op::Futures, 3),
         (Op::Pinned, 6),
         (Op::Cancel, 10),
         (Op::YieldSleep, 6),
@@ -40,8 +41,9 @@ pub fn step(r: &Arc<Round>, rng: &mut Rng) -> Op {
 
 /// A thread actor's operation from this area (none of those that need a fiber).
 pub fn thread_step(r: &Arc<Round>, rng: &mut Rng) -> Op {
-    const OPS: [(Op, u32); 9] = [
+    const OPS: [(Op, u32); 10] = [
         (Op::SpawnFromThread, 10),
+        (Op::Futures, 3),
         (Op::Pinned, 5),
         (Op::Cancel, 8),
         (Op::YieldSleep, 2),
@@ -70,6 +72,7 @@ fn run(op: Op, r: &Arc<Round>, rng: &mut Rng) {
         Op::FiberLocal => fiber_local(r, rng),
         Op::Continuation => continuation(r, rng),
         Op::BlockOn => block_on(r, rng),
+        Op::Futures => futures(r, rng),
         _ => unreachable!("not an operation of this area: {op:?}"),
     }
 }
@@ -776,5 +779,66 @@ fn block_on(r: &Arc<Round>, rng: &mut Rng) {
         crate::acct::stub_says(&stub) == want,
         "block_on: the task's ticket says {}, not {want}",
         crate::acct::stub_says(&stub)
+    );
+}
+
+/// Async code in `future::block_on` (on a thread, or in a fiber): an mpsc receiver's
+/// `recv_async`, a oneshot receiver and a `JoinHandle` awaited as futures.
+fn futures(r: &Arc<Round>, rng: &mut Rng) {
+    let mut trng = rng.fork();
+    let task = r.spawn(rng, move || {
+        work(&mut trng);
+        11u64
+    });
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let (otx, orx) = oneshot::channel::<Msg>();
+    let n = rng.range(0, 10);
+    let mut prng = rng.fork();
+    let producer = r.spawn(rng, move || {
+        for seq in 0..n {
+            if let Err(e) = tx.send(Msg::new(Kind::Mpsc, 0, seq)) {
+                e.0.refused();
+            }
+            if prng.chance(20) {
+                work(&mut prng);
+            }
+        }
+        if let Err(m) = otx.send(Msg::new(Kind::Oneshot, 0, 0)) {
+            m.refused();
+        }
+    });
+    let crate::acct::Tracked { handle, stub } = task;
+    let (got, one, res) = fibra::future::block_on(async {
+        let mut fifo = Fifo::default();
+        let mut got = 0;
+        while got < n {
+            match rx.recv_async().await {
+                Ok(m) => {
+                    fifo.receive(m, "recv_async");
+                    got += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        let one = match orx.await {
+            Ok(m) => {
+                m.received();
+                true
+            }
+            Err(_) => false,
+        };
+        (got, one, handle.await)
+    });
+    check!(
+        got == n && one,
+        "futures: {got} of {n} messages and {one} for the oneshot"
+    );
+    check!(
+        classify(res, &stub, "an awaited JoinHandle").completed() == Some(11),
+        "futures: an awaited task did not return its value"
+    );
+    check!(
+        producer.join("a futures producer").completed().is_some(),
+        "futures: the producer failed"
     );
 }
