@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --example soak -- [--seconds 60] [--seed S] [--threads 3] [--actors 2]
 //!                             [--round-secs 10] [--warmup-secs 2] [--hang-secs 30]
-//!                             [--rss-slack-mib 48] [--heap-slack-mib 16]
+//!                             [--rss-slack-mib 16] [--heap-slack-mib 8]
 //! ```
 //!
 //! The seed (by default taken from the clock) is printed first and again with any failure:
@@ -75,13 +75,13 @@ const MAIN_NAME: &str = "soak";
 /// threads come and go, and an arena's trimmed remains stay mapped), and the high-water
 /// marks of channel and queue buffers. A leak of one message or task per operation, at the
 /// debug build's few thousand operations a second, crosses the slack within a minute.
-pub const RSS_SLACK_MIB: u64 = 48;
+pub const RSS_SLACK_MIB: u64 = 16;
 
 /// How far above the baseline the live heap ([`res::Counting`]) may be after a round, in
 /// MiB, by default: the task cells fibra caches for reuse come from the heap until a size
 /// class has 32 MiB out, and each class's shared depot keeps up to 4 MiB (docs/design.md,
 /// "Task memory"); the soak's tasks use a few classes.
-pub const HEAP_SLACK_MIB: u64 = 16;
+pub const HEAP_SLACK_MIB: u64 = 8;
 
 /// The command line.
 #[derive(Clone, Debug)]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use fibra::sync::{mpsc, oneshot, Condvar, Mutex};
+use fibra::sync::{mpsc, oneshot, Condvar, Mutex, Semaphore};
 use fibra::{Fiber, JoinSet, ParkResult, Unparker};
 
 use crate::acct::{classify, designed_panic, wrap, Fifo, Kind, Msg, Op, Outcome, Ticket, ACCT};
@@ -170,24 +170,31 @@ fn pinned(r: &Arc<Round>, rng: &mut Rng) {
 }
 
 /// What a victim of `cancel` does.
-const VICTIMS: u64 = 10;
+const VICTIMS: u64 = 11;
 
-/// Cancels a task at a random moment of one of several waits; a task that waits for ever must
-/// end cancelled, and the lock it waited for must be free afterwards.
+/// Cancels a task at a random moment of one of several waits. A task that waits for ever
+/// must end cancelled; where the caller gives it what it waits for (a lock, a message, a
+/// condition, permits) just before or just after the cancel, it may complete instead, and a
+/// lock or permits handed to it as it was cancelled must be passed on: afterwards all is
+/// free again.
 fn cancel(r: &Arc<Round>, rng: &mut Rng) {
     let kind = rng.below(VICTIMS);
     let lock = Arc::new(Mutex::new(0u64));
-    let held = lock.lock().expect("a fresh lock");
-    let (tx, rx) = mpsc::channel::<u8>();
+    let mut held = Some(lock.lock().expect("a fresh lock"));
+    let (tx, rx) = mpsc::channel::<Msg>();
     let cv = Arc::new((Mutex::new(false), Condvar::new()));
-    let (l2, cv2) = (lock.clone(), cv.clone());
+    let sem = Arc::new(Semaphore::new(2));
+    let mut permits = Some(sem.acquire_many(2));
+    let (l2, cv2, s2) = (lock.clone(), cv.clone(), sem.clone());
     let mut trng = rng.fork();
     let r2 = r.clone();
     let victim = r.spawn(rng, move || match kind {
         0 => fibra::park(drop), // its unparker is gone: only the cancel ends it
         1 => fibra::sleep(Duration::from_secs(3600)),
         2 => {
-            let _ = rx.recv();
+            if let Ok(m) = rx.recv() {
+                m.received();
+            }
         }
         3 => {
             let _g = l2.lock();
@@ -212,38 +219,74 @@ fn cancel(r: &Arc<Round>, rng: &mut Rng) {
                 recv(far) -> _ => {},
             }
         }
-        _ => {
+        9 => {
             let (m, c) = &*cv2;
             let g = m.lock().expect("not poisoned");
             let _g = c.wait_while(g, |ready| !*ready);
         }
+        _ => {
+            let _p = s2.acquire();
+        }
     });
+    // 0: what it waits for comes only after the join; 1: just before the cancel; 2: just
+    // after it.
+    let give_at = rng.below(3);
+    let mut give = || match kind {
+        2 => {
+            if let Err(e) = tx.send(Msg::new(Kind::Mpsc, 0, 0)) {
+                e.0.refused();
+            }
+        }
+        3 => drop(held.take()),
+        9 => {
+            *cv.0.lock().expect("not poisoned") = true;
+            cv.1.notify_one();
+        }
+        10 => drop(permits.take()),
+        _ => {}
+    };
     match rng.below(4) {
         0 => {}
         1 => Fiber::yield_now(),
         _ => fibra::sleep(Duration::from_micros(rng.range(0, 2000))),
     }
+    if give_at == 1 {
+        give();
+    }
     victim.handle.cancel();
+    if give_at == 2 {
+        give();
+    }
     if rng.chance(20) {
         victim.handle.cancel(); // twice is once
     }
     let outcome = victim.join("cancel");
-    let waits_for_ever = matches!(kind, 0 | 1 | 2 | 3 | 8 | 9);
+    let waits_for_ever =
+        matches!(kind, 0 | 1 | 8) || matches!(kind, 2 | 3 | 9 | 10) && give_at == 0;
     check!(
         outcome.is_cancelled() || !waits_for_ever && !outcome.is_panicked(),
         "cancel: a victim of kind {kind} that waits for ever was not cancelled"
     );
-    drop(held);
+    if give_at == 0 {
+        give();
+    }
+    // Whatever the victim did not wait for is released now too.
+    drop(held.take());
+    drop(permits.take());
     drop(tx);
-    // The cancelled waiter left the lock's queue: it is free now.
+    // The cancelled waiter left the lock's queue, or passed on what it was handed.
     check!(
         lock.try_lock().is_ok(),
-        "cancel: a lock a cancelled fiber waited for is not free"
+        "cancel: a lock a cancelled fiber waited for is not free (kind {kind}, given {give_at})"
     );
-    let (m, _) = &*cv;
     check!(
-        m.try_lock().is_ok(),
+        cv.0.try_lock().is_ok(),
         "cancel: a condvar's lock is held after its waiter was cancelled"
+    );
+    check!(
+        sem.available_permits() == 2,
+        "cancel: {} of 2 permits free after a waiter for one was cancelled (given {give_at})",
+        sem.available_permits()
     );
 }
 
