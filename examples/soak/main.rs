@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --example soak -- [--seconds 60] [--seed S] [--threads 3] [--actors 2]
 //!                             [--round-secs 10] [--warmup-secs 2] [--hang-secs 30]
-//!                             [--rss-slack-mib 16] [--heap-slack-mib 8]
+//!                             [--rss-slack-mib 8+4*threads] [--heap-slack-mib 8]
 //! ```
 //!
 //! The seed (by default taken from the clock) is printed first and again with any failure:
@@ -30,7 +30,7 @@
 //!   or dropped with their receiver; echoed bytes matched;
 //! - open fds and threads are back to the baseline taken after the warm-up round, and
 //!   resident memory and the live heap within `--rss-slack-mib` and `--heap-slack-mib` of
-//!   it (see `RSS_SLACK_MIB` and `HEAP_SLACK_MIB`).
+//!   it (see `RSS_SLACK_MIB`, `RSS_SLACK_PER_WORKER_MIB` and `HEAP_SLACK_MIB`).
 //!
 //! Inequalities between the counters are also checked every 100 ms while the actors run. A
 //! watcher thread that sees no progress for `--hang-secs` prints every live scheduler's
@@ -66,7 +66,8 @@ static ALLOCATOR: res::Counting = res::Counting;
 /// The main scheduler's name; its worker threads are `soak-0`, `soak-1`, …
 const MAIN_NAME: &str = "soak";
 
-/// How far above the baseline resident memory may be after a round, in MiB, by default.
+/// How far above the baseline resident memory may be after a round, by default: this many
+/// MiB, plus [`RSS_SLACK_PER_WORKER_MIB`] per worker of the main scheduler.
 ///
 /// Measured after `malloc_trim` at quiescence, RSS still holds what no leak explains: pages
 /// touched for the first time late in a run — the binary's code (a debug build's text is
@@ -75,18 +76,23 @@ const MAIN_NAME: &str = "soak";
 /// ever touched) — the task cells the scheduler keeps for reuse (docs/design.md, "Task
 /// memory"), glibc's per-thread arenas (the blocking pool's, the second schedulers' and the
 /// timers' threads come and go), and the high-water marks of channel and queue buffers. On
-/// the 2-core machine the soak was written on (debug build, 1 to 4 workers, 2 to 4 actors
-/// per area) RSS grew over the baseline by at most 2.6 MiB in 48 runs of 21 to 58 s, and by
-/// 2.9 and 3.7 MiB in two runs of 10 minutes, most of it in the first minute and then about
-/// 0.1 MiB a minute: the slack is four times the most seen. Those runs made 3 900 to 15 300
-/// operations a second: a leak of 100 bytes per operation crosses it within a minute.
-pub const RSS_SLACK_MIB: u64 = 16;
+/// the 2-core machine the soak was written on (debug build) RSS grew over the baseline by at
+/// most 2.6 MiB in 48 runs of 21 to 58 s with 1 to 4 workers, by 2.9 and 3.7 MiB in two
+/// runs of 10 minutes with 3 (most of it in the first minute, then about 0.1 MiB a minute),
+/// and in 60 s by 5.0 MiB with 8 workers and 8.6 MiB with 16: the default slack (20 MiB with
+/// the default 3 workers, 72 MiB with 16) is five times the most seen or more. Those runs
+/// made 3 900 to 15 300 operations a second: a leak of 100 bytes per operation crosses the
+/// default slack within a minute.
+pub const RSS_SLACK_MIB: u64 = 8;
+
+/// The part of the default RSS slack that grows with the workers (see [`RSS_SLACK_MIB`]).
+pub const RSS_SLACK_PER_WORKER_MIB: u64 = 4;
 
 /// How far above the baseline the live heap ([`res::Counting`]) may be after a round, in
 /// MiB, by default. The heap holds the task cells fibra keeps for reuse, up to 4 MiB per size
 /// class in its shared depot (docs/design.md, "Task memory"); in the runs above it grew by at
-/// most 0.13 MiB in the short runs and 0.22 MiB in 10 minutes. The slack is two depots'
-/// worth.
+/// most 0.13 MiB in the short runs, 0.22 MiB in 10 minutes and 0.68 MiB in 60 s with 16
+/// workers. The slack is two depots' worth.
 pub const HEAP_SLACK_MIB: u64 = 8;
 
 /// The command line.
@@ -99,7 +105,8 @@ pub struct Options {
     pub round: Duration,
     pub warmup: Duration,
     pub hang: Duration,
-    pub rss_slack_mib: u64,
+    /// `None`: the default, which depends on the workers (see [`Options::rss_slack_mib`]).
+    pub rss_slack: Option<u64>,
     pub heap_slack_mib: u64,
 }
 
@@ -121,7 +128,7 @@ impl Options {
                 "--round-secs" => o.round = Duration::from_secs(value("seconds").max(1)),
                 "--warmup-secs" => o.warmup = Duration::from_secs(value("seconds").max(1)),
                 "--hang-secs" => o.hang = Duration::from_secs(value("seconds").max(1)),
-                "--rss-slack-mib" => o.rss_slack_mib = value("MiB"),
+                "--rss-slack-mib" => o.rss_slack = Some(value("MiB")),
                 "--heap-slack-mib" => o.heap_slack_mib = value("MiB"),
                 "-h" | "--help" => usage(""),
                 other => usage(&format!("unknown argument {other}")),
@@ -140,9 +147,17 @@ impl Options {
             round: Duration::from_secs(10),
             warmup: Duration::from_secs(2),
             hang: Duration::from_secs(30),
-            rss_slack_mib: RSS_SLACK_MIB,
+            rss_slack: None,
             heap_slack_mib: HEAP_SLACK_MIB,
         }
+    }
+}
+
+impl Options {
+    /// The RSS slack in MiB: as given, or the default for the workers.
+    pub fn rss_slack_mib(&self) -> u64 {
+        self.rss_slack
+            .unwrap_or(RSS_SLACK_MIB + RSS_SLACK_PER_WORKER_MIB * self.threads as u64)
     }
 }
 
@@ -515,12 +530,12 @@ impl Soak {
                     settled,
                     "{label}: resources {r}, the baseline was {base} (fds and threads must match)"
                 );
-                let slack = self.opts.rss_slack_mib * 1024;
+                let slack = self.opts.rss_slack_mib() * 1024;
                 check!(
                     r.rss_kib <= base.rss_kib + slack,
                     "{label}: RSS {} KiB is more than {} MiB above the baseline's {} KiB",
                     r.rss_kib,
-                    self.opts.rss_slack_mib,
+                    self.opts.rss_slack_mib(),
                     base.rss_kib
                 );
                 check!(
@@ -763,7 +778,7 @@ fn summary(soak: &Soak, took: Duration) {
             "  resources: baseline {b}; at the end {l}; growth: RSS {:+.1} MiB (slack {} MiB, \
              peak at quiescence {:.1} MiB), heap {:+.2} MiB (slack {} MiB, peak {:.2} MiB)",
             (l.rss_kib as f64 - b.rss_kib as f64) / 1024.0,
-            soak.opts.rss_slack_mib,
+            soak.opts.rss_slack_mib(),
             soak.peak_rss_kib as f64 / 1024.0,
             (l.heap as f64 - b.heap as f64) / (1024.0 * 1024.0),
             soak.opts.heap_slack_mib,
