@@ -8,6 +8,8 @@ mod common;
 
 mod blocking_code;
 mod calls;
+#[cfg(feature = "hook")]
+mod differential;
 mod fd_modes;
 mod interference;
 mod linking;
