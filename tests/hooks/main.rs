@@ -11,6 +11,7 @@ mod calls;
 #[cfg(feature = "hook")]
 mod differential;
 mod fd_modes;
+mod fuzz_findings;
 mod interference;
 mod linking;
 mod std_calls;
