@@ -93,8 +93,8 @@
 //! - **Bad pointers and counts** get the kernel's error (`EFAULT`, `EINVAL`, `EMSGSIZE`), as
 //!   from libc: the hooks read a caller's memory only after the kernel has, or after asking it
 //!   with `process_vm_readv`. Under a seccomp filter that refuses `process_vm_readv`, a bad
-//!   pointer given to a sleep, to `select` or to a `MSG_WAITALL` `recvmsg` faults in the hook
-//!   instead. A `poll` array the kernel takes but that is not aligned for `pollfd` gets the
+//!   pointer given to a sleep, to `select`, to `ioctl(FIONBIO)` or to a `MSG_WAITALL`
+//!   `recvmsg` faults in the hook instead. A `poll` array the kernel takes but that is not aligned for `pollfd` gets the
 //!   real call, which blocks the worker.
 //! - An fd closed behind the hooks' back (by a shared library) keeps its slot until its number
 //!   is reused by a hooked call that creates fds, or closed by the hooked `close`.

@@ -3,7 +3,7 @@
 //! `hook::fd`'s table right, and show the user's view of `O_NONBLOCK` on the descriptors
 //! fibra switched to non-blocking mode.
 
-use crate::hook::{fd, real};
+use crate::hook::{self, fd, real};
 use libc::{c_int, c_ulong};
 
 #[no_mangle]
@@ -71,7 +71,13 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if request == libc::FIONBIO as c_ulong && arg != 0 {
         if let Some(slot) = fd::lookup(fd).filter(|s| s.hooked()) {
-            // SAFETY: FIONBIO's argument points to the caller's int.
+            // The kernel reads the argument first: one it cannot read gets its EFAULT (and
+            // the mode stays as it was).
+            if !hook::readable(arg as *const libc::c_void, size_of::<c_int>()) {
+                // SAFETY: the caller's arguments, for the kernel to refuse.
+                return unsafe { real::ioctl(fd, request, arg) };
+            }
+            // SAFETY: FIONBIO's argument points to the caller's int, readable (just asked).
             let on = unsafe { *(arg as *const c_int) } != 0;
             let one: c_int = 1;
             // SAFETY: FIONBIO with a pointer to a live int: the kernel mode stays
