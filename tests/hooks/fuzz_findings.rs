@@ -4,14 +4,64 @@
 //! the fiber's result against libc's on a plain thread.
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 use crate::common::{child_ok, errno, same_as_libc, unmapped_page, with_deadline};
 
 /// A result as compared: the return value, and `errno` after a failure.
 fn res(r: isize) -> (isize, i32) {
     (r, if r < 0 { errno() } else { 0 })
+}
+
+/// The four ways to receive nothing: `read`, `recv`, `readv` and `recvmsg` of no bytes.
+fn receive_nothing(fd: RawFd) -> Vec<(isize, i32)> {
+    let mut byte = [0u8; 1];
+    let p = byte.as_mut_ptr().cast();
+    // SAFETY: a live buffer, asked for 0 bytes; an empty iovec array; a zeroed msghdr with
+    // no buffers.
+    unsafe {
+        let mut m: libc::msghdr = std::mem::zeroed();
+        vec![
+            res(libc::read(fd, p, 0)),
+            res(libc::recv(fd, p, 0, 0)),
+            res(libc::readv(fd, std::ptr::null(), 0)),
+            res(libc::recvmsg(fd, &mut m, 0)),
+        ]
+    }
+}
+
+/// A blocking stream socket with a receive timeout and nothing queued, asked for 0 bytes.
+/// `read` and `readv` of nothing return 0 at once on any socket. `recv` and `recvmsg` wait
+/// out the timeout; then a Unix socket's fail with `EAGAIN`, but a TCP socket's return 0
+/// (its receive loop ends once the buffer is full, and an empty one is).
+fn zero_length_receives_at_the_timeout() -> Vec<(isize, i32)> {
+    let (a, _b) = UnixStream::pair().unwrap();
+    a.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    let mut got = receive_nothing(a.as_raw_fd());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_s, _) = l.accept().unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    got.extend(receive_nothing(c.as_raw_fd()));
+    got
+}
+
+#[test]
+fn a_zero_length_receive_waits_out_its_timeout_as_libc_does() {
+    with_deadline(|| {
+        same_as_libc(
+            zero_length_receives_at_the_timeout,
+            [[(0, 0), (-1, libc::EAGAIN)]; 2]
+                .concat()
+                .into_iter()
+                .chain([(0, 0); 4])
+                .collect(),
+            "read, recv, readv and recvmsg of 0 bytes on Unix and TCP stream sockets",
+        );
+    });
 }
 
 /// `ioctl(FIONBIO)` with an unmapped argument on a socket the hooks switched (in a fiber: a
