@@ -75,13 +75,49 @@ fn recv_io(fd: c_int, flags: c_int, whole: usize, op: impl FnMut(usize) -> isize
     sock_io(fd, flags, READ, move || whole, op)
 }
 
+/// A receive of no bytes on a blocking TCP socket that waited out its `SO_RCVTIMEO`
+/// returns 0, as the kernel's does (`tcp_recvmsg` ends its loop once the buffer, empty, is
+/// full); other sockets' fail with `EAGAIN`, as the hook's wait does. `r` is the hooked
+/// call's result; `len` gives the bytes asked for, asked only after a failure with `EAGAIN`
+/// (the kernel took the call's buffers then).
+fn empty_receive(fd: c_int, flags: c_int, r: isize, len: impl FnOnce() -> usize) -> isize {
+    if r >= 0 || flags & libc::MSG_DONTWAIT != 0 || hook::errno() != libc::EAGAIN || len() != 0 {
+        return r;
+    }
+    // On a hooked fd that is blocking in the user's view, EAGAIN is the timeout's.
+    let waited = matches!(hook::route(fd), hook::Route::Wait(..));
+    if waited && is_tcp(fd) {
+        0
+    } else {
+        r
+    }
+}
+
+/// Whether `fd` is a TCP socket.
+fn is_tcp(fd: c_int) -> bool {
+    let mut proto: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: `proto` and `len` are live and sized for SO_PROTOCOL's int.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PROTOCOL,
+            (&raw mut proto).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && proto == libc::IPPROTO_TCP
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
-    recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
+    let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
         real::recv(fd, buf.byte_add(off), n - off, flags)
-    })
+    });
+    empty_receive(fd, flags, r, || n)
 }
 
 #[no_mangle]
@@ -94,9 +130,10 @@ pub unsafe extern "C" fn recvfrom(
     len: *mut socklen_t,
 ) -> ssize_t {
     // SAFETY: the caller's arguments; `off` as in `recv`.
-    recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
+    let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
         real::recvfrom(fd, buf.byte_add(off), n - off, flags, addr, len)
-    })
+    });
+    empty_receive(fd, flags, r, || n)
 }
 
 #[no_mangle]
@@ -151,7 +188,8 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         // SAFETY: the caller's msghdr, whose control part the kernel wrote.
         unsafe { received_fds(msg) };
     }
-    r
+    // SAFETY: asked only after EAGAIN: the kernel read the msghdr and its iovec array.
+    empty_receive(fd, flags, r, || unsafe { iov_total(msg) })
 }
 
 #[no_mangle]
