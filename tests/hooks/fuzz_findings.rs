@@ -93,3 +93,36 @@ fn fionbio_with_a_bad_pointer_fails_with_efault() {
         });
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// The blocking mode belongs to the open file
+// ---------------------------------------------------------------------------------------
+
+/// Whether `fd` shows `O_NONBLOCK` (the hooked `fcntl`).
+fn getfl_nb(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL takes no argument.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0 }
+}
+
+/// A socket made non-blocking, copied, looked at through the original (`F_GETFL`, which on
+/// any thread makes the hooks take the mode as the user's), then made blocking through the
+/// original: the copy shares the open file, so it is blocking too.
+fn mode_set_through_the_original() -> (bool, bool) {
+    let (a, _b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let copy = a.try_clone().unwrap();
+    assert!(getfl_nb(a.as_raw_fd()));
+    a.set_nonblocking(false).unwrap();
+    (getfl_nb(a.as_raw_fd()), getfl_nb(copy.as_raw_fd()))
+}
+
+#[test]
+fn a_mode_set_through_one_fd_shows_through_its_copy() {
+    with_deadline(|| {
+        same_as_libc(
+            mode_set_through_the_original,
+            (false, false),
+            "O_NONBLOCK cleared through the original, seen through the copy",
+        );
+    });
+}
