@@ -43,9 +43,6 @@ pub(crate) const SOCKET: u32 = 8;
 /// an fd whose open file another hooked fd holds): a change of the user's blocking mode goes
 /// to them too.
 const SHARED: u32 = 16;
-/// Hooked, and fibra set `O_NONBLOCK` on the open file (the user's view was blocking): an fd
-/// of the same open file met later finds the flag set by fibra, not by the user.
-const SWITCHED: u32 = 32;
 /// Not hooked yet, and made by a hooked call that creates fds (`socket`, `accept`, `pipe`,
 /// ...): no other fd shares its open file, so its first look need not search for one.
 const FRESH: u32 = 64;
@@ -174,9 +171,9 @@ impl Slot {
             return PASS;
         }
         if flags & libc::O_NONBLOCK != 0 && s & FRESH == 0 {
-            // Non-blocking: the user's choice, unless fibra switched this open file through
-            // another fd (a duplicate made before the switch, a received copy): then it
-            // takes that fd's view.
+            // Non-blocking: the user's choice, unless another hooked fd holds this open
+            // file (a duplicate made before the switch, a received copy): then it takes
+            // that fd's view, which fibra may have kept non-blocking in the kernel.
             if let Some(s) = self.adopt(fd, &st) {
                 return s;
             }
@@ -193,7 +190,7 @@ impl Slot {
         }
         // Published before the switch: a plain thread that sees the fd non-blocking must
         // already know to emulate blocking.
-        let s = HOOKED | SWITCHED | socket;
+        let s = HOOKED | socket;
         self.state.store(s, Ordering::Release);
         // SAFETY: F_SETFL takes an int of flags.
         if unsafe { super::real::fcntl(fd, libc::F_SETFL, (flags | libc::O_NONBLOCK) as _) } < 0 {
@@ -251,9 +248,11 @@ impl Slot {
         }
     }
 
-    /// Takes the view of a hooked fd that fibra switched and that shares `fd`'s open file
-    /// (`st` is `fd`'s), if there is one: then the kernel's `O_NONBLOCK` on `fd` is fibra's.
-    /// Both are marked shared. Returns the new state.
+    /// Takes the view of a hooked fd that shares `fd`'s open file (`st` is `fd`'s), if there
+    /// is one: the kernel's `O_NONBLOCK` on `fd` is then that file's, set by fibra (the view
+    /// is blocking) or kept by it after the user cleared it through the other fd, or the
+    /// user's (the view is non-blocking). Both are marked shared, so that a change of the
+    /// view through either reaches the other. Returns the new state.
     ///
     /// Candidates share `fd`'s inode, and each costs a `kcmp`. A socket's or a pipe's inode
     /// has one or two open files; every eventfd, timerfd or epoll fd shares one anonymous
@@ -268,7 +267,6 @@ impl Slot {
             if found.is_none()
                 && tries < ADOPT_TRIES
                 && other_fd != fd
-                && other.state() & SWITCHED != 0
                 && other.dev.load(Ordering::Relaxed) == st.st_dev
                 && other.ino.load(Ordering::Relaxed) == st.st_ino
             {
