@@ -126,3 +126,66 @@ fn a_mode_set_through_one_fd_shows_through_its_copy() {
         );
     });
 }
+
+/// `fd` sent to this process over a new Unix socket pair, and the copy received.
+fn pass_to_self(fd: RawFd) -> RawFd {
+    let (s, r) = UnixStream::pair().unwrap();
+    let mut byte = [0u8; 1];
+    // SAFETY: msghdrs over live buffers and control buffers sized for one fd.
+    unsafe {
+        let space = libc::CMSG_SPACE(size_of::<RawFd>() as u32) as usize;
+        let mut cbuf = vec![0u8; space];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_control = cbuf.as_mut_ptr().cast();
+        m.msg_controllen = space;
+        let c = libc::CMSG_FIRSTHDR(&m);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        assert_eq!(libc::sendmsg(s.as_raw_fd(), &m, 0), 1);
+        cbuf.fill(0);
+        assert_eq!(
+            libc::recvmsg(r.as_raw_fd(), &mut m, libc::MSG_CMSG_CLOEXEC),
+            1
+        );
+        let c = libc::CMSG_FIRSTHDR(&m);
+        assert!(!c.is_null());
+        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>())
+    }
+}
+
+/// A socket the user made non-blocking, looked at, then received over `SCM_RIGHTS` while
+/// it is open, and made blocking through the received copy: both are blocking.
+fn mode_set_through_a_received_copy() -> (bool, bool) {
+    let (a, _b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    assert!(getfl_nb(a.as_raw_fd()));
+    let got = pass_to_self(a.as_raw_fd());
+    // SAFETY: an int for FIONBIO.
+    assert_eq!(
+        unsafe { libc::ioctl(got, libc::FIONBIO, &0 as *const i32) },
+        0
+    );
+    let r = (getfl_nb(a.as_raw_fd()), getfl_nb(got));
+    // SAFETY: the received fd, ours.
+    unsafe { libc::close(got) };
+    r
+}
+
+#[test]
+fn a_mode_set_through_a_received_copy_shows_through_the_original() {
+    with_deadline(|| {
+        same_as_libc(
+            mode_set_through_a_received_copy,
+            (false, false),
+            "O_NONBLOCK cleared through a copy received over SCM_RIGHTS",
+        );
+    });
+}
