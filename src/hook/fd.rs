@@ -44,7 +44,8 @@ pub(crate) const SOCKET: u32 = 8;
 /// to them too.
 const SHARED: u32 = 16;
 /// Not hooked yet, and made by a hooked call that creates fds (`socket`, `accept`, `pipe`,
-/// ...): no other fd shares its open file, so its first look need not search for one.
+/// ...) and neither duplicated nor sent over `SCM_RIGHTS` since: no other fd shares its
+/// open file, so its first look need not search for one.
 const FRESH: u32 = 64;
 
 pub(crate) struct Slot {
@@ -396,6 +397,14 @@ pub(crate) fn created(fd: libc::c_int) {
         let _ = s
             .state
             .compare_exchange(UNKNOWN, FRESH, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// `fd` was just sent over `SCM_RIGHTS`: a copy of its open file may come back to this
+/// process, so it is no longer known to be that file's only fd.
+pub(crate) fn sent(fd: libc::c_int) {
+    if let Some(s) = lookup(fd) {
+        s.state.fetch_and(!FRESH, Ordering::AcqRel);
     }
 }
 

@@ -3,7 +3,7 @@
 //! (with `MSG_WAITFORONE`: until the first did), a send until all went. `MSG_DONTWAIT` makes
 //! them the real call alone.
 
-use super::msghdr::{iov_total, msg_from, received_fds};
+use super::msghdr::{iov_total, msg_from, received_fds, sent_fds};
 use super::read_write::is_stream;
 use crate::hook::{self, blocking, real, start, Blocking, READ, WRITE};
 use libc::{c_int, c_uint, mmsghdr, timespec};
@@ -107,6 +107,20 @@ pub unsafe extern "C" fn recvmmsg(
 /// one after it); a datagram socket's go in batches.
 #[no_mangle]
 pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flags: c_int) -> c_int {
+    // SAFETY: the caller's arguments.
+    let r = unsafe { send_messages(fd, msgs, n, flags) };
+    for i in 0..r.max(0) as usize {
+        // SAFETY: a message the kernel sent: it took its msghdr and control part.
+        unsafe { sent_fds(&(*msgs.add(i)).msg_hdr) };
+    }
+    r
+}
+
+/// The sending of [`sendmmsg`], whose caller then tells the fd table what descriptors went.
+///
+/// # Safety
+/// The caller's arguments to `sendmmsg`.
+unsafe fn send_messages(fd: c_int, msgs: *mut mmsghdr, n: c_uint, flags: c_int) -> c_int {
     // SAFETY: the caller's arguments, passed on as they came.
     let real_call = || unsafe { real::sendmmsg(fd, msgs, n, flags) };
     if flags & libc::MSG_DONTWAIT != 0 {

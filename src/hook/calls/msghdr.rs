@@ -11,6 +11,25 @@ use libc::{c_int, c_void, iovec, msghdr};
 /// # Safety
 /// `msg` points to a valid msghdr whose control buffer and length the kernel just wrote.
 pub(super) unsafe fn received_fds(msg: *const msghdr) {
+    // SAFETY: the caller's guarantee.
+    unsafe { rights(msg, fd::received) }
+}
+
+/// Tells the fd table about the descriptors `msg`'s ancillary data sent: a copy of their
+/// open files may come back to this process.
+///
+/// # Safety
+/// `msg` points to a valid msghdr whose control buffer and length the kernel just took.
+pub(super) unsafe fn sent_fds(msg: *const msghdr) {
+    // SAFETY: the caller's guarantee.
+    unsafe { rights(msg, fd::sent) }
+}
+
+/// Calls `f` with each descriptor of `msg`'s `SCM_RIGHTS` messages.
+///
+/// # Safety
+/// As [`received_fds`]: the kernel just read or wrote `msg`'s control buffer and length.
+unsafe fn rights(msg: *const msghdr, mut f: impl FnMut(c_int)) {
     // SAFETY: the caller's guarantee; the CMSG macros stay within `msg_controllen`.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(msg);
@@ -19,7 +38,7 @@ pub(super) unsafe fn received_fds(msg: *const msghdr) {
                 let data = libc::CMSG_DATA(c).cast::<c_int>();
                 let bytes = (*c).cmsg_len.saturating_sub(libc::CMSG_LEN(0) as usize);
                 for i in 0..bytes / std::mem::size_of::<c_int>() {
-                    fd::received(std::ptr::read_unaligned(data.add(i)));
+                    f(std::ptr::read_unaligned(data.add(i)));
                 }
             }
             c = libc::CMSG_NXTHDR(msg, c);

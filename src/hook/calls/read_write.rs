@@ -5,7 +5,7 @@
 //! iovec arithmetic they need is in `msghdr`; nothing here touches the fd table but the
 //! descriptors a `recvmsg` brings in.
 
-use super::msghdr::{iov_rest, iov_total, iovecs, msg_from, readable_msg, received_fds};
+use super::msghdr::{iov_rest, iov_total, iovecs, msg_from, readable_msg, received_fds, sent_fds};
 use crate::hook::{self, io, peek_all, real, READ, WRITE};
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
@@ -269,7 +269,12 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     let whole = || unsafe { iov_total(msg) };
     // SAFETY: the caller's arguments; a blocking send sends everything, as `send`: past
     // `off` bytes the rest goes on, without the ancillary data the first part carried.
-    sock_io(fd, flags, WRITE, whole, |off| unsafe {
+    let r = sock_io(fd, flags, WRITE, whole, |off| unsafe {
         msg_from(msg.cast_mut(), off, None, |m| real::sendmsg(fd, m, flags))
-    })
+    });
+    if r >= 0 {
+        // SAFETY: the caller's msghdr, whose control part the kernel took.
+        unsafe { sent_fds(msg) };
+    }
+    r
 }
