@@ -189,3 +189,40 @@ fn a_mode_set_through_a_received_copy_shows_through_the_original() {
         );
     });
 }
+
+/// Writes one byte on `peer` after 300 ms from a plain thread.
+fn write_later(mut peer: UnixStream) -> std::thread::JoinHandle<UnixStream> {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        peer.write_all(b"L").unwrap();
+        peer
+    })
+}
+
+/// A copy made before the switch, then the original used (in a fiber: switched) and
+/// closed: the copy, the open file's last fd, is still blocking, so its read waits.
+fn copy_after_the_switched_fd_closed() -> (bool, (isize, i32)) {
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let copy = a.try_clone().unwrap();
+    b.write_all(b"1").unwrap();
+    let mut one = [0u8; 1];
+    std::io::Read::read_exact(&mut a, &mut one).unwrap();
+    drop(a);
+    let shows_nb = getfl_nb(copy.as_raw_fd());
+    let w = write_later(b);
+    // SAFETY: a live one-byte buffer.
+    let r = res(unsafe { libc::read(copy.as_raw_fd(), one.as_mut_ptr().cast(), 1) });
+    let _b = w.join().unwrap();
+    (shows_nb, r)
+}
+
+#[test]
+fn a_copy_made_before_the_switch_stays_blocking_once_the_switched_fd_closes() {
+    with_deadline(|| {
+        same_as_libc(
+            copy_after_the_switched_fd_closed,
+            (false, (1, 0)),
+            "a copy made before the switch, read after the switched fd closed",
+        );
+    });
+}
