@@ -47,6 +47,11 @@ const SHARED: u32 = 16;
 /// ...) and neither duplicated nor sent over `SCM_RIGHTS` since: no other fd shares its
 /// open file, so its first look need not search for one.
 const FRESH: u32 = 64;
+/// Not hooked yet, and known to share its open file with other fds not looked at yet
+/// either (duplicates made through the hooks): `file` names that open file, and the first
+/// look at any of them gives the others its state ([`Slot::spread`]), so that a copy made
+/// before the switch keeps the view even once the fd that was switched is closed.
+const LINKED: u32 = 128;
 
 pub(crate) struct Slot {
     state: AtomicU32,
@@ -145,6 +150,16 @@ impl Slot {
         if s & KIND != UNKNOWN {
             return s;
         }
+        let linked = (s & LINKED != 0).then(|| self.file.load(Ordering::Relaxed));
+        let looked = self.look(fd, s);
+        if let (Some(file), HOOKED) = (linked, looked & KIND) {
+            self.spread(fd, file);
+        }
+        looked
+    }
+
+    /// The first look at `fd` (state `s`), for [`Slot::classify`], which holds the lock.
+    fn look(&self, fd: libc::c_int, s: u32) -> u32 {
         // SAFETY: an all-zero `stat` is a valid value to be overwritten.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `st` is a live, writable stat buffer.
@@ -179,9 +194,7 @@ impl Slot {
                 return s;
             }
         }
-        static FILES: AtomicU64 = AtomicU64::new(1);
-        self.file
-            .store(FILES.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        self.file.store(new_file(), Ordering::Relaxed);
         self.dev.store(st.st_dev, Ordering::Relaxed);
         self.ino.store(st.st_ino, Ordering::Relaxed);
         if flags & libc::O_NONBLOCK != 0 {
@@ -199,6 +212,35 @@ impl Slot {
             return PASS;
         }
         s
+    }
+
+    /// Gives this slot's state, just looked at (`fd`'s, hooked), to the slots linked to it
+    /// under open-file number `file` ([`LINKED`]) whose fds do share its open file. One that
+    /// another thread is looking at meanwhile is left to that look, which finds this fd by
+    /// its search.
+    fn spread(&self, fd: libc::c_int, file: u64) {
+        let mut linked = Vec::new();
+        for_each_slot(|other_fd, other| {
+            if other_fd != fd
+                && other.state() & (KIND | LINKED) == LINKED
+                && other.file.load(Ordering::Relaxed) == file
+            {
+                linked.push((other_fd, other));
+            }
+        });
+        let socket = self.state() & SOCKET != 0;
+        for (other_fd, other) in linked {
+            if same_open_file(fd, other_fd, socket) != Same::Yes {
+                continue;
+            }
+            let Some(_first) = other.record.try_lock() else {
+                continue;
+            };
+            let _views = VIEWS.lock();
+            if other.state() & (KIND | LINKED) == LINKED {
+                other.copy_from(self);
+            }
+        }
     }
 
     /// Whether calls on this fd are hooked (its blocking mode is the user's view).
@@ -346,8 +388,14 @@ const ADOPT_TRIES: usize = 64;
 /// received fds take, so that fds sharing an open file never end up with different views.
 static VIEWS: Mutex<()> = Mutex::new(());
 
-/// Calls `f(fd, slot)` for every hooked fd's slot.
-fn for_each_hooked(mut f: impl FnMut(libc::c_int, &'static Slot)) {
+/// A new open-file number.
+fn new_file() -> u64 {
+    static FILES: AtomicU64 = AtomicU64::new(1);
+    FILES.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Calls `f(fd, slot)` for every slot.
+fn for_each_slot(mut f: impl FnMut(libc::c_int, &'static Slot)) {
     for (c, chunk) in TABLE.iter().enumerate() {
         let base = chunk.load(Ordering::Acquire);
         if base.is_null() {
@@ -356,11 +404,18 @@ fn for_each_hooked(mut f: impl FnMut(libc::c_int, &'static Slot)) {
         for i in 0..CHUNK {
             // SAFETY: as in `lookup`.
             let slot: &'static Slot = unsafe { &*base.add(i) };
-            if slot.state() & KIND == HOOKED {
-                f(((c << CHUNK_SHIFT) | i) as libc::c_int, slot);
-            }
+            f(((c << CHUNK_SHIFT) | i) as libc::c_int, slot);
         }
     }
+}
+
+/// Calls `f(fd, slot)` for every hooked fd's slot.
+fn for_each_hooked(mut f: impl FnMut(libc::c_int, &'static Slot)) {
+    for_each_slot(|fd, slot| {
+        if slot.state() & KIND == HOOKED {
+            f(fd, slot);
+        }
+    });
 }
 
 /// `fd` is about to be closed, or its number is new: forget what we knew. In a forked child
@@ -423,10 +478,25 @@ pub(crate) fn duplicated(old: libc::c_int, new: libc::c_int) {
         }
         return;
     }
+    // Serialised with a first look at `old`, which spreads its state to the linked slots.
+    let _first = o.record.lock();
     let _views = VIEWS.lock();
     // `old`'s open file is shared now: its first look must search, like `new`'s.
     o.state.fetch_and(!FRESH, Ordering::AcqRel);
-    n.copy_from(o);
+    let s = o.state();
+    if s & KIND == UNKNOWN {
+        // Neither is looked at yet: linked, so that the first look at either (or at another
+        // copy) gives its state to the rest.
+        if s & LINKED == 0 {
+            o.file.store(new_file(), Ordering::Relaxed);
+            o.state.fetch_or(LINKED, Ordering::AcqRel);
+        }
+        n.file
+            .store(o.file.load(Ordering::Relaxed), Ordering::Relaxed);
+        n.state.store(LINKED, Ordering::Release);
+    } else {
+        n.copy_from(o);
+    }
 }
 
 /// The state of `fd`; a slot never looked at, of an fd that `O_NONBLOCK` in the kernel, is
