@@ -16,28 +16,55 @@ fn res(r: isize) -> (isize, i32) {
     (r, if r < 0 { errno() } else { 0 })
 }
 
-/// The four ways to receive nothing: `read`, `recv`, `readv` and `recvmsg` of no bytes.
-fn receive_nothing(fd: RawFd) -> Vec<(isize, i32)> {
+/// The ways to receive nothing: `read`, `recv`, `readv`, `recvmsg` and `recvfrom` of no
+/// bytes (the last two asking for the address, the message with a control buffer too),
+/// with what they wrote back: (result, errno, address length, control length, flags).
+fn receive_nothing(fd: RawFd) -> Vec<(isize, i32, u32, usize, i32)> {
     let mut byte = [0u8; 1];
     let p = byte.as_mut_ptr().cast();
-    // SAFETY: a live buffer, asked for 0 bytes; an empty iovec array; a zeroed msghdr with
-    // no buffers.
+    let plain = |r: isize| {
+        let (r, e) = res(r);
+        (r, e, 0, 0, 0)
+    };
+    // SAFETY: a live buffer, asked for 0 bytes; an empty iovec array; msghdrs with no
+    // buffers and live name and control buffers.
     unsafe {
+        let mut name: libc::sockaddr_storage = std::mem::zeroed();
+        let mut control = [0u64; 8];
         let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_name = (&raw mut name).cast();
+        m.msg_namelen = 128;
+        m.msg_control = control.as_mut_ptr().cast();
+        m.msg_controllen = 64;
+        m.msg_flags = 12345;
+        let (r, e) = res(libc::recvmsg(fd, &mut m, libc::MSG_CMSG_CLOEXEC));
+        let msg = (r, e, m.msg_namelen, m.msg_controllen, m.msg_flags);
+        let mut len: libc::socklen_t = 128;
+        let (r, e) = res(libc::recvfrom(
+            fd,
+            p,
+            0,
+            0,
+            (&raw mut name).cast(),
+            &mut len,
+        ));
         vec![
-            res(libc::read(fd, p, 0)),
-            res(libc::recv(fd, p, 0, 0)),
-            res(libc::readv(fd, std::ptr::null(), 0)),
-            res(libc::recvmsg(fd, &mut m, 0)),
+            plain(libc::read(fd, p, 0)),
+            plain(libc::recv(fd, p, 0, 0)),
+            plain(libc::readv(fd, std::ptr::null(), 0)),
+            msg,
+            (r, e, len, 0, 0),
         ]
     }
 }
 
 /// A blocking stream socket with a receive timeout and nothing queued, asked for 0 bytes.
-/// `read` and `readv` of nothing return 0 at once on any socket. `recv` and `recvmsg` wait
-/// out the timeout; then a Unix socket's fail with `EAGAIN`, but a TCP socket's return 0
-/// (its receive loop ends once the buffer is full, and an empty one is).
-fn zero_length_receives_at_the_timeout() -> Vec<(isize, i32)> {
+/// `read` and `readv` of nothing return 0 at once on any socket. `recv`, `recvmsg` and
+/// `recvfrom` wait out the timeout; then a Unix socket's fail with `EAGAIN` (and write
+/// nothing back), but a TCP socket's return 0 (its receive loop ends once the buffer is
+/// full, and an empty one is) and write back what a receive of no address and no control
+/// message does: lengths 0, and `recvmsg`'s flags (which keep `MSG_CMSG_CLOEXEC`).
+fn zero_length_receives_at_the_timeout() -> Vec<(isize, i32, u32, usize, i32)> {
     let (a, _b) = UnixStream::pair().unwrap();
     a.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
     let mut got = receive_nothing(a.as_raw_fd());
@@ -52,14 +79,22 @@ fn zero_length_receives_at_the_timeout() -> Vec<(isize, i32)> {
 #[test]
 fn a_zero_length_receive_waits_out_its_timeout_as_libc_does() {
     with_deadline(|| {
+        let again = (-1, libc::EAGAIN, 0, 0, 0);
         same_as_libc(
             zero_length_receives_at_the_timeout,
-            [[(0, 0), (-1, libc::EAGAIN)]; 2]
-                .concat()
-                .into_iter()
-                .chain([(0, 0); 4])
-                .collect(),
-            "read, recv, readv and recvmsg of 0 bytes on Unix and TCP stream sockets",
+            vec![
+                (0, 0, 0, 0, 0),
+                again,
+                (0, 0, 0, 0, 0),
+                (-1, libc::EAGAIN, 128, 64, 12345),
+                (-1, libc::EAGAIN, 128, 0, 0),
+                (0, 0, 0, 0, 0),
+                (0, 0, 0, 0, 0),
+                (0, 0, 0, 0, 0),
+                (0, 0, 0, 0, libc::MSG_CMSG_CLOEXEC),
+                (0, 0, 0, 0, 0),
+            ],
+            "read, recv, readv, recvmsg and recvfrom of 0 bytes on Unix and TCP stream sockets",
         );
     });
 }
