@@ -77,19 +77,67 @@ fn recv_io(fd: c_int, flags: c_int, whole: usize, op: impl FnMut(usize) -> isize
 
 /// A receive of no bytes on a blocking TCP socket that waited out its `SO_RCVTIMEO`
 /// returns 0, as the kernel's does (`tcp_recvmsg` ends its loop once the buffer, empty, is
-/// full); other sockets' fail with `EAGAIN`, as the hook's wait does. `r` is the hooked
-/// call's result; `len` gives the bytes asked for, asked only after a failure with `EAGAIN`
-/// (the kernel took the call's buffers then).
-fn empty_receive(fd: c_int, flags: c_int, r: isize, len: impl FnOnce() -> usize) -> isize {
+/// full), and writes back what it writes then (`written`: an empty address, no control
+/// data; its error, as an errno, if it cannot); other sockets' fail with `EAGAIN`, as the
+/// hook's wait does. `r` is the hooked call's result; `len` gives the bytes asked for,
+/// asked only after a failure with `EAGAIN` (the kernel took the call's buffers then).
+fn empty_receive(
+    fd: c_int,
+    flags: c_int,
+    r: isize,
+    len: impl FnOnce() -> usize,
+    written: impl FnOnce() -> Result<(), c_int>,
+) -> isize {
     if r >= 0 || flags & libc::MSG_DONTWAIT != 0 || hook::errno() != libc::EAGAIN || len() != 0 {
         return r;
     }
     // On a hooked fd that is blocking in the user's view, EAGAIN is the timeout's.
     let waited = matches!(hook::route(fd), hook::Route::Wait(..));
-    if waited && is_tcp(fd) {
-        0
+    if !waited || !is_tcp(fd) {
+        return r;
+    }
+    match written() {
+        Ok(()) => 0,
+        Err(e) => {
+            hook::set_errno(e);
+            -1
+        }
+    }
+}
+
+/// What the kernel writes back for a receive that got no address (`move_addr_to_user` of
+/// an empty one), if the caller asked for it (`addr` not null): the length 0, after
+/// reading the caller's, which must not be negative as an int.
+///
+/// # Safety
+/// `len` is the caller's pointer to the address length, or bad.
+unsafe fn no_address(addr: *mut c_void, len: *mut socklen_t) -> Result<(), c_int> {
+    if addr.is_null() {
+        return Ok(());
+    }
+    if !hook::readable(len.cast(), size_of::<socklen_t>()) {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: readable (just asked).
+    if (unsafe { len.read_unaligned() } as c_int) < 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's length, written as the kernel would.
+    unsafe { write_back(len.cast(), &(0 as socklen_t)) }
+}
+
+/// Writes `v` to the caller's `dst` as the kernel does (`EFAULT` if it cannot).
+///
+/// # Safety
+/// `dst` is the caller's memory for a `T`, or bad.
+unsafe fn write_back<T: Copy>(dst: *mut c_void, v: &T) -> Result<(), c_int> {
+    // SAFETY: `v`'s bytes, a plain value.
+    let bytes = unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) };
+    // SAFETY: the caller's guarantee.
+    if unsafe { hook::write_user(dst, bytes) } {
+        Ok(())
     } else {
-        r
+        Err(libc::EFAULT)
     }
 }
 
@@ -117,7 +165,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
         real::recv(fd, buf.byte_add(off), n - off, flags)
     });
-    empty_receive(fd, flags, r, || n)
+    empty_receive(fd, flags, r, || n, || Ok(()))
 }
 
 #[no_mangle]
@@ -133,7 +181,14 @@ pub unsafe extern "C" fn recvfrom(
     let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
         real::recvfrom(fd, buf.byte_add(off), n - off, flags, addr, len)
     });
-    empty_receive(fd, flags, r, || n)
+    // SAFETY: the caller's address buffer and length.
+    empty_receive(
+        fd,
+        flags,
+        r,
+        || n,
+        || unsafe { no_address(addr.cast(), len) },
+    )
 }
 
 #[no_mangle]
@@ -188,8 +243,22 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         // SAFETY: the caller's msghdr, whose control part the kernel wrote.
         unsafe { received_fds(msg) };
     }
-    // SAFETY: asked only after EAGAIN: the kernel read the msghdr and its iovec array.
-    empty_receive(fd, flags, r, || unsafe { iov_total(msg) })
+    // SAFETY: asked only after EAGAIN: the kernel read the msghdr and its iovec array; it
+    // writes back the address length, the flags and the control length, in that order.
+    empty_receive(
+        fd,
+        flags,
+        r,
+        || unsafe { iov_total(msg) },
+        || unsafe {
+            no_address((*msg).msg_name, &raw mut (*msg).msg_namelen)?;
+            write_back(
+                (&raw mut (*msg).msg_flags).cast(),
+                &(flags & libc::MSG_CMSG_CLOEXEC),
+            )?;
+            write_back((&raw mut (*msg).msg_controllen).cast(), &0usize)
+        },
+    )
 }
 
 #[no_mangle]
