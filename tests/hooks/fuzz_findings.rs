@@ -261,3 +261,52 @@ fn a_copy_made_before_the_switch_stays_blocking_once_the_switched_fd_closes() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// Receives from the error queue
+// ---------------------------------------------------------------------------------------
+
+/// `recv(MSG_ERRQUEUE)` on a blocking TCP socket with nothing queued there: the kernel
+/// looks at the error queue once and fails with `EAGAIN`, whether the receive side is shut
+/// down (no end-of-file: the flag asks for errors, not data) or not (no wait, however long
+/// `SO_RCVTIMEO` is). Returns both results and whether the second came at once.
+fn error_queue_receives() -> ((isize, i32), (isize, i32), bool) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (_s, _) = l.accept().unwrap();
+    let mut buf = [0u8; 16];
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = std::time::Instant::now();
+    // SAFETY: a live buffer of its length.
+    let open = res(unsafe {
+        libc::recv(
+            c.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            16,
+            libc::MSG_ERRQUEUE,
+        )
+    });
+    let at_once = started.elapsed() < Duration::from_millis(2500);
+    c.shutdown(std::net::Shutdown::Read).unwrap();
+    // SAFETY: as above.
+    let shut = res(unsafe {
+        libc::recv(
+            c.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            16,
+            libc::MSG_ERRQUEUE | libc::MSG_WAITALL,
+        )
+    });
+    (open, shut, at_once)
+}
+
+#[test]
+fn an_error_queue_receive_on_tcp_never_waits() {
+    with_deadline(|| {
+        same_as_libc(
+            error_queue_receives,
+            ((-1, libc::EAGAIN), (-1, libc::EAGAIN), true),
+            "recv(MSG_ERRQUEUE) on TCP, open and with its receive side shut down",
+        );
+    });
+}
