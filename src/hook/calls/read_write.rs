@@ -65,9 +65,13 @@ pub(super) fn is_stream(fd: c_int) -> bool {
 }
 
 /// A receive: `MSG_PEEK` with `MSG_WAITALL` on a stream socket waits for `whole` bytes to
-/// peek ([`peek_all`], `op(0)` each time), else as [`sock_io`].
+/// peek ([`peek_all`], `op(0)` each time); an error-queue receive on a socket that has one
+/// is the real call alone; else as [`sock_io`].
 #[inline(always)]
-fn recv_io(fd: c_int, flags: c_int, whole: usize, op: impl FnMut(usize) -> isize) -> isize {
+fn recv_io(fd: c_int, flags: c_int, whole: usize, mut op: impl FnMut(usize) -> isize) -> isize {
+    if flags & libc::MSG_ERRQUEUE != 0 && error_queue(fd) {
+        return op(0);
+    }
     if whole > 0 && flags & (libc::MSG_PEEK | libc::MSG_DONTWAIT) == libc::MSG_PEEK {
         let mut op = op;
         return peek_all(fd, whole, || op(0));
@@ -88,7 +92,8 @@ fn empty_receive(
     len: impl FnOnce() -> usize,
     written: impl FnOnce() -> Result<(), c_int>,
 ) -> isize {
-    if r >= 0 || flags & libc::MSG_DONTWAIT != 0 || hook::errno() != libc::EAGAIN || len() != 0 {
+    let once = libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE;
+    if r >= 0 || flags & once != 0 || hook::errno() != libc::EAGAIN || len() != 0 {
         return r;
     }
     // On a hooked fd that is blocking in the user's view, EAGAIN is the timeout's.
@@ -139,6 +144,23 @@ unsafe fn write_back<T: Copy>(dst: *mut c_void, v: &T) -> Result<(), c_int> {
     } else {
         Err(libc::EFAULT)
     }
+}
+
+/// Whether `fd` is a socket whose receive with `MSG_ERRQUEUE` reads its error queue: the
+/// kernel looks once and fails with `EAGAIN` if it is empty, never waiting. Internet
+/// sockets (TCP, UDP, raw, ping), but not SCTP's; Unix sockets ignore the flag and receive
+/// data as without it. Asked only when the flag is given.
+fn error_queue(fd: c_int) -> bool {
+    let opt = |name| {
+        let mut v: c_int = 0;
+        let mut len = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: `v` and `len` are live and sized for the option's int.
+        let r =
+            unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, name, (&raw mut v).cast(), &mut len) };
+        (r == 0).then_some(v)
+    };
+    matches!(opt(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
+        && opt(libc::SO_PROTOCOL) != Some(libc::IPPROTO_SCTP)
 }
 
 /// Whether `fd` is a TCP socket.
