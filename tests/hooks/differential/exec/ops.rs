@@ -74,7 +74,8 @@ impl Env<'_> {
         fds::sockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE) >= 0
     }
 
-    /// Whether a read of `total` bytes (`flags`: a socket call's) on `fd` returns without
+    /// Whether a read of `total` bytes (`flags`: a socket call's; `plain`: `read` or
+    /// `readv`, which return 0 at once when asked for nothing) on `fd` returns without
     /// waiting for ever.
     fn read_ok(
         &self,
@@ -82,8 +83,17 @@ impl Env<'_> {
         total: usize,
         flags: c_int,
         iov: Option<&Iov>,
+        plain: bool,
     ) -> Result<(), &'static str> {
-        if !fds::is_open(fd) || matches!(iov, Some(Iov::BadArray(_) | Iov::BadCount(_))) {
+        if !fds::is_open(fd)
+            || matches!(iov, Some(Iov::BadArray(_) | Iov::BadCount(_)))
+            || (plain && total == 0)
+        {
+            return Ok(());
+        }
+        let inet = fds::sockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) == libc::AF_INET;
+        if flags & libc::MSG_ERRQUEUE != 0 && inet {
+            // The error queue: looked at once.
             return Ok(());
         }
         let (readable, nonblock) = self.readable_mode(fd);
@@ -103,7 +113,8 @@ impl Env<'_> {
         let all = flags & libc::MSG_WAITALL != 0
             && fds::sockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE) == libc::SOCK_STREAM;
         if all {
-            if fds::queued(fd) as usize >= total {
+            // A receive of nothing waits for a byte.
+            if fds::queued(fd) as usize >= total.max(1) {
                 return Ok(());
             }
             return Err("a MSG_WAITALL read would wait for ever");
@@ -264,11 +275,20 @@ impl Env<'_> {
         };
         match op {
             Op::Read { fd, len, how } => {
-                self.read_ok(self.resolve(*fd), *len as usize, sock_flags(how), None)
+                let plain = matches!(how, Plain::Rw | Plain::Bad);
+                self.read_ok(
+                    self.resolve(*fd),
+                    *len as usize,
+                    sock_flags(how),
+                    None,
+                    plain,
+                )
             }
-            Op::Readv { fd, iov } => self.read_ok(self.resolve(*fd), iov_total(iov), 0, Some(iov)),
+            Op::Readv { fd, iov } => {
+                self.read_ok(self.resolve(*fd), iov_total(iov), 0, Some(iov), true)
+            }
             Op::Recvmsg { fd, iov, flags, .. } => {
-                self.read_ok(self.resolve(*fd), iov_total(iov), *flags, Some(iov))
+                self.read_ok(self.resolve(*fd), iov_total(iov), *flags, Some(iov), false)
             }
             Op::Write { fd, len, how } => {
                 self.write_ok(self.resolve(*fd), *len as usize, sock_flags(how), None)
@@ -385,7 +405,11 @@ impl Env<'_> {
                 let fl = fds::fcntl(fd, libc::F_GETFL, 0);
                 let obj = &self.objs[o];
                 let peer = &self.objs[o ^ 1];
-                let stream = matches!(obj.kind, Kind::Pipe | Kind::UnixStream | Kind::Tcp);
+                // `sendmsg` needs a socket (a pipe's fails at once).
+                let stream = match op {
+                    Op::Sendmsg { .. } => matches!(obj.kind, Kind::UnixStream | Kind::Tcp),
+                    _ => matches!(obj.kind, Kind::Pipe | Kind::UnixStream | Kind::Tcp),
+                };
                 if !blocking(fd)
                     || !stream
                     || fl & libc::O_ACCMODE == libc::O_RDONLY
@@ -884,6 +908,9 @@ impl Env<'_> {
         } else {
             0
         };
+        // The operation's result once it returned: a drain then takes what it wrote.
+        let result = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN));
+        let seen = result.clone();
         let helper_thread = std::thread::spawn(move || {
             fds::nap(Duration::from_millis(u64::from(delay)));
             match kind {
@@ -892,14 +919,14 @@ impl Env<'_> {
                     (Vec::new(), sent as i64)
                 }
                 Feed::Drain => {
-                    let mut sizes = Vec::new();
-                    let got = drain_waiting(pfd, pkind, queued + want, &mut sizes);
+                    let got = drain_waiting(pfd, pkind, queued, want, &seen);
                     let n = got.len() as i64;
                     (got, n)
                 }
             }
         });
         let mut o = self.op(i, op);
+        result.store(o.ret, Ordering::Release);
         let (data, n) = helper_thread.join().expect("helper thread");
         o.data.extend(data);
         o.extra.push(n);
@@ -968,21 +995,33 @@ fn feed(fd: c_int, data: &[u8]) -> usize {
     done
 }
 
-/// Reads `want` bytes from `fd` with raw calls, waiting for them (bounded by the harness's
-/// limit).
-fn drain_waiting(fd: c_int, kind: Kind, want: usize, sizes: &mut Vec<i64>) -> Vec<u8> {
+/// Reads from `fd` with raw calls what was `queued` there and what the write that goes on
+/// meanwhile sends: `want` bytes, or once it returned (`result`), what it says it sent.
+fn drain_waiting(
+    fd: c_int,
+    kind: Kind,
+    queued: usize,
+    want: usize,
+    result: &std::sync::atomic::AtomicI64,
+) -> Vec<u8> {
     let mut got = Vec::new();
-    while got.len() < want {
-        if !fds::wait_for(|| fds::ready(fd, libc::POLLIN) != 0) {
+    let mut sizes = Vec::new();
+    let deadline = std::time::Instant::now() + fds::LIMIT;
+    loop {
+        let limit = match result.load(Ordering::Acquire) {
+            i64::MIN => queued + want,
+            r => queued + r.max(0) as usize,
+        };
+        if got.len() >= limit || std::time::Instant::now() >= deadline {
             break;
         }
-        let piece = drain(fd, kind, want - got.len(), sizes);
-        if piece.is_empty()
-            && fds::ready(fd, libc::POLLIN | libc::POLLRDHUP)
-                & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR)
-                != 0
-        {
-            break;
+        let piece = if fds::ready(fd, libc::POLLIN) != 0 {
+            drain(fd, kind, limit - got.len(), &mut sizes)
+        } else {
+            Vec::new()
+        };
+        if piece.is_empty() {
+            fds::nap(Duration::from_micros(200));
         }
         got.extend(piece);
     }
