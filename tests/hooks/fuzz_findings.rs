@@ -99,6 +99,32 @@ fn a_zero_length_receive_waits_out_its_timeout_as_libc_does() {
     });
 }
 
+/// A blocking Unix datagram socket whose receive side is shut down, with nothing queued:
+/// a receive returns 0 at once and writes back what a receive of no address and no control
+/// message does (lengths 0; `recvmsg`'s flags keep `MSG_CMSG_CLOEXEC`).
+fn receives_after_a_datagram_shutdown() -> Vec<(isize, i32, u32, usize, i32)> {
+    let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    a.shutdown(std::net::Shutdown::Read).unwrap();
+    receive_nothing(a.as_raw_fd())
+}
+
+#[test]
+fn a_receive_on_a_shut_datagram_socket_writes_back_as_libc_does() {
+    with_deadline(|| {
+        same_as_libc(
+            receives_after_a_datagram_shutdown,
+            vec![
+                (0, 0, 0, 0, 0),
+                (0, 0, 0, 0, 0),
+                (0, 0, 0, 0, 0),
+                (0, 0, 0, 0, libc::MSG_CMSG_CLOEXEC),
+                (0, 0, 0, 0, 0),
+            ],
+            "read, recv, readv, recvmsg and recvfrom on a datagram socket shut for reading",
+        );
+    });
+}
+
 /// `ioctl(FIONBIO)` with an unmapped argument on a socket the hooks switched (in a fiber: a
 /// read made it non-blocking in the kernel): the kernel fails with `EFAULT` and changes
 /// nothing; the socket stays blocking.
