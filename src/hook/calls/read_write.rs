@@ -81,24 +81,31 @@ fn recv_io(fd: c_int, flags: c_int, whole: usize, mut op: impl FnMut(usize) -> i
 
 /// A receive of no bytes on a blocking TCP socket that waited out its `SO_RCVTIMEO`
 /// returns 0, as the kernel's does (`tcp_recvmsg` ends its loop once the buffer, empty, is
-/// full), and writes back what it writes then (`written`: an empty address, no control
-/// data; its error, as an errno, if it cannot); other sockets' fail with `EAGAIN`, as the
-/// hook's wait does. `r` is the hooked call's result; `len` gives the bytes asked for,
-/// asked only after a failure with `EAGAIN` (the kernel took the call's buffers then).
-fn empty_receive(
-    fd: c_int,
-    flags: c_int,
-    r: isize,
-    len: impl FnOnce() -> usize,
-    written: impl FnOnce() -> Result<(), c_int>,
-) -> isize {
+/// full); other sockets' fail with `EAGAIN`, as the hook's wait does. `r` is the hooked
+/// call's result; `len` gives the bytes asked for, asked only after a failure with
+/// `EAGAIN` (the kernel took the call's buffers then). See [`made_zero`] for what the
+/// kernel writes back with that 0.
+fn empty_receive(fd: c_int, flags: c_int, r: isize, len: impl FnOnce() -> usize) -> isize {
     let once = libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE;
     if r >= 0 || flags & once != 0 || hook::errno() != libc::EAGAIN || len() != 0 {
         return r;
     }
     // On a hooked fd that is blocking in the user's view, EAGAIN is the timeout's.
     let waited = matches!(hook::route(fd), hook::Route::Wait(..));
-    if !waited || !is_tcp(fd) {
+    if waited && is_tcp(fd) {
+        0
+    } else {
+        r
+    }
+}
+
+/// A receive's result `r`, where no call of the kernel's succeeded (`filled` false): a 0
+/// is then the hooks' own (a datagram socket whose receive side is shut down, a TCP
+/// receive of nothing at its timeout), and the kernel's receive, returning 0 there, writes
+/// back an empty address, its flags and no control data, which `written` does (its
+/// error, as an errno, if it cannot).
+fn made_zero(r: isize, filled: bool, written: impl FnOnce() -> Result<(), c_int>) -> isize {
+    if r != 0 || filled {
         return r;
     }
     match written() {
@@ -187,7 +194,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
         real::recv(fd, buf.byte_add(off), n - off, flags)
     });
-    empty_receive(fd, flags, r, || n, || Ok(()))
+    empty_receive(fd, flags, r, || n)
 }
 
 #[no_mangle]
@@ -199,18 +206,17 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
+    // The kernel wrote back the address (a call succeeded).
+    let mut filled = false;
     // SAFETY: the caller's arguments; `off` as in `recv`.
     let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
-        real::recvfrom(fd, buf.byte_add(off), n - off, flags, addr, len)
+        let r = real::recvfrom(fd, buf.byte_add(off), n - off, flags, addr, len);
+        filled |= r >= 0;
+        r
     });
+    let r = empty_receive(fd, flags, r, || n);
     // SAFETY: the caller's address buffer and length.
-    empty_receive(
-        fd,
-        flags,
-        r,
-        || n,
-        || unsafe { no_address(addr.cast(), len) },
-    )
+    made_zero(r, filled, || unsafe { no_address(addr.cast(), len) })
 }
 
 #[no_mangle]
@@ -265,22 +271,18 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         // SAFETY: the caller's msghdr, whose control part the kernel wrote.
         unsafe { received_fds(msg) };
     }
-    // SAFETY: asked only after EAGAIN: the kernel read the msghdr and its iovec array; it
-    // writes back the address length, the flags and the control length, in that order.
-    empty_receive(
-        fd,
-        flags,
-        r,
-        || unsafe { iov_total(msg) },
-        || unsafe {
-            no_address((*msg).msg_name, &raw mut (*msg).msg_namelen)?;
-            write_back(
-                (&raw mut (*msg).msg_flags).cast(),
-                &(flags & libc::MSG_CMSG_CLOEXEC),
-            )?;
-            write_back((&raw mut (*msg).msg_controllen).cast(), &0usize)
-        },
-    )
+    // SAFETY: asked only after EAGAIN: the kernel read the msghdr and its iovec array.
+    let r = empty_receive(fd, flags, r, || unsafe { iov_total(msg) });
+    // SAFETY: the caller's msghdr, which the kernel read; it writes back the address
+    // length, the flags and the control length, in that order.
+    made_zero(r, filled, || unsafe {
+        no_address((*msg).msg_name, &raw mut (*msg).msg_namelen)?;
+        write_back(
+            (&raw mut (*msg).msg_flags).cast(),
+            &(flags & libc::MSG_CMSG_CLOEXEC),
+        )?;
+        write_back((&raw mut (*msg).msg_controllen).cast(), &0usize)
+    })
 }
 
 #[no_mangle]
