@@ -394,6 +394,17 @@ impl Env<'_> {
                         return Err(NO);
                     }
                 }
+                // `read` and `readv` of nothing return at once, before or after the feed.
+                let nothing = match op {
+                    Op::Read { len, .. } => *len == 0,
+                    Op::Readv {
+                        iov: Iov::Lens(l), ..
+                    } => l.iter().all(|&n| n == 0),
+                    _ => false,
+                };
+                if nothing {
+                    return Err(NO);
+                }
                 Ok(())
             }
             (
