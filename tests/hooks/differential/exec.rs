@@ -230,6 +230,8 @@ pub struct Env<'a> {
     /// The reference's steps (the other sides replay its decisions and compare with it).
     reference: Option<&'a Run>,
     progress: &'a AtomicUsize,
+    /// Making a deferred operation: its probe of the queue waits for the helper.
+    deferring: bool,
 }
 
 impl<'a> Env<'a> {
@@ -247,6 +249,7 @@ impl<'a> Env<'a> {
             fd_obj: BTreeMap::new(),
             reference,
             progress,
+            deferring: false,
         }
     }
 

@@ -137,10 +137,7 @@ impl Env<'_> {
             return Ok(());
         }
         let fl = fds::fcntl(fd, libc::F_GETFL, 0);
-        if fl & libc::O_ACCMODE == libc::O_RDONLY
-            || fl & libc::O_NONBLOCK != 0
-            || flags & libc::MSG_DONTWAIT != 0
-        {
+        if fl & libc::O_ACCMODE == libc::O_RDONLY {
             return Ok(());
         }
         let Some(o) = self.obj(fd) else {
@@ -148,6 +145,21 @@ impl Env<'_> {
         };
         let obj = &self.objs[o];
         if obj.wr_shut {
+            return Ok(());
+        }
+        // TCP past the peer's window would never settle (what it holds back goes later,
+        // as the peer reads): blocking or not, the write must fit.
+        if obj.kind == Kind::Tcp && fds::tcp_state(fd) != 7 {
+            let peer = match self.open_fd_of(o ^ 1) {
+                Some(p) => fds::queued(p).max(0) as usize,
+                None if self.objs[o ^ 1].in_flight > 0 => usize::MAX / 2,
+                None => 0,
+            };
+            if fds::outq(fd) != 0 || peer + total > 16384 {
+                return Err("a TCP write past what the peer takes would not settle");
+            }
+        }
+        if fl & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0 {
             return Ok(());
         }
         let room = match obj.kind {
@@ -159,13 +171,8 @@ impl Env<'_> {
                     q + total <= 16384
                 }
             }
-            Kind::Tcp => {
-                let peer = self
-                    .open_fd_of(o ^ 1)
-                    .map_or(0, |p| fds::queued(p).max(0) as usize);
-                // A connection a reset ended fails the write at once.
-                fds::tcp_state(fd) == 7 || (fds::outq(fd) == 0 && peer + total <= 16384)
-            }
+            // Checked above (a connection a reset ended fails the write at once).
+            Kind::Tcp => true,
             _ => {
                 let sndbuf = fds::sockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF).max(0) as usize;
                 fds::outq(fd).max(0) as usize + 2 * total + 4096 <= sndbuf
@@ -793,9 +800,12 @@ impl Env<'_> {
         }
     }
 
-    /// Adds what the kernel holds on `fd` after an operation on it.
+    /// Adds what the kernel holds on `fd` after an operation on it (a deferred one's: once
+    /// its helper is done).
     fn after(&self, fd: c_int, mut o: Outcome) -> Outcome {
-        o.extra.push(i64::from(fds::queued(fd)));
+        if !self.deferring {
+            o.extra.push(i64::from(fds::queued(fd)));
+        }
         o
     }
 
@@ -936,12 +946,31 @@ impl Env<'_> {
                 }
             }
         });
+        self.deferring = true;
         let mut o = self.op(i, op);
+        self.deferring = false;
         result.store(o.ret, Ordering::Release);
         let (data, n) = helper_thread.join().expect("helper thread");
+        // What is queued once the helper is done (before, it depends on its progress).
+        if let Some(fd) = op_fd(op).map(|r| self.resolve(r)) {
+            o.extra.push(i64::from(fds::queued(fd)));
+        }
         o.data.extend(data);
         o.extra.push(n);
         o
+    }
+}
+
+/// The descriptor a read or write names.
+fn op_fd(op: &Op) -> Option<FdRef> {
+    match op {
+        Op::Read { fd, .. }
+        | Op::Write { fd, .. }
+        | Op::Readv { fd, .. }
+        | Op::Writev { fd, .. }
+        | Op::Recvmsg { fd, .. }
+        | Op::Sendmsg { fd, .. } => Some(*fd),
+        _ => None,
     }
 }
 
