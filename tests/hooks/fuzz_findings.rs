@@ -336,3 +336,61 @@ fn an_error_queue_receive_on_tcp_never_waits() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// A whole peek that end-of-file cuts short
+// ---------------------------------------------------------------------------------------
+
+/// `recv(MSG_PEEK | MSG_WAITALL)` of more than is queued on a blocking stream socket
+/// whose peer shut down its writing side: the kernel peeks what there is and returns.
+fn peek_all_at_end_of_file(sock: &UnixStream) -> (isize, i32) {
+    let mut buf = [0u8; 4096];
+    // SAFETY: a live buffer of its length.
+    res(unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_WAITALL,
+        )
+    })
+}
+
+fn short_peek_at_end_of_file() -> (isize, i32) {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    b.write_all(&[7u8; 66]).unwrap();
+    b.shutdown(std::net::Shutdown::Write).unwrap();
+    peek_all_at_end_of_file(&a)
+}
+
+#[test]
+fn a_whole_peek_returns_what_is_there_at_end_of_file() {
+    with_deadline(|| {
+        same_as_libc(
+            short_peek_at_end_of_file,
+            (66, 0),
+            "MSG_PEEK | MSG_WAITALL of 4096 bytes with 66 queued and the peer shut",
+        );
+    });
+}
+
+/// The same on a plain thread, on a socket a fiber switched first.
+#[test]
+fn a_whole_peek_on_a_switched_socket_returns_at_end_of_file_on_a_plain_thread() {
+    with_deadline(|| {
+        let s = crate::common::shared_started(1);
+        let (a, b) = UnixStream::pair().unwrap();
+        let (a, mut b) = s.block_on(move || {
+            let (mut a, mut b) = (a, b);
+            b.write_all(b"1").unwrap();
+            let mut one = [0u8; 1];
+            std::io::Read::read_exact(&mut a, &mut one).unwrap();
+            (a, b)
+        });
+        b.write_all(&[7u8; 66]).unwrap();
+        b.shutdown(std::net::Shutdown::Write).unwrap();
+        let got = peek_all_at_end_of_file(&a);
+        s.stop();
+        assert_eq!(got, (66, 0), "libc: the peek returns what is there");
+    });
+}
