@@ -126,7 +126,7 @@ pub(crate) use crate::sys::real;
 mod wait;
 
 use crate::fiber::{current_meta, Cancelled, FiberMeta};
-use crate::io::reactor::{poll_fd, IoRecord, READ_SHUT};
+use crate::io::reactor::{poll_fd, poll_once, IoRecord, CLOSED, READABLE, READ_SHUT};
 use crate::sys::deadline_after;
 use std::os::raw::c_int;
 use std::panic::AssertUnwindSafe;
@@ -684,6 +684,9 @@ pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -
         if !short && (r >= 0 || errno() != libc::EAGAIN) {
             return r;
         }
+        if short && no_more(fd) {
+            return r;
+        }
         if !short && b.ended(&seen) {
             return 0;
         }
@@ -703,6 +706,17 @@ pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -
             return -1;
         }
     })
+}
+
+/// Whether no more data can come on `fd` (the peer shut its side down, or the connection
+/// ended), asked of the kernel: a short peek then returns what is there, as the kernel's.
+/// The reactor reported that once already, and `poll` says readable for what is queued, so
+/// neither would end the wait. Keeps `errno`.
+fn no_more(fd: c_int) -> bool {
+    let saved = errno();
+    let end = poll_once(fd, READABLE, 0).is_ok_and(|bits| bits & (READ_SHUT | CLOSED) != 0);
+    set_errno(saved);
+    end
 }
 
 /// How long a plain thread's short `MSG_PEEK | MSG_WAITALL` waits before it peeks again.
