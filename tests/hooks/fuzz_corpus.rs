@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use crate::common::child_ok;
-use crate::differential::{check, made_and_skipped, Target};
+use crate::differential::{check, Target};
 
 /// The corpus files of `name`, in a stable order.
 fn corpus(name: &str) -> Vec<PathBuf> {
@@ -33,10 +33,7 @@ fn replay(name: &str, target: Target) {
         let (mut made, mut skipped) = (0, 0);
         for f in corpus(name) {
             let data = std::fs::read(&f).unwrap();
-            if let Err(e) = check(target, &data) {
-                panic!("{}: {e}", f.display());
-            }
-            let (m, s) = made_and_skipped(target, &data);
+            let (m, s) = check(target, &data).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             made += m;
             skipped += s;
         }

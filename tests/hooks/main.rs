@@ -11,6 +11,7 @@ mod calls;
 #[cfg(feature = "hook")]
 mod differential;
 mod fd_modes;
+mod fuzz_corpus;
 mod fuzz_findings;
 mod interference;
 mod linking;
