@@ -869,9 +869,10 @@ fn a_watcher_naps_on_its_own_cpu_and_gets_its_cpu_set_back() {
         );
         let status = format!("/proc/self/task/{tid}/status");
         // Worker 1 holds itself only while the kernel has it on another CPU than its peer's:
-        // on a loaded machine that may take a few rounds of chains.
+        // on a loaded machine (the whole suite beside the loom models on two cores) that
+        // took more than 5 rounds of chains, so up to 20 (6 s) until it is seen once.
         let (mut held, mut samples) = (0, 0);
-        for _round in 0..5 {
+        for _round in 0..20 {
             let chains_done = Arc::new(AtomicBool::new(false));
             let chains = {
                 let done = chains_done.clone();
