@@ -996,28 +996,12 @@ fn getaddrinfo_in_fibers_cancelled_while_resolving() {
                             move || {
                                 for _ in 0..1000 {
                                     // A raw getaddrinfo/freeaddrinfo pair too.
-                                    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
-                                    // SAFETY: NUL-terminated strings, a live out-pointer.
-                                    let r = unsafe {
-                                        libc::getaddrinfo(
-                                            c"localhost".as_ptr(),
-                                            c"80".as_ptr(),
-                                            std::ptr::null(),
-                                            &mut res,
-                                        )
-                                    };
-                                    if r == 0 {
-                                        assert!(!res.is_null());
-                                        // SAFETY: the list the call made.
-                                        unsafe { libc::freeaddrinfo(res) };
-                                    } else {
-                                        assert!(res.is_null(), "an error with a list: {r}");
-                                        if r == libc::EAI_SYSTEM && errno() == libc::ECANCELED {
-                                            // Cancelled: every later call would fail the
-                                            // same way at once, so a resolver loop ends here
-                                            // (as the hook's docs ask of callers).
-                                            break;
-                                        }
+                                    let (r, e) = crate::resolve_localhost();
+                                    if r == libc::EAI_SYSTEM && e == libc::ECANCELED {
+                                        // Cancelled: every later call would fail the same
+                                        // way at once, so a resolver loop ends here (as the
+                                        // hook's docs ask of callers).
+                                        break;
                                     }
                                     if ("localhost", 80).to_socket_addrs().is_ok() {
                                         ok.fetch_add(1, Ordering::Relaxed);

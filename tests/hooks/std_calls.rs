@@ -673,6 +673,57 @@ fn a_cancelled_fiber_in_a_hooked_read_fails_it_then_unwinds() {
     });
 }
 
+/// A fiber whose cancellation a hooked call caught makes no further wait: a later
+/// `getaddrinfo` (which always waits, on the blocking pool) fails at once with `EAI_SYSTEM`
+/// and `ECANCELED`, as a read or a sleep would, instead of resolving. A resolver loop in
+/// C code that only ever suspends inside hooks would otherwise run on for as long as it
+/// pleased after its cancellation.
+#[test]
+fn after_a_caught_cancellation_getaddrinfo_fails_at_once() {
+    with_deadline(|| {
+        let s = sched(1);
+        let (a, _b) = UnixStream::pair().unwrap();
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+        let reader = s
+            .submit(
+                move || {
+                    let mut a = a;
+                    let e = a.read(&mut [0u8; 4]).unwrap_err();
+                    let (r, gai_errno) = crate::resolve_localhost();
+                    // Through std too: its resolver is the same call.
+                    use std::net::ToSocketAddrs;
+                    let std_err = ("localhost", 80)
+                        .to_socket_addrs()
+                        .map(|a| a.count())
+                        .map_err(|e| e.to_string());
+                    seen_tx
+                        .send((e.raw_os_error(), r, gai_errno, std_err))
+                        .unwrap();
+                    fibra::sleep(Duration::from_secs(60));
+                    unreachable!("a cancelled fiber went on past a suspension");
+                },
+                None,
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        reader.cancel();
+        let (read, r, gai_errno, std_err) = seen_rx.recv_timeout(crate::common::LIMIT).unwrap();
+        assert_eq!(read, Some(libc::ECANCELED));
+        assert_eq!(
+            (r, gai_errno),
+            (libc::EAI_SYSTEM, libc::ECANCELED),
+            "getaddrinfo after a caught cancellation"
+        );
+        assert!(
+            std_err.is_err(),
+            "std resolved after the cancellation: {std_err:?}"
+        );
+        assert!(reader.wait_timeout(crate::common::LIMIT));
+        assert!(reader.join().unwrap_err().is_cancelled());
+        s.stop();
+    });
+}
+
 #[test]
 fn stop_timeout_ends_fibers_blocked_in_hooked_calls() {
     with_deadline(|| {

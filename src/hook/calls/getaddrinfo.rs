@@ -25,6 +25,12 @@ pub unsafe extern "C" fn getaddrinfo(
         // SAFETY: the caller's arguments.
         return unsafe { real::getaddrinfo(node, service, hints, res) };
     };
+    if meta.hook_cancel.get() {
+        // A hook caught this fiber's cancellation already: like every hooked call that
+        // would wait, fail at once rather than resolve (this call always waits).
+        set_errno(libc::ECANCELED);
+        return libc::EAI_SYSTEM;
+    }
     let args = Args(node, service, hints, res);
     // What the pool's call returned, written by the pool thread itself: if the fiber is
     // cancelled while it waits, `unblock` still waits for the call but its value is lost.
