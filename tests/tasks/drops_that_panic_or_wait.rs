@@ -75,11 +75,20 @@ fn a_detached_results_destructor_that_locks_does_not_freeze_its_worker() {
         locked_rx.recv_timeout(BOUND).unwrap();
         let (seen_tx, seen_rx) = stdmpsc::channel();
         let m2 = m.clone();
-        let detached = sched.spawn(move || LocksOnDrop {
-            m: m2,
-            seen: seen_tx,
+        // The task ends only once its handle is gone: a handle dropped after the task ended
+        // drops the result itself, on this thread (as std's and tokio's do), and this
+        // thread's lock would then wait for a holder that waits for this thread.
+        let (go_tx, go_rx) = fibra::sync::oneshot::channel::<()>();
+        let detached = sched.spawn(move || {
+            let mut go_rx = go_rx;
+            go_rx.recv_timeout(BOUND).expect("told to finish");
+            LocksOnDrop {
+                m: m2,
+                seen: seen_tx,
+            }
         });
         drop(detached);
+        go_tx.send(()).unwrap();
         let place = seen_rx.recv_timeout(BOUND).expect("the result was dropped");
         // The destructor now waits for the mutex; let the holder go.
         thread::sleep(Duration::from_millis(50));
@@ -105,6 +114,10 @@ fn a_detached_results_destructor_that_locks_does_not_freeze_its_worker() {
             );
         }
         assert_eq!(holder.join().unwrap(), "holder done");
+        assert!(
+            place.in_fiber,
+            "the detached result was dropped outside a fiber: {place:?}"
+        );
         crate::common::wait_until("the destructor's lock", || *m.lock().unwrap() == 1);
         sched.stop();
     });
@@ -267,11 +280,15 @@ fn a_detached_results_destructor_can_spawn() {
         }
         let sched = started(1);
         let (tx, rx) = stdmpsc::channel();
+        // Ends only once its handle is gone (see the first test).
+        let (go_tx, go_rx) = fibra::sync::oneshot::channel::<()>();
         let h = sched.spawn(move || {
-            fibra::sleep(Duration::from_millis(20));
+            let mut go_rx = go_rx;
+            go_rx.recv_timeout(BOUND).expect("told to finish");
             SpawnsOnDrop(tx)
         });
         drop(h);
+        go_tx.send(()).unwrap();
         let r = rx.recv_timeout(BOUND).expect("the result was dropped");
         crate::common::every_worker_runs(&sched);
         sched.stop();
