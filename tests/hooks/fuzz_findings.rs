@@ -394,3 +394,42 @@ fn a_whole_peek_on_a_switched_socket_returns_at_end_of_file_on_a_plain_thread() 
         assert_eq!(got, (66, 0), "libc: the peek returns what is there");
     });
 }
+
+/// `recvmsg(MSG_PEEK | MSG_WAITALL)` of more than is queued on a blocking stream socket
+/// with a receive timeout and a control buffer too small for a header: the kernel waits out
+/// the timeout and returns what it peeked.
+fn short_peek_at_the_timeout() -> (isize, i32) {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    b.write_all(&[7u8; 30]).unwrap();
+    a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let mut buf = [0u8; 33];
+    let mut control = [0u64; 1];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: a msghdr over live buffers.
+    unsafe {
+        let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control.as_mut_ptr().cast();
+        m.msg_controllen = 8;
+        res(libc::recvmsg(
+            a.as_raw_fd(),
+            &mut m,
+            libc::MSG_PEEK | libc::MSG_WAITALL | libc::MSG_CMSG_CLOEXEC,
+        ))
+    }
+}
+
+#[test]
+fn a_whole_peek_returns_what_is_there_at_its_timeout() {
+    with_deadline(|| {
+        same_as_libc(
+            short_peek_at_the_timeout,
+            (30, 0),
+            "MSG_PEEK | MSG_WAITALL of 33 bytes with 30 queued and a 1 ms timeout",
+        );
+    });
+}
