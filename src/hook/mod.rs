@@ -698,7 +698,9 @@ pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -
             std::thread::sleep(PEEK_RETRY);
             continue;
         }
-        if let Err(e) = b.wait(seen) {
+        // Past the timeout a wait ends at once, saying readable (what is queued): `again`
+        // ends the call there.
+        if let Err(e) = b.again(seen) {
             if short {
                 return r;
             }
