@@ -433,3 +433,33 @@ fn a_whole_peek_returns_what_is_there_at_its_timeout() {
         );
     });
 }
+
+/// A socket the user made non-blocking, received over `SCM_RIGHTS` while it is open (the
+/// hooks look at the received copy at once), then given `O_APPEND` alone through the
+/// original, which nothing looked at: that clears `O_NONBLOCK` of their open file, so the
+/// received copy is blocking too.
+fn flags_set_through_an_fd_never_looked_at() -> (bool, bool) {
+    let (a, _b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let got = pass_to_self(a.as_raw_fd());
+    // SAFETY: F_SETFL with an int of flags.
+    assert_eq!(
+        unsafe { libc::fcntl(a.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) },
+        0
+    );
+    let r = (getfl_nb(a.as_raw_fd()), getfl_nb(got));
+    // SAFETY: the received fd, ours.
+    unsafe { libc::close(got) };
+    r
+}
+
+#[test]
+fn flags_set_through_an_fd_never_looked_at_show_through_its_copies() {
+    with_deadline(|| {
+        same_as_libc(
+            flags_set_through_an_fd_never_looked_at,
+            (false, false),
+            "F_SETFL(O_APPEND) through the original of a received copy",
+        );
+    });
+}
