@@ -40,7 +40,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             }
         }
         libc::F_SETFL => {
-            let Some(slot) = fd::lookup(fd).filter(|s| s.hooked()) else {
+            let Some(slot) = hooked_for_mode(fd) else {
                 // SAFETY: F_SETFL takes an int of flags.
                 return unsafe { real::fcntl(fd, cmd, arg) };
             };
@@ -66,11 +66,21 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     }
 }
 
+/// The slot of `fd` if it is hooked, for a change of its blocking mode. An fd nothing
+/// looked at yet whose open file is non-blocking in the kernel is looked at first: another
+/// hooked fd may hold that open file's view (the kernel's flag then kept by fibra, or set
+/// by the user), which the change must reach. With the kernel's flag clear no hooked fd
+/// holds the open file, and the change is the kernel's alone.
+fn hooked_for_mode(fd: c_int) -> Option<&'static fd::Slot> {
+    fd::look_nonblocking(fd);
+    fd::lookup(fd).filter(|s| s.hooked())
+}
+
 /// `ioctl(fd, request, arg)`: variadic like `fcntl`, taken the same way.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: c_ulong) -> c_int {
     if request == libc::FIONBIO as c_ulong && arg != 0 {
-        if let Some(slot) = fd::lookup(fd).filter(|s| s.hooked()) {
+        if let Some(slot) = hooked_for_mode(fd) {
             // The kernel reads the argument first: one it cannot read gets its EFAULT (and
             // the mode stays as it was).
             if !hook::readable(arg as *const libc::c_void, size_of::<c_int>()) {
