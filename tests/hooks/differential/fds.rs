@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 /// The first fd number a program gets.
 pub const BASE: c_int = 100;
-/// Past the last fd number a program may use.
-pub const END: c_int = BASE + 100;
+/// Past the last fd number a program may use: programs make fewer than 100 fds, from
+/// `BASE` up or from [`HIGH`] up.
+pub const END: c_int = BASE + 200;
 /// Numbers programs name as targets of `dup2`/`dup3`/`F_DUPFD` (free until they do).
 pub const HIGH: c_int = BASE + 80;
 /// How many [`HIGH`] numbers there are.
