@@ -7,7 +7,7 @@
 //! compare each step with the reference's as they go, stopping at the first difference.
 
 use super::calls::Calls;
-use super::fds::{self, errno, set_errno, BASE, END, HIGH, HIGHS, UNUSED};
+use super::fds::{self, errno, set_errno, HIGHS, UNUSED};
 use super::program::{FdRef, Fion, Helper, Iov, Kind, Op, PairSpec, Plain, Program, Timeout};
 use libc::{c_int, c_void, iovec};
 use std::collections::BTreeMap;
@@ -296,7 +296,7 @@ impl<'a> Env<'a> {
                 self.handles[k as usize % self.handles.len()]
             }
             FdRef::Handle(_) | FdRef::Unused => UNUSED,
-            FdRef::High(i) => HIGH + c_int::from(i) % HIGHS,
+            FdRef::High(i) => fds::high() + c_int::from(i) % HIGHS,
             FdRef::Negative => -1,
         }
     }
@@ -463,7 +463,7 @@ impl<'a> Env<'a> {
     /// data, drained.
     fn digest(&mut self) -> Vec<Outcome> {
         let mut out = Vec::new();
-        for fd in BASE..END {
+        for fd in fds::base()..fds::end() {
             if !fds::is_open(fd) {
                 continue;
             }

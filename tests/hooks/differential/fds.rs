@@ -3,8 +3,8 @@
 //! waits that make TCP on loopback deterministic.
 //!
 //! Every side of a run gets the same fd numbers: before a side starts, every free number
-//! below [`BASE`] is filled with a placeholder (a copy of `/dev/null`, kept for the life of
-//! the process) and the numbers from [`BASE`] to [`END`] must all be free, so the kernel
+//! below [`base`] is filled with a placeholder (a copy of `/dev/null`, kept for the life of
+//! the process) and the numbers from [`base`] to [`end`] must all be free, so the kernel
 //! (lowest free number first) hands out the same numbers in the same order on each side. At
 //! its end a side closes whatever it left in that range.
 
@@ -12,14 +12,39 @@ use libc::c_int;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The first fd number a program gets.
-pub const BASE: c_int = 100;
-/// Past the last fd number a program may use: programs make fewer than 100 fds, from
-/// `BASE` up or from [`HIGH`] up.
-pub const END: c_int = BASE + 200;
+/// How many numbers from [`base`] on are the program's: programs make fewer than 100 fds,
+/// from `base` up or from [`high`] up.
+const RANGE: c_int = 200;
+
+/// The first fd number a program gets: the lowest from 100 up with [`RANGE`] free numbers
+/// from it (the process may have inherited fds up there), found once, before the first
+/// placeholder.
+pub fn base() -> c_int {
+    static BASE: OnceLock<c_int> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        let mut b = 100;
+        while let Some(open) = (b..b + RANGE).rev().find(|&fd| is_open(fd)) {
+            b = open + 1;
+        }
+        assert!(
+            b + RANGE < UNUSED,
+            "harness: no {RANGE} free fd numbers below {UNUSED}"
+        );
+        b
+    })
+}
+
+/// Past the last fd number a program may use.
+pub fn end() -> c_int {
+    base() + RANGE
+}
+
 /// Numbers programs name as targets of `dup2`/`dup3`/`F_DUPFD` (free until they do).
-pub const HIGH: c_int = BASE + 80;
-/// How many [`HIGH`] numbers there are.
+pub fn high() -> c_int {
+    base() + 80
+}
+
+/// How many [`high`] numbers there are.
 pub const HIGHS: c_int = 8;
 /// A number never open (inside the descriptor table the harness grew, see [`prepare`]).
 pub const UNUSED: c_int = 1000;
@@ -238,11 +263,12 @@ fn devnull() -> c_int {
     })
 }
 
-/// Readies the process for a side: fills the free numbers below [`BASE`], checks that the
+/// Readies the process for a side: fills the free numbers below [`base`], checks that the
 /// program's range is free, and (once) grows the descriptor table to 1024 entries, so that
 /// `select`'s view of the table (it ignores bits past its size) is the same on every side.
 pub fn prepare() {
     static GROWN: OnceLock<()> = OnceLock::new();
+    let base = base();
     let null = devnull();
     GROWN.get_or_init(|| {
         // SAFETY: duplicates the harness's own /dev/null onto a free number, then closes it.
@@ -255,14 +281,14 @@ pub fn prepare() {
         }
         close(1023);
     });
-    for fd in 0..BASE {
+    for fd in 0..base {
         if !is_open(fd) {
             // SAFETY: fills a free number with a copy of the harness's /dev/null.
             let r = unsafe { libc::syscall(libc::SYS_dup3, null, fd, libc::O_CLOEXEC) };
             assert_eq!(r, fd as libc::c_long, "harness: placeholder for fd {fd}");
         }
     }
-    for fd in BASE..END {
+    for fd in base..end() {
         assert!(
             !is_open(fd),
             "harness: fd {fd} in the program's range is open"
@@ -274,7 +300,7 @@ pub fn prepare() {
 /// Closes what a side left in the program's range with its own `close`; TCP sockets reset
 /// (no TIME_WAIT left behind by thousands of runs).
 pub fn cleanup(close_fn: unsafe extern "C" fn(c_int) -> c_int) {
-    for fd in BASE..END {
+    for fd in base()..end() {
         if is_open(fd) {
             if is_tcp(fd) {
                 let l = libc::linger {

@@ -56,7 +56,7 @@ pub enum FdRef {
     /// The number of the n-th descriptor the program made (modulo how many it made), open
     /// or closed since.
     Handle(u8),
-    /// [`super::fds::HIGH`] plus this.
+    /// [`super::fds::high`] plus this.
     High(u8),
     /// -1.
     Negative,
