@@ -463,3 +463,95 @@ fn flags_set_through_an_fd_never_looked_at_show_through_its_copies() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// A whole receive ends after a part that brought descriptors
+// ---------------------------------------------------------------------------------------
+
+/// A Unix stream socket with four one-byte messages queued, each carrying a descriptor
+/// (`SCM_RIGHTS`): a receive with `MSG_WAITALL` (and with `MSG_PEEK` too) and no control
+/// buffer ends after the first message, as a part that brought descriptors (closed for
+/// want of room) ends the kernel's receive, at once (a 5 s `SO_RCVTIMEO` bounds a wait).
+/// `recv`, `recv` peeking, `recvfrom` and `recvmsg`, each on a fresh pair: (result, errno,
+/// whether it came at once).
+fn whole_receives_across_descriptors() -> Vec<(isize, i32, bool)> {
+    let receive = |how: u8| {
+        let (a, b) = UnixStream::pair().unwrap();
+        for _ in 0..4 {
+            let got = pass_over(&b, b.as_raw_fd());
+            assert_eq!(got, 1);
+        }
+        a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 41];
+        let p = buf.as_mut_ptr().cast();
+        let fd = a.as_raw_fd();
+        let started = std::time::Instant::now();
+        // SAFETY: a live buffer of its length; a msghdr over it; a live address buffer.
+        let (r, e) = res(unsafe {
+            match how {
+                0 => libc::recv(fd, p, 41, libc::MSG_WAITALL),
+                1 => libc::recv(fd, p, 41, libc::MSG_WAITALL | libc::MSG_PEEK),
+                2 => {
+                    let mut name: libc::sockaddr_storage = std::mem::zeroed();
+                    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                    libc::recvfrom(
+                        fd,
+                        p,
+                        41,
+                        libc::MSG_WAITALL,
+                        (&raw mut name).cast(),
+                        &mut len,
+                    )
+                }
+                _ => {
+                    let mut iov = libc::iovec {
+                        iov_base: p,
+                        iov_len: 41,
+                    };
+                    let mut m: libc::msghdr = std::mem::zeroed();
+                    m.msg_iov = &mut iov;
+                    m.msg_iovlen = 1;
+                    libc::recvmsg(fd, &mut m, libc::MSG_WAITALL)
+                }
+            }
+        });
+        (r, e, started.elapsed() < Duration::from_millis(2500))
+    };
+    (0..4).map(receive).collect()
+}
+
+/// Sends one byte with `fd` in an `SCM_RIGHTS` message on `sock`.
+fn pass_over(sock: &UnixStream, fd: RawFd) -> isize {
+    let mut byte = [0u8; 1];
+    // SAFETY: a msghdr over a live byte and a control buffer sized for one fd.
+    unsafe {
+        let space = libc::CMSG_SPACE(size_of::<RawFd>() as u32) as usize;
+        let mut cbuf = vec![0u8; space];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_control = cbuf.as_mut_ptr().cast();
+        m.msg_controllen = space;
+        let c = libc::CMSG_FIRSTHDR(&m);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        libc::sendmsg(sock.as_raw_fd(), &m, 0)
+    }
+}
+
+#[test]
+fn a_whole_receive_ends_after_a_part_that_brought_descriptors() {
+    with_deadline(|| {
+        same_as_libc(
+            whole_receives_across_descriptors,
+            vec![(1, 0, true); 4],
+            "MSG_WAITALL receives over one-byte messages carrying descriptors",
+        );
+    });
+}
