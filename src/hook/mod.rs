@@ -663,9 +663,15 @@ fn in_ctx(ctx: Ctx, call: impl FnOnce() -> isize) -> isize {
 
 /// A `MSG_PEEK | MSG_WAITALL` receive of `whole` bytes on a stream socket: the kernel waits
 /// until that many are queued and copies them without taking them, so `op` peeks from the
-/// start every time, and a short peek waits for more data (or the timeout, end-of-file or
-/// an error, when what it saw is returned).
-pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -> isize {
+/// start every time, and a short peek waits for more data (or the timeout, end-of-file, an
+/// error, or a part that brought ancillary data, which `op` sets `ended` for: then what it
+/// saw is returned, as the kernel's peek ends there).
+pub(crate) fn peek_all(
+    fd: c_int,
+    whole: usize,
+    ended: &std::cell::Cell<bool>,
+    mut op: impl FnMut() -> isize,
+) -> isize {
     let b = match route(fd) {
         Route::Pass => {
             let r = op();
@@ -684,7 +690,7 @@ pub(crate) fn peek_all(fd: c_int, whole: usize, mut op: impl FnMut() -> isize) -
         if !short && (r >= 0 || errno() != libc::EAGAIN) {
             return r;
         }
-        if short && no_more(fd) {
+        if short && (ended.get() || no_more(fd)) {
             return r;
         }
         if !short && b.ended(&seen) {

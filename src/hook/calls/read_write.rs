@@ -8,6 +8,8 @@
 use super::msghdr::{iov_rest, iov_total, iovecs, msg_from, readable_msg, received_fds, sent_fds};
 use crate::hook::{self, io, peek_all, real, READ, WRITE};
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
+use std::cell::Cell;
+use std::ptr::null_mut;
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
@@ -65,18 +67,87 @@ pub(super) fn is_stream(fd: c_int) -> bool {
 }
 
 /// A receive: `MSG_PEEK` with `MSG_WAITALL` on a stream socket waits for `whole` bytes to
-/// peek ([`peek_all`], `op(0)` each time); an error-queue receive on a socket that has one
-/// is the real call alone; else as [`sock_io`].
+/// peek ([`peek_all`], `op(0)` each time, until `ended` says a part brought ancillary
+/// data); an error-queue receive on a socket that has one is the real call alone; else as
+/// [`sock_io`].
 #[inline(always)]
-fn recv_io(fd: c_int, flags: c_int, whole: usize, mut op: impl FnMut(usize) -> isize) -> isize {
+fn recv_io(
+    fd: c_int,
+    flags: c_int,
+    whole: usize,
+    ended: &Cell<bool>,
+    mut op: impl FnMut(usize) -> isize,
+) -> isize {
     if flags & libc::MSG_ERRQUEUE != 0 && error_queue(fd) {
         return op(0);
     }
     if whole > 0 && flags & (libc::MSG_PEEK | libc::MSG_DONTWAIT) == libc::MSG_PEEK {
         let mut op = op;
-        return peek_all(fd, whole, || op(0));
+        return peek_all(fd, whole, ended, || op(0));
     }
     sock_io(fd, flags, READ, move || whole, op)
+}
+
+/// Whether `fd` is a Unix stream socket (asked only for the rare `MSG_WAITALL`).
+fn is_unix_stream(fd: c_int) -> bool {
+    let mut domain: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: `domain` and `len` are live and sized for SO_DOMAIN's int.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            (&raw mut domain).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && domain == libc::AF_UNIX && is_stream(fd)
+}
+
+/// `recv` or `recvfrom` with `MSG_WAITALL` on a Unix stream socket, made as [`recvmsg`]
+/// with the caller's buffer and no control buffer, as the kernel makes them: its parts then
+/// see the descriptors the kernel closes for want of room (`MSG_CTRUNC`), after which the
+/// kernel's receive ends. `addr` and `len` are `recvfrom`'s (null for `recv`).
+///
+/// # Safety
+/// The caller's arguments to `recvfrom`.
+unsafe fn unix_whole(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> isize {
+    let mut iov = iovec {
+        iov_base: buf,
+        iov_len: n,
+    };
+    // SAFETY: an all-zero msghdr is valid: no name, no control, no buffers yet.
+    let mut m: msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    if !addr.is_null() {
+        // The kernel reads the caller's length first: one it cannot is its to refuse.
+        if !hook::readable(len.cast(), size_of::<socklen_t>()) {
+            // SAFETY: the caller's arguments, passed on as they came.
+            return unsafe { real::recvfrom(fd, buf, n, flags, addr, len) };
+        }
+        m.msg_name = addr.cast();
+        // SAFETY: readable (just asked).
+        m.msg_namelen = unsafe { len.read_unaligned() };
+    }
+    // SAFETY: a msghdr over the caller's buffer and address.
+    let r = unsafe { recvmsg(fd, &mut m, flags) };
+    if r >= 0 && !addr.is_null() {
+        // SAFETY: the caller's length, written back as the kernel would.
+        if let Err(e) = unsafe { write_back(len.cast(), &m.msg_namelen) } {
+            hook::set_errno(e);
+            return -1;
+        }
+    }
+    r
 }
 
 /// A receive of no bytes on a blocking TCP socket that waited out its `SO_RCVTIMEO`
@@ -189,9 +260,14 @@ fn is_tcp(fd: c_int) -> bool {
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_WAITALL != 0 && is_unix_stream(fd) {
+        // SAFETY: the caller's arguments, without an address.
+        return unsafe { unix_whole(fd, buf, n, flags, null_mut(), null_mut()) };
+    }
+    let whole = wait_all(fd, flags, n);
     // SAFETY: the caller's arguments; `off` counts bytes already transferred, so it
     // stays below `n` and the pointer within the caller's buffer.
-    let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
+    let r = recv_io(fd, flags, whole, &Cell::new(false), |off| unsafe {
         real::recv(fd, buf.byte_add(off), n - off, flags)
     });
     empty_receive(fd, flags, r, || n)
@@ -206,10 +282,15 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     len: *mut socklen_t,
 ) -> ssize_t {
+    if flags & libc::MSG_WAITALL != 0 && is_unix_stream(fd) {
+        // SAFETY: the caller's arguments.
+        return unsafe { unix_whole(fd, buf, n, flags, addr, len) };
+    }
+    let whole = wait_all(fd, flags, n);
     // The kernel wrote back the address (a call succeeded).
     let mut filled = false;
     // SAFETY: the caller's arguments; `off` as in `recv`.
-    let r = recv_io(fd, flags, wait_all(fd, flags, n), |off| unsafe {
+    let r = recv_io(fd, flags, whole, &Cell::new(false), |off| unsafe {
         let r = real::recvfrom(fd, buf.byte_add(off), n - off, flags, addr, len);
         filled |= r >= 0;
         r
@@ -241,15 +322,15 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         // Not used: a receive that does not wait for all returns after its first part.
         (std::ptr::null_mut(), 0)
     };
-    let mut ended = false;
+    let ended = Cell::new(false);
     // The kernel filled in the caller's msghdr (its first part succeeded).
     let mut filled = false;
     // SAFETY: the caller's arguments; past `off` bytes the call goes on in the rest of the
     // caller's buffers, with the caller's control buffer while no part filled it.
-    let r = recv_io(fd, flags, whole, |off| unsafe {
+    let r = recv_io(fd, flags, whole, &ended, |off| unsafe {
         // The kernel's receive ends after a part that brought ancillary data (a Unix
         // socket's fds): 0 ends the loop with what came.
-        if ended {
+        if ended.get() {
             return 0;
         }
         msg_from(msg, off, Some(control), |part| {
@@ -258,7 +339,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             // A part that brought ancillary data, or had some and no room for it (its fds
             // closed, MSG_CTRUNC), ends the kernel's receive.
             if r > 0 && ((*part).msg_controllen > 0 || (*part).msg_flags & libc::MSG_CTRUNC != 0) {
-                ended = true;
+                ended.set(true);
                 if part != msg {
                     (*msg).msg_controllen = (*part).msg_controllen;
                     (*msg).msg_flags |= (*part).msg_flags;
