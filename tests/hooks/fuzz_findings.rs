@@ -555,3 +555,74 @@ fn a_whole_receive_ends_after_a_part_that_brought_descriptors() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// A whole receive ends at the urgent mark
+// ---------------------------------------------------------------------------------------
+
+/// A stream with "abc", one byte of urgent data (`MSG_OOB`) and "defgh" queued: a receive
+/// of 100 bytes with `MSG_WAITALL`, peeking or not, ends at the urgent mark with "abc", at
+/// once (a 5 s `SO_RCVTIMEO` bounds a wait), on TCP and on Unix stream sockets. Returns
+/// (result, errno, at once) for a peek, then a receive, of each.
+fn whole_receives_before_the_mark() -> Vec<(isize, i32, bool)> {
+    let mut out = Vec::new();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (peer, _) = l.accept().unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let (unix, unix_peer) = UnixStream::pair().unwrap();
+    for (fd, from) in [
+        (tcp.as_raw_fd(), peer.as_raw_fd()),
+        (unix.as_raw_fd(), unix_peer.as_raw_fd()),
+    ] {
+        // SAFETY: live buffers of their lengths.
+        unsafe {
+            assert_eq!(libc::send(from, b"abc".as_ptr().cast(), 3, 0), 3);
+            assert_eq!(libc::send(from, b"!".as_ptr().cast(), 1, libc::MSG_OOB), 1);
+            assert_eq!(libc::send(from, b"defgh".as_ptr().cast(), 5, 0), 5);
+        }
+        let timeout = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: a live timeval of the option's size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&timeout as *const libc::timeval).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        // Until TCP on loopback delivered all 9 bytes (the sender's are all acknowledged;
+        // on a Unix socket they are there at once).
+        if fd == tcp.as_raw_fd() {
+            crate::common::wait_until("the data to arrive", || {
+                let mut n: libc::c_int = -1;
+                // SAFETY: TIOCOUTQ writes an int.
+                unsafe { libc::ioctl(from, libc::TIOCOUTQ, &mut n) };
+                n == 0
+            });
+        }
+        for flags in [libc::MSG_WAITALL | libc::MSG_PEEK, libc::MSG_WAITALL] {
+            let mut buf = [0u8; 100];
+            let started = std::time::Instant::now();
+            // SAFETY: a live buffer of its length.
+            let (r, e) = res(unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), 100, flags) });
+            out.push((r, e, started.elapsed() < Duration::from_millis(2500)));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_whole_receive_ends_at_the_urgent_mark() {
+    with_deadline(|| {
+        same_as_libc(
+            whole_receives_before_the_mark,
+            vec![(3, 0, true); 4],
+            "MSG_WAITALL receives, peeking or not, before an urgent mark (TCP, Unix)",
+        );
+    });
+}
