@@ -614,7 +614,9 @@ fn io(
                 return if done > 0 { done as isize } else { r };
             }
             done += r as usize;
-            if r == 0 || done >= *whole {
+            // A receive that waits for all of its buffer ends at the urgent mark once it
+            // took something, as the kernel's does.
+            if r == 0 || done >= *whole || (dir.interest == READ.interest && at_mark(fd)) {
                 return done as isize;
             }
         }
@@ -690,7 +692,7 @@ pub(crate) fn peek_all(
         if !short && (r >= 0 || errno() != libc::EAGAIN) {
             return r;
         }
-        if short && (ended.get() || no_more(fd)) {
+        if short && (ended.get() || peek_ends(fd)) {
             return r;
         }
         if !short && b.ended(&seen) {
@@ -716,15 +718,38 @@ pub(crate) fn peek_all(
     })
 }
 
-/// Whether no more data can come on `fd` (the peer shut its side down, or the connection
-/// ended), asked of the kernel: a short peek then returns what is there, as the kernel's.
-/// The reactor reported that once already, and `poll` says readable for what is queued, so
-/// neither would end the wait. Keeps `errno`.
-fn no_more(fd: c_int) -> bool {
+/// Whether a short whole peek on `fd` is what the kernel's returns, asked of the kernel: no
+/// more data can come (the peer shut its side down, or the connection ended), or urgent
+/// data lies ahead (the peek stopped at its mark). The reactor reported either once
+/// already, and `poll` says readable for what is queued, so neither would end the wait.
+/// Keeps `errno`.
+fn peek_ends(fd: c_int) -> bool {
     let saved = errno();
     let end = poll_once(fd, READABLE, 0).is_ok_and(|bits| bits & (READ_SHUT | CLOSED) != 0);
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no wait.
+    let urgent = !end
+        && unsafe { real::poll(&mut p, 1, 0) } > 0
+        && p.revents & libc::POLLPRI != 0
+        && !at_mark(fd);
     set_errno(saved);
-    end
+    end || urgent
+}
+
+/// Whether the next byte to read on socket `fd` is at its urgent mark (`SIOCATMARK`).
+/// Keeps `errno`.
+fn at_mark(fd: c_int) -> bool {
+    const SIOCATMARK: libc::c_ulong = 0x8905;
+    let saved = errno();
+    let mut at: c_int = 0;
+    // SAFETY: SIOCATMARK writes an int, here a live one.
+    let r = unsafe { real::ioctl(fd, SIOCATMARK, (&raw mut at) as libc::c_ulong) };
+    set_errno(saved);
+    r == 0 && at != 0
 }
 
 /// How long a plain thread's short `MSG_PEEK | MSG_WAITALL` waits before it peeks again.
