@@ -626,3 +626,36 @@ fn a_whole_receive_ends_at_the_urgent_mark() {
         );
     });
 }
+
+/// `recv(MSG_PEEK | MSG_WAITALL)` of 100 bytes on a blocking Unix stream socket with 5
+/// queued: a Unix socket's peek never waits for more once it copied something, so the
+/// kernel returns the 5 at once (a TCP socket's waits for all 100). A 5 s `SO_RCVTIMEO`
+/// bounds a wait. Returns (result, errno, at once).
+fn unix_whole_peek() -> (isize, i32, bool) {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    b.write_all(b"hello").unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 100];
+    let started = std::time::Instant::now();
+    // SAFETY: a live buffer of its length.
+    let (r, e) = res(unsafe {
+        libc::recv(
+            a.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            100,
+            libc::MSG_PEEK | libc::MSG_WAITALL,
+        )
+    });
+    (r, e, started.elapsed() < Duration::from_millis(2500))
+}
+
+#[test]
+fn a_whole_peek_on_a_unix_socket_returns_what_is_queued() {
+    with_deadline(|| {
+        same_as_libc(
+            unix_whole_peek,
+            (5, 0, true),
+            "MSG_PEEK | MSG_WAITALL of 100 bytes with 5 queued on a Unix stream socket",
+        );
+    });
+}
