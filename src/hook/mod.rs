@@ -23,7 +23,7 @@
 //! # What is hooked
 //! | calls | in a fiber with hooks on |
 //! |---|---|
-//! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`, `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream socket wait for the whole buffer (with `MSG_PEEK` too: they peek it whole), as the kernel's do (a datagram socket's return one datagram, and a receive ends with a part that brings ancillary data such as fds); a datagram socket whose receive side is shut down returns 0 at once |
+//! | `read`, `readv`, `recv`, `recvfrom`, `recvmsg` | wait until readable (`SO_RCVTIMEO` bounds the wait); `recv`, `recvfrom` and `recvmsg` with `MSG_WAITALL` on a stream socket wait for the whole buffer (with `MSG_PEEK` too on TCP: they peek it whole; a Unix socket's peek returns what is queued), as the kernel's do (a datagram socket's return one datagram, and a receive ends with a part that brings ancillary data such as fds, at the urgent mark, or at end-of-file); a datagram socket whose receive side is shut down returns 0 at once; `MSG_ERRQUEUE` on an Internet socket never waits |
 //! | `write`, `writev`, `send`, `sendto`, `sendmsg` | wait until writable (`SO_SNDTIMEO`); on a blocking fd they return only when all bytes went, as the kernel's do (`sendmsg`'s ancillary data goes with the first part) |
 //! | `connect` | waits for the connection (`SO_SNDTIMEO`: `EINPROGRESS` at the timeout, as Linux does), also for one an earlier timed-out call left under way; a failure leaves the socket ready for another try; a Unix socket whose listener's backlog is full is tried again on a timer (1 ms, doubling to 50 ms) |
 //! | `accept`, `accept4` | wait for a connection (`SO_RCVTIMEO`) |
@@ -663,7 +663,7 @@ fn in_ctx(ctx: Ctx, call: impl FnOnce() -> isize) -> isize {
     }
 }
 
-/// A `MSG_PEEK | MSG_WAITALL` receive of `whole` bytes on a stream socket: the kernel waits
+/// A `MSG_PEEK | MSG_WAITALL` receive of `whole` bytes on a TCP socket: the kernel waits
 /// until that many are queued and copies them without taking them, so `op` peeks from the
 /// start every time, and a short peek waits for more data (or the timeout, end-of-file, an
 /// error, or a part that brought ancillary data, which `op` sets `ended` for: then what it

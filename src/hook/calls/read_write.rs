@@ -66,10 +66,10 @@ pub(super) fn is_stream(fd: c_int) -> bool {
     r == 0 && kind == libc::SOCK_STREAM
 }
 
-/// A receive: `MSG_PEEK` with `MSG_WAITALL` on a stream socket waits for `whole` bytes to
-/// peek ([`peek_all`], `op(0)` each time, until `ended` says a part brought ancillary
-/// data); an error-queue receive on a socket that has one is the real call alone; else as
-/// [`sock_io`].
+/// A receive: `MSG_PEEK` with `MSG_WAITALL` on a stream socket other than a Unix one waits
+/// for `whole` bytes to peek ([`peek_all`], `op(0)` each time, until `ended` says a part
+/// brought ancillary data); an error-queue receive on a socket that has one is the real
+/// call alone; else as [`sock_io`].
 #[inline(always)]
 fn recv_io(
     fd: c_int,
@@ -82,6 +82,11 @@ fn recv_io(
         return op(0);
     }
     if whole > 0 && flags & (libc::MSG_PEEK | libc::MSG_DONTWAIT) == libc::MSG_PEEK {
+        // A Unix socket's peek never waits for more once it copied something: it returns
+        // after its first part, as any receive does.
+        if is_unix_stream(fd) {
+            return sock_io(fd, flags, READ, || 0, op);
+        }
         let mut op = op;
         return peek_all(fd, whole, ended, || op(0));
     }
