@@ -338,17 +338,38 @@ fn an_error_queue_receive_on_tcp_never_waits() {
 }
 
 // ---------------------------------------------------------------------------------------
-// A whole peek that end-of-file cuts short
+// A whole peek that end-of-file or the timeout cuts short (TCP's: a Unix socket's peek
+// never waits for more once it copied something)
 // ---------------------------------------------------------------------------------------
 
-/// `recv(MSG_PEEK | MSG_WAITALL)` of more than is queued on a blocking stream socket
-/// whose peer shut down its writing side: the kernel peeks what there is and returns.
-fn peek_all_at_end_of_file(sock: &UnixStream) -> (isize, i32) {
+/// A connected TCP pair on loopback, without Nagle's delay.
+fn tcp_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    c.set_nodelay(true).unwrap();
+    s.set_nodelay(true).unwrap();
+    (c, s)
+}
+
+/// Until TCP on loopback delivered what `sender` sent (all of it acknowledged).
+fn delivered(sender: &TcpStream) {
+    crate::common::wait_until("TCP to deliver", || {
+        let mut n: libc::c_int = -1;
+        // SAFETY: TIOCOUTQ writes an int.
+        unsafe { libc::ioctl(sender.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+        n == 0
+    });
+}
+
+/// `recv(MSG_PEEK | MSG_WAITALL)` of more than is queued on a blocking TCP socket whose
+/// peer shut down its writing side: the kernel peeks what there is and returns.
+fn peek_all_at_end_of_file(fd: RawFd) -> (isize, i32) {
     let mut buf = [0u8; 4096];
     // SAFETY: a live buffer of its length.
     res(unsafe {
         libc::recv(
-            sock.as_raw_fd(),
+            fd,
             buf.as_mut_ptr().cast(),
             buf.len(),
             libc::MSG_PEEK | libc::MSG_WAITALL,
@@ -357,10 +378,10 @@ fn peek_all_at_end_of_file(sock: &UnixStream) -> (isize, i32) {
 }
 
 fn short_peek_at_end_of_file() -> (isize, i32) {
-    let (a, mut b) = UnixStream::pair().unwrap();
+    let (a, mut b) = tcp_pair();
     b.write_all(&[7u8; 66]).unwrap();
     b.shutdown(std::net::Shutdown::Write).unwrap();
-    peek_all_at_end_of_file(&a)
+    peek_all_at_end_of_file(a.as_raw_fd())
 }
 
 #[test]
@@ -379,7 +400,7 @@ fn a_whole_peek_returns_what_is_there_at_end_of_file() {
 fn a_whole_peek_on_a_switched_socket_returns_at_end_of_file_on_a_plain_thread() {
     with_deadline(|| {
         let s = crate::common::shared_started(1);
-        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = tcp_pair();
         let (a, mut b) = s.block_on(move || {
             let (mut a, mut b) = (a, b);
             b.write_all(b"1").unwrap();
@@ -389,18 +410,19 @@ fn a_whole_peek_on_a_switched_socket_returns_at_end_of_file_on_a_plain_thread() 
         });
         b.write_all(&[7u8; 66]).unwrap();
         b.shutdown(std::net::Shutdown::Write).unwrap();
-        let got = peek_all_at_end_of_file(&a);
+        let got = peek_all_at_end_of_file(a.as_raw_fd());
         s.stop();
         assert_eq!(got, (66, 0), "libc: the peek returns what is there");
     });
 }
 
-/// `recvmsg(MSG_PEEK | MSG_WAITALL)` of more than is queued on a blocking stream socket
-/// with a receive timeout and a control buffer too small for a header: the kernel waits out
-/// the timeout and returns what it peeked.
+/// `recvmsg(MSG_PEEK | MSG_WAITALL)` of more than is queued on a blocking TCP socket with a
+/// receive timeout and a control buffer too small for a header: the kernel waits out the
+/// timeout and returns what it peeked.
 fn short_peek_at_the_timeout() -> (isize, i32) {
-    let (a, mut b) = UnixStream::pair().unwrap();
+    let (a, mut b) = tcp_pair();
     b.write_all(&[7u8; 30]).unwrap();
+    delivered(&b);
     a.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
     let mut buf = [0u8; 33];
     let mut control = [0u64; 1];
