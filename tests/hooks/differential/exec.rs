@@ -220,7 +220,6 @@ fn addr_bytes(st: &libc::sockaddr_storage, len: libc::socklen_t) -> Vec<u8> {
 
 /// The state of one side's run.
 pub struct Env<'a> {
-    side: Side,
     c: &'a Calls,
     /// Every fd number the program made, in order.
     handles: Vec<c_int>,
@@ -235,14 +234,8 @@ pub struct Env<'a> {
 }
 
 impl<'a> Env<'a> {
-    pub fn new(
-        side: Side,
-        c: &'a Calls,
-        reference: Option<&'a Run>,
-        progress: &'a AtomicUsize,
-    ) -> Self {
+    pub fn new(c: &'a Calls, reference: Option<&'a Run>, progress: &'a AtomicUsize) -> Self {
         Env {
-            side,
             c,
             handles: Vec::new(),
             objs: Vec::new(),

@@ -77,7 +77,7 @@ fn run_side(side: Side, prog: &Arc<Program>, reference: Option<&Arc<Run>>) -> Re
                 side == Side::Fiber,
                 "harness: hooks on the wrong side"
             );
-            Env::new(side, c, reference.as_deref(), &progress).run(&prog)
+            Env::new(c, reference.as_deref(), &progress).run(&prog)
         }
     };
     let done = if side == Side::Fiber {
