@@ -681,3 +681,48 @@ fn a_whole_peek_on_a_unix_socket_returns_what_is_queued() {
         );
     });
 }
+
+/// `select` with one fd, in the exception set alone: a socket shut down both ways (poll
+/// reports it hung up) or one with nothing to say. The kernel's select counts only
+/// `POLLPRI` for that set, so both wait out the 30-ms timeout and return 0 with no time
+/// left: (result, errno, waited it out, time left in µs).
+fn select_on_a_hung_up_socket_in_the_exception_set() -> Vec<(isize, i32, bool, i64)> {
+    let select_except = |fd: RawFd| {
+        // SAFETY: an fd_set is plain bits; FD_SET on a live fd below FD_SETSIZE.
+        let mut set: libc::fd_set = unsafe { std::mem::zeroed() };
+        unsafe { libc::FD_SET(fd, &mut set) };
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 30_000,
+        };
+        let t0 = std::time::Instant::now();
+        // SAFETY: a live set and timeval, no other sets.
+        let r = unsafe {
+            libc::select(
+                fd + 1,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut set,
+                &mut tv,
+            )
+        };
+        let (r, e) = res(r as isize);
+        let waited = t0.elapsed() >= Duration::from_millis(30);
+        (r, e, waited, tv.tv_sec * 1_000_000 + tv.tv_usec)
+    };
+    let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    a.shutdown(std::net::Shutdown::Both).unwrap();
+    let (c, _d) = UnixStream::pair().unwrap();
+    vec![select_except(a.as_raw_fd()), select_except(c.as_raw_fd())]
+}
+
+#[test]
+fn select_waits_out_a_hang_up_in_the_exception_set() {
+    with_deadline(|| {
+        same_as_libc(
+            select_on_a_hung_up_socket_in_the_exception_set,
+            vec![(0, 0, true, 0), (0, 0, true, 0)],
+            "select of a hung-up socket in the exception set",
+        );
+    });
+}
