@@ -152,8 +152,31 @@ pub(super) unsafe fn select(
             });
         }
     }
-    // SAFETY: our own array.
-    let r = unsafe { poll(meta, fds.as_mut_ptr(), fds.len(), deadline) };
+    let r = loop {
+        // SAFETY: our own array.
+        let r = unsafe { poll(meta, fds.as_mut_ptr(), fds.len(), deadline) };
+        if r <= 0 {
+            break r;
+        }
+        // The kernel's select counts only what its sets ask for: poll reports a hang-up or
+        // an error whatever was asked, which ends no select that asked only for urgent data
+        // (or only to write, for a hang-up). Such an fd can never be ready for what was
+        // asked (nothing more comes on it), and would end every wait: leave it out, and
+        // wait on for the others or the timeout.
+        let mut left_out = false;
+        let mut counted = false;
+        for p in fds.iter_mut().filter(|p| p.revents != 0) {
+            if p.revents & libc::POLLNVAL != 0 || select_hits(p).iter().any(|&h| h) {
+                counted = true;
+            } else {
+                p.fd = -1;
+                left_out = true;
+            }
+        }
+        if counted || !left_out {
+            break r;
+        }
+    };
     if let (Some(d), false) = (deadline, timeout.is_null()) {
         let left = d.saturating_duration_since(Instant::now());
         let tv = libc::timeval {
@@ -177,12 +200,7 @@ pub(super) unsafe fn select(
     let mut out = given.map(|set| set.map(|_| FdBits::empty(n)));
     let mut count = 0;
     for p in &fds {
-        let ready = [
-            p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0,
-            p.revents & (libc::POLLOUT | libc::POLLERR) != 0,
-            p.revents & libc::POLLPRI != 0,
-        ];
-        for ((set, ev), hit) in out.iter_mut().zip(EVENTS).zip(ready) {
+        for ((set, ev), hit) in out.iter_mut().zip(EVENTS).zip(select_hits(p)) {
             if let Some(set) = set {
                 if p.events & ev != 0 && hit {
                     set.set(p.fd);
@@ -201,6 +219,17 @@ pub(super) unsafe fn select(
         }
     }
     count
+}
+
+/// Which of select's sets (read, write, exception) a pollfd's `revents` counts for, as the
+/// kernel maps them (`POLLIN_SET`, `POLLOUT_SET`, `POLLEX_SET`), for the events it asked.
+fn select_hits(p: &pollfd) -> [bool; 3] {
+    let asked = |ev: libc::c_short| p.events & ev != 0;
+    [
+        asked(libc::POLLIN) && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0,
+        asked(libc::POLLOUT) && p.revents & (libc::POLLOUT | libc::POLLERR) != 0,
+        asked(libc::POLLPRI) && p.revents & libc::POLLPRI != 0,
+    ]
 }
 
 /// A copy of a caller's `fd_set` as the kernel reads it: the first `ceil(n / bits)` words,
