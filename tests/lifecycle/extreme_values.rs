@@ -1219,10 +1219,14 @@ fn bomb_messages_in_channels_dropped_by_a_worker() {
         let drops = Arc::new(AtomicUsize::new(0));
         let d = drops.clone();
         // The task returns receivers holding messages; its handle is dropped, so the worker
-        // drops the result.
+        // drops the result. It returns only once told, after the handle is gone: a handle
+        // dropped after its task ended would drop the result itself, on this thread.
+        let (go_tx, go_rx) = oneshot::channel::<()>();
         let h = sched
             .submit(
                 move || {
+                    let mut go_rx = go_rx;
+                    go_rx.recv_timeout(BOUND).expect("told to finish");
                     let (tx, rx) = mpsc::channel();
                     for i in 0..4 {
                         tx.send(Msg(d.clone(), i % 2 == 0)).unwrap();
@@ -1237,13 +1241,13 @@ fn bomb_messages_in_channels_dropped_by_a_worker() {
                     }
                     let (otx, orx) = oneshot::channel();
                     otx.send(Msg(d.clone(), true)).ok().unwrap();
-                    fibra::sleep(Duration::from_millis(50));
                     (rx, mrx, brx, orx, tx, mtx, btx)
                 },
                 None,
             )
             .unwrap();
         drop(h);
+        go_tx.send(()).unwrap();
         // 4 + 4 + 4 (broadcast keeps the message in its ring) + 1 = 13 drops expected.
         let ok = crate::common::eventually(BOUND, || drops.load(Ordering::SeqCst) >= 13);
         thread::sleep(Duration::from_millis(50));
