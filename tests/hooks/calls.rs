@@ -474,10 +474,16 @@ fn poll_revents_of_hangups_errors_and_bad_fds_match_libc() {
     });
 }
 
-/// poll on a socket whose fd another thread closes 100 ms later.
+/// poll on a socket whose fd another thread closes 100 ms later. The timeout is long, so
+/// that even a close a loaded machine delays comes before it (libc's poll then waits it out:
+/// 3 s). The fd is moved to a number from 900 up: libc's poll looks at the number again at
+/// its timeout, and a low number freed by the close would soon be another test's fd.
 fn poll_closed_meanwhile() -> (i32, i16, u128) {
     let (a, _b) = UnixStream::pair().unwrap();
-    let fd = std::os::fd::IntoRawFd::into_raw_fd(a);
+    // SAFETY: F_DUPFD_CLOEXEC of a live fd; the copy is ours alone.
+    let fd = unsafe { libc::fcntl(a.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 900) };
+    assert!(fd >= 900, "no free fd from 900 up");
+    drop(a);
     let w = later(100, move || unsafe {
         // SAFETY: our fd, no longer owned by anything.
         libc::close(fd);
@@ -485,7 +491,7 @@ fn poll_closed_meanwhile() -> (i32, i16, u128) {
     let mut p = [pfd(fd, libc::POLLIN)];
     let t = Instant::now();
     // SAFETY: live pollfds.
-    let r = unsafe { libc::poll(p.as_mut_ptr(), 1, 600) };
+    let r = unsafe { libc::poll(p.as_mut_ptr(), 1, 3000) };
     let took = t.elapsed().as_millis() / 300;
     w.join().unwrap();
     (r, p[0].revents, took)
