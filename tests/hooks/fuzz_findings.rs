@@ -726,3 +726,55 @@ fn select_waits_out_a_hang_up_in_the_exception_set() {
         );
     });
 }
+
+/// The same hung-up socket in the exception set, beside a socket in the read set that a
+/// thread writes to 20 ms later: the select ends with the read, reporting only that
+/// (result, errno, read set has the reader, exception set has the hung-up one).
+fn select_on_a_hang_up_and_a_later_read() -> (isize, i32, bool, bool) {
+    let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    a.shutdown(std::net::Shutdown::Both).unwrap();
+    let (c, d) = UnixStream::pair().unwrap();
+    let w = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        (&d).write_all(b"x").unwrap();
+        d
+    });
+    let (fa, fc) = (a.as_raw_fd(), c.as_raw_fd());
+    // SAFETY: fd_sets are plain bits; FD_SET and FD_ISSET on live fds below FD_SETSIZE.
+    let (mut except, mut read): (libc::fd_set, libc::fd_set) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    unsafe {
+        libc::FD_SET(fa, &mut except);
+        libc::FD_SET(fc, &mut read);
+    }
+    let mut tv = libc::timeval {
+        tv_sec: 20,
+        tv_usec: 0,
+    };
+    // SAFETY: live sets and timeval.
+    let r = unsafe {
+        libc::select(
+            fa.max(fc) + 1,
+            &mut read,
+            std::ptr::null_mut(),
+            &mut except,
+            &mut tv,
+        )
+    };
+    let (r, e) = res(r as isize);
+    // SAFETY: as above.
+    let got = unsafe { (libc::FD_ISSET(fc, &read), libc::FD_ISSET(fa, &except)) };
+    drop(w.join().unwrap());
+    (r, e, got.0, got.1)
+}
+
+#[test]
+fn select_with_a_hang_up_in_the_exception_set_still_sees_a_later_read() {
+    with_deadline(|| {
+        same_as_libc(
+            select_on_a_hang_up_and_a_later_read,
+            (1, 0, true, false),
+            "select of a hung-up socket (exception set) and a later read",
+        );
+    });
+}
